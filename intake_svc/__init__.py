@@ -1,0 +1,1 @@
+"""Sieve intake service: validates, authenticates, admits, records and enqueues devices' tasks."""

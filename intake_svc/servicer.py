@@ -1,0 +1,129 @@
+"""The IntakeService RPCs: Submit, SubmitBatch, GetTask, CancelTask.
+
+Only this module turns Sieve's errors into gRPC statuses: InvalidInput -> INVALID_ARGUMENT naming the
+field, a refusal -> RESOURCE_EXHAUSTED with RetryInfo, an unknown task -> NOT_FOUND, PostgreSQL or Redis
+unreachable -> UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import asyncpg
+import grpc
+from google.protobuf import duration_pb2
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from intake_svc.auth import current_caller
+from intake_svc.submission import Accepted, Refused, Submitter
+from intake_svc.task_view import task_message
+from intake_svc.validation import parse_task_id, validate_batch, validate_spec
+from sieve import rpc
+from sieve.db.tasks import TaskStore
+from sieve.errors import InvalidInput
+from sieve.queue_store import QueueStore
+from sieve.settings import Settings
+from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
+
+log = logging.getLogger("sieve.intake")
+T = TypeVar("T")
+
+_UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, RedisConnectionError,
+                RedisTimeoutError)
+
+
+class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
+    def __init__(self, tasks: TaskStore, queues: QueueStore, settings: Settings) -> None:
+        self.tasks = tasks
+        self.queues = queues
+        self.settings = settings
+        self.submitter = Submitter(tasks, queues, settings)
+
+    async def _guard(self, context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await call()
+        except InvalidInput as exc:
+            await rpc.abort(context, rpc.invalid_argument(exc.field, str(exc).split(": ", 1)[-1]))
+        except _UNAVAILABLE as exc:
+            log.warning("dependency unavailable: %s", exc)
+            await rpc.abort(context, rpc.plain_status(grpc.StatusCode.UNAVAILABLE,
+                                                      f"storage unavailable, retry: {type(exc).__name__}"))
+        raise AssertionError("unreachable")
+
+    async def _task(self, task_id: str) -> types_pb2.Task | None:
+        found = await self.tasks.get(parse_task_id(task_id))
+        return None if found is None else task_message(*found)
+
+    # --- Submit --------------------------------------------------------------------------------------
+    async def Submit(self, request: intake_pb2.SubmitRequest,
+                     context: grpc.aio.ServicerContext) -> intake_pb2.SubmitResponse:
+        async def run() -> intake_pb2.SubmitResponse | Refused:
+            if not request.HasField("task"):
+                raise InvalidInput("task", "is required")
+            task = validate_spec(request.task, "task", current_caller.get(), self.settings)
+            (decision,) = await self.submitter.submit([task])
+            if isinstance(decision, Refused):
+                return decision
+            view = await self._task(str(decision.task_id))
+            return intake_pb2.SubmitResponse(task=view, deduplicated=decision.deduplicated)
+
+        outcome = await self._guard(context, run)
+        if isinstance(outcome, Refused):
+            await rpc.abort(context, rpc.resource_exhausted(outcome.message, outcome.retry_after_s))
+        assert isinstance(outcome, intake_pb2.SubmitResponse)
+        return outcome
+
+    async def SubmitBatch(self, request: intake_pb2.SubmitBatchRequest,
+                          context: grpc.aio.ServicerContext) -> intake_pb2.SubmitBatchResponse:
+        async def run() -> intake_pb2.SubmitBatchResponse:
+            batch = validate_batch(request, current_caller.get(), self.settings)
+            decisions = await self.submitter.submit(batch)
+            items = []
+            for task, decision in zip(batch, decisions, strict=True):
+                if isinstance(decision, Accepted):
+                    items.append(intake_pb2.SubmitBatchItem(
+                        task=types_pb2.Task(task_id=str(decision.task_id), device_id=task.device,
+                                            type=task.task_type, priority=task.priority,
+                                            status=types_pb2.TASK_STATUS_PENDING),
+                        deduplicated=decision.deduplicated))
+                else:
+                    retry = duration_pb2.Duration()
+                    retry.FromMilliseconds(int(decision.retry_after_s * 1000))
+                    items.append(intake_pb2.SubmitBatchItem(
+                        code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], message=decision.message,
+                        retry_after=retry))
+            return intake_pb2.SubmitBatchResponse(items=items)
+
+        return await self._guard(context, run)
+
+    # --- reading and cancelling ----------------------------------------------------------------------
+    async def GetTask(self, request: intake_pb2.GetTaskRequest,
+                      context: grpc.aio.ServicerContext) -> intake_pb2.GetTaskResponse:
+        view = await self._guard(context, lambda: self._task(request.task_id))
+        if view is None:
+            await rpc.abort(context, rpc.plain_status(grpc.StatusCode.NOT_FOUND,
+                                                      f"no task {request.task_id}"))
+        return intake_pb2.GetTaskResponse(task=view)
+
+    async def CancelTask(self, request: intake_pb2.CancelTaskRequest,
+                         context: grpc.aio.ServicerContext) -> intake_pb2.CancelTaskResponse:
+        async def run() -> types_pb2.Task | None:
+            task_id = parse_task_id(request.task_id)
+            found = await self.tasks.get(task_id)
+            if found is None:
+                return None
+            who = f"cancelled by {current_caller.get()}"
+            moved = await self.tasks.transition([task_id], "CANCELLED", who)
+            if moved:
+                # a queued task leaves its queue now; a running one finishes but its result is refused
+                await self.queues.cancel(found[0]["device"], str(task_id))
+            return await self._task(str(task_id))
+
+        view = await self._guard(context, run)
+        if view is None:
+            await rpc.abort(context, rpc.plain_status(grpc.StatusCode.NOT_FOUND,
+                                                      f"no task {request.task_id}"))
+        return intake_pb2.CancelTaskResponse(task=view)

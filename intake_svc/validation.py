@@ -1,0 +1,107 @@
+"""Validation of what callers send: every bad field becomes InvalidInput naming that field."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from urllib.parse import urlsplit
+
+from sieve.db.tasks import NewTask
+from sieve.errors import InvalidInput
+from sieve.mac import normalize_mac
+from sieve.settings import Settings
+from sieve.v1 import intake_pb2, types_pb2
+
+MAX_BATCH = 1000
+MAX_IDEMPOTENCY_KEY = 200
+MAX_URL = 2048
+MAX_TTL_S = 7 * 24 * 3600
+
+_IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"BM")
+
+
+def looks_like_image(data: bytes) -> bool:
+    """True for JPEG, PNG, BMP and WebP magic bytes."""
+    if data.startswith(_IMAGE_MAGIC):
+        return True
+    return len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP"
+
+
+def validate_spec(spec: intake_pb2.TaskSpec, field: str, caller: str, settings: Settings,
+                  now: datetime | None = None, trace_context: str | None = None) -> NewTask:
+    """Turns one TaskSpec into a NewTask, or raises InvalidInput naming `field`.<name>."""
+    now = now or datetime.now(UTC)
+    try:
+        device = normalize_mac(spec.device_id)
+    except ValueError:
+        raise InvalidInput(f"{field}.device_id", f"{spec.device_id!r} is not a MAC address") from None
+
+    if spec.type not in (types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE):
+        raise InvalidInput(f"{field}.type", f"unknown task type {spec.type}")
+    priority = spec.priority or types_pb2.PRIORITY_NORMAL
+    if priority not in types_pb2.Priority.values() or priority == types_pb2.PRIORITY_UNSPECIFIED:
+        raise InvalidInput(f"{field}.priority", f"unknown priority {spec.priority}")
+
+    payload = spec.WhichOneof("payload")
+    text = image = url = None
+    if spec.type == types_pb2.TASK_TYPE_TEXT:
+        if payload != "text":
+            raise InvalidInput(f"{field}.text", "a TEXT task needs a text")
+        if not spec.text.strip():
+            raise InvalidInput(f"{field}.text", "is empty")
+        if len(spec.text.encode()) > settings.max_text_bytes:
+            raise InvalidInput(f"{field}.text", f"is larger than {settings.max_text_bytes} bytes")
+        text = spec.text
+    else:
+        if payload == "image":
+            if not spec.image:
+                raise InvalidInput(f"{field}.image", "is empty")
+            if len(spec.image) > settings.max_image_bytes:
+                raise InvalidInput(f"{field}.image", f"is larger than {settings.max_image_bytes} bytes")
+            if not looks_like_image(spec.image):
+                raise InvalidInput(f"{field}.image", "is not a JPEG, PNG, WebP or BMP image")
+            image = spec.image
+        elif payload == "image_url":
+            parts = urlsplit(spec.image_url)
+            if parts.scheme not in ("http", "https") or not parts.netloc or len(spec.image_url) > MAX_URL:
+                raise InvalidInput(f"{field}.image_url", "must be an http(s) URL of at most 2048 characters")
+            url = spec.image_url
+        else:
+            raise InvalidInput(f"{field}.image", "an OCR_IMAGE task needs image bytes or an image_url")
+
+    key = spec.idempotency_key or None
+    if key is not None and (len(key) > MAX_IDEMPOTENCY_KEY or not key.isprintable()):
+        raise InvalidInput(f"{field}.idempotency_key",
+                           f"must be printable, at most {MAX_IDEMPOTENCY_KEY} characters")
+
+    ttl_s = settings.task_ttl_s
+    if spec.HasField("ttl"):
+        ttl_s = spec.ttl.ToMilliseconds() / 1000
+        if ttl_s == 0:
+            ttl_s = settings.task_ttl_s
+        elif not 0 < ttl_s <= MAX_TTL_S:
+            raise InvalidInput(f"{field}.ttl", f"must be between 0 and {MAX_TTL_S} seconds")
+
+    return NewTask(
+        task_id=uuid.uuid4(), device=device, task_type=spec.type, priority=priority, caller=caller,
+        created_at=now, expires_at=now + timedelta(seconds=ttl_s), text=text, image=image, image_url=url,
+        idempotency_key=key, trace_context=trace_context,
+    )
+
+
+def validate_batch(request: intake_pb2.SubmitBatchRequest, caller: str, settings: Settings,
+                   trace_context: str | None = None) -> list[NewTask]:
+    if not request.tasks:
+        raise InvalidInput("tasks", "is empty")
+    if len(request.tasks) > MAX_BATCH:
+        raise InvalidInput("tasks", f"has more than {MAX_BATCH} items")
+    now = datetime.now(UTC)
+    return [validate_spec(spec, f"tasks[{i}]", caller, settings, now, trace_context)
+            for i, spec in enumerate(request.tasks)]
+
+
+def parse_task_id(raw: str, field: str = "task_id") -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise InvalidInput(field, f"{raw!r} is not a task id") from None

@@ -1,0 +1,1 @@
+"""Sieve scheduler service: fair per-device scheduling and the workers' Pull streams."""

@@ -1,0 +1,114 @@
+"""The workers connected to this scheduler replica: their credits, task types and held tasks.
+
+`place` turns popped entries into per-worker assignments (GPU workers first for OCR), spending one
+credit per task; tasks no connected worker takes, or no worker has room for, come back unplaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from sieve.entry import Entry
+from sieve.v1 import scheduler_pb2, types_pb2
+
+
+@dataclass(eq=False)
+class Session:
+    """One worker's Pull stream."""
+
+    worker_id: str
+    task_types: frozenset[int]
+    gpu: bool
+    credits: int = 0
+    #: task_id -> (device, attempt) of every task handed to this worker and not yet acked or nacked
+    held: dict[str, tuple[str, int]] = field(default_factory=dict)
+    outbound: asyncio.Queue[scheduler_pb2.PullResponse | None] = field(default_factory=asyncio.Queue)
+    closed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    placed: dict[Session, list[Entry]]
+    #: no connected worker takes the type at all (the device backs off)
+    untakeable: list[Entry]
+    #: some worker takes the type but none has a credit left (goes back without penalty)
+    no_room: list[Entry]
+
+
+class Board:
+    """All sessions of this replica; the dispatcher waits on `changed` for credits to appear."""
+
+    def __init__(self) -> None:
+        self.sessions: set[Session] = set()
+        self.changed = asyncio.Event()
+
+    def open(self, hello: scheduler_pb2.WorkerHello) -> Session:
+        session = Session(hello.worker_id, frozenset(hello.task_types), hello.gpu)
+        self.sessions.add(session)
+        self.changed.set()
+        return session
+
+    def close(self, session: Session) -> dict[str, list[tuple[str, int]]]:
+        """Removes a session; returns what it still held, grouped by device."""
+        session.closed = True
+        self.sessions.discard(session)
+        held: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        for task_id, (mac, attempt) in session.held.items():
+            held[mac].append((task_id, attempt))
+        session.held.clear()
+        session.outbound.put_nowait(None)
+        return dict(held)
+
+    def add_credits(self, session: Session, count: int) -> None:
+        session.credits += count
+        if count > 0:
+            self.changed.set()
+
+    @property
+    def credits(self) -> int:
+        return sum(s.credits for s in self.sessions)
+
+    def takers(self, task_type: int) -> list[Session]:
+        return [s for s in self.sessions if task_type in s.task_types]
+
+    def place(self, mac: str, entries: list[Entry]) -> Placement:
+        placed: dict[Session, list[Entry]] = defaultdict(list)
+        untakeable: list[Entry] = []
+        no_room: list[Entry] = []
+        for entry in entries:
+            takers = self.takers(entry.task_type)
+            if not takers:
+                untakeable.append(entry)
+                continue
+            # OCR goes to GPU workers first; among equals, the one with the most room
+            gpu_first = entry.task_type == types_pb2.TASK_TYPE_OCR_IMAGE
+            takers.sort(key=lambda s: (not (gpu_first and s.gpu), -s.credits))
+            chosen = next((s for s in takers if s.credits > 0), None)
+            if chosen is None:
+                no_room.append(entry)
+                continue
+            chosen.credits -= 1
+            chosen.held[entry.task_id] = (mac, entry.attempt)
+            placed[chosen].append(entry)
+        return Placement(dict(placed), untakeable, no_room)
+
+    @staticmethod
+    def send(session: Session, mac: str, entries: list[Entry]) -> None:
+        now = datetime.now(UTC)
+        batch = scheduler_pb2.AssignmentBatch()
+        for e in entries:
+            a = batch.assignments.add(task_id=e.task_id, device_id=mac, type=e.task_type, priority=e.priority,
+                                      attempt=e.attempt, lease_token=str(e.attempt))
+            a.assigned_at.FromDatetime(now)
+            a.enqueued_at.FromMilliseconds(e.enqueued_ms)
+        session.outbound.put_nowait(scheduler_pb2.PullResponse(batch=batch))
+
+    def forget(self, session: Session, task_ids: list[str]) -> None:
+        for task_id in task_ids:
+            session.held.pop(task_id, None)
+
+    def held_task_ids(self) -> list[str]:
+        return [task_id for s in self.sessions for task_id in s.held]

@@ -1,0 +1,145 @@
+"""The dispatch loop: claim the best device, pop a batch, hand it to workers with credits, release.
+
+It runs as soon as work and credits both exist: new work wakes it through the Redis wake channel,
+new credits through the board. Starvation (another device waited past the hint) shrinks the batch to
+the minimum and skips the device just served at the next claim (seed 3.5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import defaultdict
+
+from redis.asyncio import Redis
+
+from scheduler_svc.board import Board
+from scheduler_svc.outcomes import Outcomes
+from sieve.entry import Entry
+from sieve.queue_store import QueueStore, now_ms
+from sieve.settings import Settings
+from sieve.v1 import types_pb2
+
+log = logging.getLogger("sieve.scheduler.dispatch")
+
+IDLE_POLL_S = 1.0
+
+
+class Dispatcher:
+    def __init__(self, redis: Redis, queues: QueueStore, outcomes: Outcomes, board: Board,
+                 settings: Settings) -> None:
+        self.redis = redis
+        self.queues = queues
+        self.outcomes = outcomes
+        self.board = board
+        self.settings = settings
+        self.wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self.dispatched = 0
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.wake.set()
+        self.board.changed.set()
+
+    async def listen_for_work(self) -> None:
+        """Sets `wake` whenever a device becomes schedulable (published by enqueueTasks)."""
+        while not self._stopping.is_set():
+            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.queues.keys.wake_channel)
+                async for _message in pubsub.listen():
+                    self.wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("wake subscription lost: %s", exc)
+                self.wake.set()
+                await asyncio.sleep(0.5)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    async def _idle(self, timeout_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wake.wait(), timeout=max(0.001, timeout_s))
+        self.wake.clear()
+
+    async def run(self) -> None:
+        exclude: str | None = None
+        while not self._stopping.is_set():
+            if self.board.credits <= 0:
+                self.board.changed.clear()
+                if self.board.credits <= 0:
+                    await self.board.changed.wait()
+                continue
+            try:
+                exclude = await self.dispatch_once(exclude)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("dispatch failed; retrying")
+                await asyncio.sleep(0.2)
+
+    async def dispatch_once(self, exclude: str | None) -> str | None:
+        """One claim-and-hand-out round; returns the device to skip at the next claim."""
+        self.wake.clear()
+        rank = await self.queues.rank(exclude=exclude)
+        if rank.mac is None:
+            if exclude is not None:
+                return None
+            wait_s = IDLE_POLL_S
+            if rank.next_backoff_ms is not None:
+                wait_s = min(wait_s, (rank.next_backoff_ms - now_ms()) / 1000)
+            if wait_s <= 0:
+                await self.queues.resume_due()
+            else:
+                await self._idle(wait_s)
+            return None
+
+        size = self.settings.min_batch_size if rank.starving else self.settings.batch_size
+        size = max(1, min(size, self.board.credits))
+        token = uuid.uuid4().hex
+        popped = await self.queues.pop(rank.mac, token, size)
+        if not popped.ready:  # another replica took it first
+            return exclude
+        if popped.expired:
+            await self.outcomes.expired(popped.expired)
+
+        placement = self.board.place(rank.mac, popped.taken)
+        mac = rank.mac
+        try:
+            if placement.no_room:
+                await self.queues.requeue(mac, [(e.task_id, e.attempt) for e in placement.no_room],
+                                          count_attempt=False, reason="no worker had room")
+            if placement.untakeable:
+                await self._defer(mac, token, placement.untakeable)
+            else:
+                await self.queues.release(mac, token)
+        finally:
+            for session, entries in placement.placed.items():
+                if not session.closed:
+                    self.board.send(session, mac, entries)
+                    self.dispatched += len(entries)
+        return mac if rank.starving else None
+
+    async def _defer(self, mac: str, token: str, entries: list[Entry]) -> None:
+        types = sorted({types_pb2.TaskType.Name(e.task_type) for e in entries})
+        reason = f"no live worker takes {', '.join(types)}"
+        deferred = await self.queues.defer(mac, token, [e.task_id for e in entries], reason)
+        back = [e.task_id for e in entries
+                if e.task_id not in {d["task_id"] for d in deferred.dead_letters}]
+        until_s = max(0, deferred.unschedulable_until_ms - now_ms()) / 1000
+        log.info("device %s deferred %.0fs: %s", mac, until_s, reason, extra={"device": mac})
+        await self.outcomes.noted(back, f"deferred {until_s:.0f}s: {reason}")
+        await self.outcomes.dead_lettered(deferred.dead_letters)
+
+
+def group_by_device(pairs: list[tuple[str, str, int]]) -> dict[str, list[tuple[str, int]]]:
+    """(device, task_id, attempt) triples grouped as {device: [(task_id, attempt)]}."""
+    grouped: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for mac, task_id, attempt in pairs:
+        grouped[mac].append((task_id, attempt))
+    return dict(grouped)

@@ -1,0 +1,122 @@
+"""The SchedulerService RPCs: the workers' Pull streams, and GetWatermark.
+
+A Pull stream opens with WorkerHello; then the worker sends credits, acks and nacks, and the
+scheduler sends assignment batches. When the stream ends, whatever the worker still held goes back to
+the front of its device's queue (the attempt counts: the worker may have died in the middle of it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator
+
+import grpc
+
+from scheduler_svc.board import Board, Session
+from scheduler_svc.outcomes import Outcomes
+from scheduler_svc.watermark import Watermark
+from sieve import rpc
+from sieve.queue_store import QueueStore
+from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+log = logging.getLogger("sieve.scheduler.pull")
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
+    def __init__(self, queues: QueueStore, board: Board, outcomes: Outcomes, watermark: Watermark) -> None:
+        self.queues = queues
+        self.board = board
+        self.outcomes = outcomes
+        self.watermark = watermark
+        self.fencing_refusals = 0
+        self._accepting = True
+
+    def stop_accepting(self) -> None:
+        self._accepting = False
+
+    async def Pull(self, request_iterator: AsyncIterator[scheduler_pb2.PullRequest],
+                   context: grpc.aio.ServicerContext) -> AsyncIterator[scheduler_pb2.PullResponse]:
+        if not self._accepting:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "scheduler is shutting down; reconnect")
+        first = await context.read()
+        if first is grpc.aio.EOF or not first.HasField("hello") or not first.hello.worker_id:
+            await rpc.abort(context, rpc.invalid_argument("hello", "the first message must be a WorkerHello"))
+        if not first.hello.task_types:
+            await rpc.abort(context, rpc.invalid_argument("hello.task_types", "is empty"))
+        session = self.board.open(first.hello)
+        log.info("worker %s connected", session.worker_id, extra={"worker": session.worker_id})
+        await self._handle(session, first)
+        reader = asyncio.create_task(self._read(session, context))
+        try:
+            while True:
+                message = await session.outbound.get()
+                if message is None:
+                    break
+                yield message
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            await self.end_session(session, "worker stream closed")
+
+    async def _read(self, session: Session, context: grpc.aio.ServicerContext) -> None:
+        try:
+            while True:
+                request = await context.read()
+                if request is grpc.aio.EOF:
+                    break
+                await self._handle(session, request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.info("worker %s stream broke: %s", session.worker_id, exc)
+        finally:
+            session.outbound.put_nowait(None)
+
+    async def _handle(self, session: Session, request: scheduler_pb2.PullRequest) -> None:
+        if request.acks:
+            pairs = [(a.task_id, int(a.lease_token or 0)) for a in request.acks]
+            results = await self.queues.ack(pairs)
+            self.fencing_refusals += results.count(False)
+            self.board.forget(session, [a.task_id for a in request.acks])
+        if request.nacks:
+            await self._nack(session, list(request.nacks))
+        if request.draining:
+            session.credits = 0
+        elif request.credits:
+            self.board.add_credits(session, request.credits)
+
+    async def _nack(self, session: Session, nacks: list[scheduler_pb2.Nack]) -> None:
+        by_device: dict[tuple[str, bool], list[tuple[str, int | None]]] = defaultdict(list)
+        reasons: dict[tuple[str, bool], str] = {}
+        for n in nacks:
+            held = session.held.pop(n.task_id, None)
+            if held is None:
+                self.fencing_refusals += 1
+                continue
+            mac, attempt = held
+            key = (mac, n.count_attempt)
+            by_device[key].append((n.task_id, int(n.lease_token or attempt)))
+            reasons[key] = n.reason or "nacked"
+        for (mac, counts), leases in by_device.items():
+            result = await self.queues.requeue(mac, leases, count_attempt=counts, reason=reasons[(mac, counts)])
+            await self.outcomes.dead_lettered(result.dead_letters)
+
+    async def end_session(self, session: Session, reason: str, *, count_attempt: bool = True) -> None:
+        """Closes a session and puts back what it held."""
+        if session.closed and not session.held:
+            return
+        held = self.board.close(session)
+        for mac, leases in held.items():
+            result = await self.queues.requeue(mac, list(leases), count_attempt=count_attempt, reason=reason)
+            await self.outcomes.dead_lettered(result.dead_letters)
+        if held:
+            log.info("worker %s: %d held tasks put back (%s)", session.worker_id,
+                     sum(len(v) for v in held.values()), reason, extra={"worker": session.worker_id})
+
+    async def GetWatermark(self, request: scheduler_pb2.GetWatermarkRequest,
+                           context: grpc.aio.ServicerContext) -> scheduler_pb2.GetWatermarkResponse:
+        return await self.watermark.read()

@@ -1,0 +1,93 @@
+"""Entry point of the scheduler service: `python -m scheduler_svc`.
+
+Shutdown order: stop dispatching, give workers a moment to ack what they hold, put back the rest
+(without counting the attempt), then end the streams with UNAVAILABLE so workers reconnect elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from scheduler_svc.board import Board
+from scheduler_svc.dispatcher import Dispatcher
+from scheduler_svc.housekeeping import Housekeeping
+from scheduler_svc.outcomes import Outcomes
+from scheduler_svc.pull import SchedulerServicer
+from scheduler_svc.watermark import Watermark
+from sieve import rpc
+from sieve.db import create_pool
+from sieve.db.tasks import TaskStore
+from sieve.logs import setup_logging
+from sieve.queue_store import QueueStore
+from sieve.redis_conn import create_redis
+from sieve.settings import Settings
+from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc
+from sieve.workers import WorkerRecords
+
+log = logging.getLogger("sieve.scheduler")
+SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
+
+
+@dataclass
+class Scheduler:
+    """The parts of one scheduler replica, wired together."""
+
+    queues: QueueStore
+    board: Board
+    dispatcher: Dispatcher
+    housekeeping: Housekeeping
+    servicer: SchedulerServicer
+    settings: Settings
+
+    async def drain(self) -> None:
+        self.servicer.stop_accepting()
+        self.dispatcher.stop()
+        deadline = asyncio.get_running_loop().time() + self.settings.shutdown_grace_s / 2
+        while self.board.held_task_ids() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        for session in list(self.board.sessions):
+            await self.servicer.end_session(session, "scheduler shutting down", count_attempt=False)
+
+
+def build_scheduler(settings: Settings, redis: Redis, tasks: TaskStore) -> tuple[Scheduler, rpc.Service]:
+    queues = QueueStore(redis, settings)
+    board = Board()
+    outcomes = Outcomes(tasks)
+    records = WorkerRecords(redis, settings)
+    watermark = Watermark(redis, queues, settings, records.live_count)
+    dispatcher = Dispatcher(redis, queues, outcomes, board, settings)
+    housekeeping = Housekeeping(queues, board, outcomes, watermark, dispatcher)
+    servicer = SchedulerServicer(queues, board, outcomes, watermark)
+    scheduler = Scheduler(queues, board, dispatcher, housekeeping, servicer, settings)
+    service = rpc.Service(
+        name="sieve-scheduler",
+        service_names=[SERVICE_NAME],
+        register=lambda server: scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server),
+        before_stop=scheduler.drain,
+        background=[dispatcher.run, dispatcher.listen_for_work, housekeeping.run],
+    )
+    return scheduler, service
+
+
+async def main() -> None:
+    settings = Settings.from_env()
+    setup_logging("sieve-scheduler", settings.log_level)
+    redis = await create_redis(settings)
+    pool = await create_pool(settings)
+    _, service = build_scheduler(settings, redis, TaskStore(pool))
+    running = await rpc.create_server(service, settings.scheduler_addr, settings)
+    try:
+        await rpc.serve(running, settings)
+    finally:
+        with contextlib.suppress(Exception):
+            await pool.close()
+        await redis.aclose()
+
+
+def run() -> None:
+    asyncio.run(main())

@@ -1,0 +1,95 @@
+"""PostgreSQL access shared by the services: the asyncpg pool and the start-up migrations.
+
+Migrations are the numbered SQL files in `migrations/`, applied in order inside one transaction that
+holds an advisory lock, so several services starting at once apply each file exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from pathlib import Path
+
+import asyncpg
+
+from sieve.settings import Settings
+
+log = logging.getLogger("sieve.db")
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec("jsonb", encoder=_json_dumps, decoder=_json_loads, schema="pg_catalog")
+
+
+def _json_dumps(value: object) -> str:
+    import json
+
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _json_loads(text: str) -> object:
+    import json
+
+    return json.loads(text)
+
+
+async def create_pool(settings: Settings, *, attempts: int = 30, delay_s: float = 0.5,
+                      migrate_first: bool = True) -> asyncpg.Pool:
+    """Connects (retrying while PostgreSQL starts), applies migrations, returns the pool."""
+    for left in range(attempts - 1, -1, -1):
+        try:
+            if migrate_first:
+                await migrate(settings)
+            pool = await asyncpg.create_pool(
+                settings.database_url,
+                min_size=settings.db_pool_min,
+                max_size=settings.db_pool_max,
+                server_settings={"search_path": settings.database_schema, "application_name": "sieve"},
+                init=_init_connection,
+            )
+            assert pool is not None
+            return pool
+        except (OSError, asyncpg.CannotConnectNowError, asyncpg.ConnectionDoesNotExistError) as exc:
+            if left == 0:
+                raise
+            log.warning("PostgreSQL not reachable (%s); %d retries left", exc, left)
+            await asyncio.sleep(delay_s)
+    raise RuntimeError("unreachable")
+
+
+def migration_files() -> list[Path]:
+    return sorted(MIGRATIONS_DIR.glob("[0-9][0-9][0-9][0-9]_*.sql"))
+
+
+async def migrate(settings: Settings) -> list[str]:
+    """Applies every migration not yet applied in the configured schema; returns those applied."""
+    conn = await asyncpg.connect(settings.database_url)
+    schema = settings.database_schema
+    applied: list[str] = []
+    try:
+        async with conn.transaction():
+            # one lock per schema: concurrent starters queue here instead of racing on CREATE
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", zlib.crc32(f"sieve:{schema}".encode()))
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote_ident(schema)}")
+            await conn.execute(f"SET LOCAL search_path TO {_quote_ident(schema)}")
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations "
+                "(version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())")
+            done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+            for path in migration_files():
+                if path.stem in done:
+                    continue
+                await conn.execute(path.read_text())
+                await conn.execute("INSERT INTO schema_migrations (version) VALUES ($1)", path.stem)
+                applied.append(path.stem)
+    finally:
+        await conn.close()
+    if applied:
+        log.info("applied migrations %s in schema %s", applied, schema)
+    return applied

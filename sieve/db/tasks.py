@@ -1,0 +1,238 @@
+"""The tasks table: every SQL statement that reads or changes a task or its result lives here.
+
+Status changes append to the task's `history` (status, time, attempt, detail) in the same statement.
+Writes come in batches (`unnest` arrays), so one round trip serves many tasks.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+
+from sieve.v1 import types_pb2
+
+FINAL_STATUSES = ("SUCCEEDED", "FAILED", "EXPIRED", "CANCELLED", "DEAD_LETTERED")
+OPEN_STATUSES = ("PENDING", "ASSIGNED", "RUNNING")
+
+
+def type_name(value: int) -> str:
+    return types_pb2.TaskType.Name(value).removeprefix("TASK_TYPE_")
+
+
+def type_value(name: str) -> int:
+    return types_pb2.TaskType.Value("TASK_TYPE_" + name)
+
+
+def status_value(name: str) -> int:
+    return types_pb2.TaskStatus.Value("TASK_STATUS_" + name)
+
+
+def ms_to_dt(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    """A validated task about to be recorded."""
+
+    task_id: uuid.UUID
+    device: str
+    task_type: int
+    priority: int
+    caller: str
+    created_at: datetime
+    expires_at: datetime
+    text: str | None = None
+    image: bytes | None = None
+    image_url: str | None = None
+    idempotency_key: str | None = None
+    trace_context: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """The row a NewTask ended up as: itself, or the earlier task with the same idempotency key."""
+
+    task_id: uuid.UUID
+    created: bool
+    row: asyncpg.Record | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A task a worker may run now (its attempt is the current one), with its payload."""
+
+    task_id: uuid.UUID
+    task_type: str
+    attempt: int
+    text: str | None
+    image: bytes | None
+    image_url: str | None
+    trace_context: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a worker stores for one attempt."""
+
+    task_id: uuid.UUID
+    attempt: int
+    worker_id: str
+    #: None when the task failed
+    verdict: str | None
+    hits_json: str
+    text: str
+    details_json: str = "{}"
+    error: str | None = None
+
+
+class TaskStore:
+    """Reads and writes tasks and results through one asyncpg pool."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    # --- intake ---------------------------------------------------------------------------------
+    async def insert(self, tasks: Sequence[NewTask]) -> list[Recorded]:
+        """Records new tasks (status PENDING) in one statement; a repeated idempotency key returns the
+        earlier task instead of creating one."""
+        rows = await self.pool.fetch(
+            """
+            INSERT INTO tasks (id, device, type, priority, status, caller, idempotency_key, payload_text,
+                               payload_bytes, payload_url, created_at, updated_at, expires_at, enqueued_at,
+                               trace_context, history)
+            SELECT u.id, u.device, u.type, u.priority, 'PENDING', u.caller, u.key, u.text, u.image, u.url,
+                   u.created, u.created, u.expires, u.created, u.trace,
+                   jsonb_build_array(jsonb_build_object('status', 'PENDING', 'at', u.created,
+                                                        'attempt', 0, 'detail', 'accepted from ' || u.caller))
+            FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::text[], $6::text[],
+                        $7::text[], $8::bytea[], $9::text[], $10::timestamptz[], $11::timestamptz[],
+                        $12::text[])
+                 AS u(id, device, type, priority, caller, key, text, image, url, created, expires, trace)
+            ON CONFLICT (caller, device, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+            RETURNING id
+            """,
+            [t.task_id for t in tasks], [t.device for t in tasks], [type_name(t.task_type) for t in tasks],
+            [t.priority for t in tasks], [t.caller for t in tasks], [t.idempotency_key for t in tasks],
+            [t.text for t in tasks], [t.image for t in tasks], [t.image_url for t in tasks],
+            [t.created_at for t in tasks], [t.expires_at for t in tasks], [t.trace_context for t in tasks],
+        )
+        created = {r["id"] for r in rows}
+        out: list[Recorded] = []
+        for t in tasks:
+            if t.task_id in created:
+                out.append(Recorded(t.task_id, True))
+                continue
+            existing = await self.pool.fetchrow(
+                "SELECT * FROM tasks WHERE caller = $1 AND device = $2 AND idempotency_key = $3",
+                t.caller, t.device, t.idempotency_key)
+            if existing is None:  # the earlier task was withdrawn meanwhile: record this one
+                again = await self.insert([t])
+                out.append(again[0])
+            else:
+                out.append(Recorded(existing["id"], False, existing))
+        return out
+
+    async def withdraw(self, task_ids: Sequence[uuid.UUID]) -> None:
+        """Removes tasks that were recorded but could not be queued (the caller was told no)."""
+        await self.pool.execute(
+            "DELETE FROM tasks WHERE id = ANY($1::uuid[]) AND status = 'PENDING' AND attempts = 0",
+            list(task_ids))
+
+    # --- reading ----------------------------------------------------------------------------------
+    async def get(self, task_id: uuid.UUID) -> tuple[asyncpg.Record, asyncpg.Record | None] | None:
+        row = await self.pool.fetchrow("SELECT * FROM tasks WHERE id = $1", task_id)
+        if row is None:
+            return None
+        result = await self.pool.fetchrow("SELECT * FROM results WHERE task_id = $1", task_id)
+        return row, result
+
+    # --- status changes -----------------------------------------------------------------------------
+    async def transition(self, task_ids: Sequence[uuid.UUID], status: str, detail: str,
+                         *, error: str | None = None, only_from: Sequence[str] = OPEN_STATUSES,
+                         conn: Any = None) -> list[uuid.UUID]:
+        """Moves open tasks to `status`, appending to their history; returns those that moved."""
+        rows = await (conn or self.pool).fetch(
+            """
+            UPDATE tasks SET status = $2, updated_at = now(), error = COALESCE($4, error),
+                   history = history || jsonb_build_array(jsonb_build_object(
+                       'status', $2::text, 'at', now(), 'attempt', attempts, 'detail', $3::text))
+            WHERE id = ANY($1::uuid[]) AND status = ANY($5::text[])
+            RETURNING id
+            """,
+            list(task_ids), status, detail, error, list(only_from))
+        return [r["id"] for r in rows]
+
+    async def note(self, task_ids: Sequence[uuid.UUID], detail: str) -> None:
+        """Appends a remark (e.g. a routing decision) to open tasks' history without changing status."""
+        await self.pool.execute(
+            """
+            UPDATE tasks SET history = history || jsonb_build_array(jsonb_build_object(
+                       'status', status, 'at', now(), 'attempt', attempts, 'detail', $2::text))
+            WHERE id = ANY($1::uuid[]) AND status = ANY($3::text[])
+            """, list(task_ids), detail, list(OPEN_STATUSES))
+
+    # --- worker -------------------------------------------------------------------------------------
+    async def start(self, worker_id: str,
+                    attempts: Sequence[tuple[uuid.UUID, int, datetime]]) -> list[Started]:
+        """Marks assigned tasks RUNNING for their attempt (recording ASSIGNED and RUNNING) and returns
+        their payloads. Tasks already final, cancelled or owned by a newer attempt are left out."""
+        rows = await self.pool.fetch(
+            """
+            UPDATE tasks t SET status = 'RUNNING', attempts = u.attempt, worker_id = $4, updated_at = now(),
+                   history = t.history || jsonb_build_array(
+                       jsonb_build_object('status', 'ASSIGNED', 'at', u.assigned, 'attempt', u.attempt,
+                                          'detail', $4::text),
+                       jsonb_build_object('status', 'RUNNING', 'at', now(), 'attempt', u.attempt,
+                                          'detail', $4::text))
+            FROM unnest($1::uuid[], $2::int[], $3::timestamptz[]) AS u(id, attempt, assigned)
+            WHERE t.id = u.id AND t.status = ANY($5::text[]) AND t.attempts <= u.attempt
+            RETURNING t.id, t.type, u.attempt, t.payload_text, t.payload_bytes, t.payload_url, t.trace_context
+            """,
+            [a[0] for a in attempts], [a[1] for a in attempts], [a[2] for a in attempts], worker_id,
+            list(OPEN_STATUSES))
+        return [Started(r["id"], r["type"], r["attempt"], r["payload_text"], r["payload_bytes"],
+                        r["payload_url"], r["trace_context"]) for r in rows]
+
+    async def finish(self, outcomes: Sequence[Outcome]) -> set[uuid.UUID]:
+        """Stores results and final statuses of many attempts in one transaction (group commit).
+
+        Only the current attempt of a RUNNING task is stored (fencing): returns the ids stored; the
+        others were refused (a newer attempt owns the task, or it was cancelled or already finished).
+        """
+        async with self.pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                """
+                WITH u AS (
+                    SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[],
+                                         $6::text[], $7::text[], $8::text[])
+                         AS u(id, attempt, worker, verdict, hits, text, details, error)
+                ), done AS (
+                    UPDATE tasks t SET
+                        status = CASE WHEN u.verdict IS NULL THEN 'FAILED' ELSE 'SUCCEEDED' END,
+                        error = u.error, updated_at = now(),
+                        history = t.history || jsonb_build_array(jsonb_build_object(
+                            'status', CASE WHEN u.verdict IS NULL THEN 'FAILED' ELSE 'SUCCEEDED' END,
+                            'at', now(), 'attempt', u.attempt, 'detail', COALESCE(u.error, u.worker)))
+                    FROM u
+                    WHERE t.id = u.id AND t.status = 'RUNNING' AND t.attempts = u.attempt
+                    RETURNING t.id
+                ), stored AS (
+                    INSERT INTO results (task_id, verdict, hits, text, details, worker_id, attempt)
+                    SELECT u.id, u.verdict, u.hits::jsonb, u.text, u.details::jsonb, u.worker, u.attempt
+                    FROM u JOIN done ON done.id = u.id
+                    WHERE u.verdict IS NOT NULL
+                    ON CONFLICT (task_id) DO NOTHING
+                )
+                SELECT id FROM done
+                """,
+                [o.task_id for o in outcomes], [o.attempt for o in outcomes],
+                [o.worker_id for o in outcomes], [o.verdict for o in outcomes],
+                [o.hits_json for o in outcomes], [o.text for o in outcomes],
+                [o.details_json for o in outcomes], [o.error for o in outcomes])
+        return {r["id"] for r in rows}

@@ -1,0 +1,36 @@
+"""Queue entries: the scheduling data of one task as it sits in a device queue or a lease.
+
+An entry is the string `task_id|type|prio|enqueued_ms|expires_ms|attempt|defers`; the Lua scripts
+parse the same layout (`lua/includes/parseEntry.lua`). The payload never enters Redis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    task_id: str
+    task_type: int
+    priority: int
+    enqueued_ms: int
+    expires_ms: int
+    #: Attempts started so far; the attempt number of a lease is its fencing token.
+    attempt: int = 0
+    #: Times the task was put back because no worker could take it.
+    defers: int = 0
+
+    def encode(self) -> str:
+        return (f"{self.task_id}|{self.task_type}|{self.priority}|{self.enqueued_ms}|{self.expires_ms}"
+                f"|{self.attempt}|{self.defers}")
+
+    @classmethod
+    def decode(cls, raw: str | bytes) -> Entry:
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        task_id, task_type, priority, enqueued, expires, attempt, defers = text.split("|")
+        return cls(task_id, int(task_type), int(priority), int(enqueued), int(expires), int(attempt),
+                   int(defers))
+
+    def with_attempt(self, attempt: int) -> Entry:
+        return replace(self, attempt=attempt)

@@ -1,0 +1,49 @@
+"""Sieve's exceptions, and the one mapping from Lua return codes to them."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class SieveError(Exception):
+    """Base of every Sieve error."""
+
+
+class ScriptCode(IntEnum):
+    """Negative codes returned by the Lua scripts."""
+
+    GLOBAL_LIMIT = -1
+    DEVICE_LIMIT = -2
+    DEVICE_NOT_READY = -3
+    LOCK_NOT_OWNED = -6
+
+
+class AdmissionRefused(SieveError):
+    """A task was not enqueued because a pending limit would be exceeded."""
+
+    def __init__(self, code: ScriptCode, backlog: int, pending: int) -> None:
+        self.code = code
+        self.backlog = backlog
+        self.pending = pending
+        scope = "global pending limit" if code is ScriptCode.GLOBAL_LIMIT else "device pending limit"
+        super().__init__(f"{scope} reached (device backlog {backlog}, global pending {pending})")
+
+    @property
+    def is_global(self) -> bool:
+        return self.code is ScriptCode.GLOBAL_LIMIT
+
+
+class LockNotOwned(SieveError):
+    """A device's dispatch lock is held by another token."""
+
+
+class InvalidInput(SieveError):
+    """Input from outside is wrong; `field` names the offending field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class NotFound(SieveError):
+    """The named object does not exist."""

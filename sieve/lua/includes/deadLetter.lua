@@ -1,0 +1,13 @@
+--[[
+  deadLetter(dead_key, keep, mac, entry, error, now_ms) -> json
+  Pushes a dead-letter record (seed 5.4 fields) to the front of the capped list and returns it.
+]]
+local function deadLetter(deadKey, keep, mac, e, err, now)
+  local record = cjson.encode({
+    task_id = e.id, device = mac, task_type = tonumber(e.type), priority = e.prio, error = err,
+    attempts = e.attempt, requeue_count = e.defers, enqueued_ms = e.enq, dead_ms = now,
+  })
+  redis.call("LPUSH", deadKey, record)
+  redis.call("LTRIM", deadKey, 0, keep - 1)
+  return record
+end

@@ -1,0 +1,19 @@
+--[[
+  deviceHeads() -> oldest_enqueued_ms | false, best_priority | 0
+  Reads the head of each of the device's queues (KEYS[2..6], priority 1..5): the oldest enqueue time
+  among them and the highest priority that has work.
+  Needs: parseEntry.
+]]
+local function deviceHeads()
+  local oldest = false
+  local best = 0
+  for p = 1, 5 do
+    local head = redis.call("LINDEX", KEYS[1 + p], 0)
+    if head then
+      local e = parseEntry(head)
+      if (not oldest) or e.enq < oldest then oldest = e.enq end
+      best = p
+    end
+  end
+  return oldest, best
+end

@@ -1,0 +1,109 @@
+--[[
+  Claims a device for serving and takes up to n tasks from it, in one atomic step.
+
+  Takes the device's dispatch lock (SET NX PX with the caller's token), moves the device from its
+  schedule set to the serving set, then pops: the highest priority first, except that a head task that
+  has waited max_wait or longer is taken before any younger one (low priority never starves). Expired
+  tasks are dropped on the way (the caller records them EXPIRED). Each popped task's attempt is raised
+  and it is leased until now + lease_ttl; the new attempt number is its fencing token.
+
+  Input:
+    KEYS[1..11]  device block (meta, queues 1..5, schedule sets 1..5 of its weight)
+    KEYS[12]     device dispatch lock
+    KEYS[13]     global pending counter
+    KEYS[14]     serving set
+    KEYS[15]     leases (task_id -> deadline ms)
+    KEYS[16]     lease data (task_id -> "mac|entry")
+    KEYS[17]     overloaded devices set
+
+    ARGV[1]      now (ms)
+    ARGV[2]      lock token
+    ARGV[3]      lock ttl (ms)
+    ARGV[4]      most tasks to take
+    ARGV[5]      max_wait (ms)
+    ARGV[6]      lease ttl (ms)
+    ARGV[7]      device (normalised MAC)
+    ARGV[8]      per-device pending limit (the overloaded mark is cleared below it)
+
+  Output:
+    {1, taken, e1..e_taken, x1..x_m}   entries taken (attempt raised), then entries dropped as expired
+    {-2}                               another holder has the device's lock
+    {-3}                               the device is not schedulable (taken by another replica, idle, backoff)
+]]
+--- @include "parseEntry"
+
+local now = tonumber(ARGV[1])
+local mac = ARGV[7]
+local maxWait = tonumber(ARGV[5])
+
+if not redis.call("SET", KEYS[12], ARGV[2], "NX", "PX", ARGV[3]) then
+  return {-2}
+end
+if redis.call("HGET", KEYS[1], "state") ~= "ready" then
+  redis.call("DEL", KEYS[12])
+  return {-3}
+end
+local class = tonumber(redis.call("HGET", KEYS[1], "class") or "0")
+if class > 0 then redis.call("ZREM", KEYS[6 + class], mac) end
+redis.call("ZADD", KEYS[14], now + tonumber(ARGV[3]), mac)
+redis.call("HSET", KEYS[1], "state", "serving", "class", 0, "token", ARGV[2], "last_served_ms", now)
+
+local function nextQueue()
+  local agedAt, agedPrio, best = false, 0, 0
+  for p = 5, 1, -1 do
+    local head = redis.call("LINDEX", KEYS[1 + p], 0)
+    if head then
+      if best == 0 then best = p end
+      local e = parseEntry(head)
+      if now - e.enq >= maxWait and ((not agedAt) or e.enq < agedAt) then
+        agedAt, agedPrio = e.enq, p
+      end
+    end
+  end
+  if agedPrio > 0 then return agedPrio end
+  return best
+end
+
+local taken, expired = {}, {}
+local want = tonumber(ARGV[4])
+local leaseUntil = now + tonumber(ARGV[6])
+while #taken < want do
+  local p = nextQueue()
+  if p == 0 then break end
+  local raw = redis.call("LPOP", KEYS[1 + p])
+  local e = parseEntry(raw)
+  if e.exp <= now then
+    expired[#expired + 1] = raw
+  else
+    e.attempt = e.attempt + 1
+    local leased = encodeEntry(e)
+    redis.call("ZADD", KEYS[15], leaseUntil, e.id)
+    redis.call("HSET", KEYS[16], e.id, mac .. "|" .. leased)
+    taken[#taken + 1] = leased
+  end
+end
+
+local removed = #taken + #expired
+if removed > 0 then
+  local backlog = redis.call("HINCRBY", KEYS[1], "backlog", -removed)
+  redis.call("DECRBY", KEYS[13], removed)
+  if backlog < tonumber(ARGV[8]) and redis.call("SREM", KEYS[17], mac) == 1 then
+    redis.call("HDEL", KEYS[1], "overloaded")
+  end
+  redis.call("HINCRBY", KEYS[1], "served", #taken)
+end
+-- service rate, for the retry delay intake gives a refused device: tasks taken per 10 s window
+local winStart = tonumber(redis.call("HGET", KEYS[1], "win_start_ms") or "0")
+if now - winStart >= 10000 then
+  if winStart > 0 then
+    local count = tonumber(redis.call("HGET", KEYS[1], "win_count") or "0")
+    redis.call("HSET", KEYS[1], "rate_per_s", string.format("%.3f", count * 1000 / (now - winStart)))
+  end
+  redis.call("HSET", KEYS[1], "win_start_ms", now, "win_count", 0)
+end
+redis.call("HINCRBY", KEYS[1], "win_count", #taken)
+
+local out = {1, #taken}
+for _, v in ipairs(taken) do out[#out + 1] = v end
+for _, v in ipairs(expired) do out[#out + 1] = v end
+return out

@@ -1,0 +1,62 @@
+--[[
+  Puts leased tasks of one device back at the front of its queues (a nack, a worker that went away,
+  a lease that ran out). Counted attempts that reach max_attempts are dead-lettered instead.
+
+  Input:
+    KEYS[1..11]  device block
+    KEYS[12]     global pending counter
+    KEYS[13]     leases
+    KEYS[14]     lease data
+    KEYS[15]     dead-letter list
+    KEYS[16]     active devices set
+
+    ARGV[1]      now (ms)
+    ARGV[2]      device (normalised MAC)
+    ARGV[3]      1 when the attempt counts, 0 when it does not (the worker's own state was the cause)
+    ARGV[4]      max attempts
+    ARGV[5]      reason (recorded in dead letters)
+    ARGV[6]      dead letters kept
+    ARGV[7..]    pairs: task_id, attempt ("*" for whatever attempt holds the lease), in dispatch order
+
+  Output:
+    {requeued, dead-letter records (JSON)...}
+]]
+--- @include "parseEntry"
+--- @include "deviceHeads"
+--- @include "scheduleDevice"
+--- @include "deadLetter"
+
+local now = tonumber(ARGV[1])
+local mac = ARGV[2]
+local counts = ARGV[3] == "1"
+local out = {0}
+local back = 0
+for i = #ARGV - 1, 7, -2 do
+  local id, token = ARGV[i], ARGV[i + 1]
+  local v = redis.call("HGET", KEYS[14], id)
+  if v then
+    local e = parseEntry(string.sub(v, #mac + 2))
+    if token == "*" or tostring(e.attempt) == token then
+      redis.call("HDEL", KEYS[14], id)
+      redis.call("ZREM", KEYS[13], id)
+      if not counts then e.attempt = e.attempt - 1 end
+      if counts and e.attempt >= tonumber(ARGV[4]) then
+        out[#out + 1] = deadLetter(KEYS[15], tonumber(ARGV[6]), mac, e, ARGV[5], now)
+      else
+        redis.call("LPUSH", KEYS[1 + e.prio], encodeEntry(e))
+        back = back + 1
+      end
+    end
+  end
+end
+if back > 0 then
+  redis.call("HINCRBY", KEYS[1], "backlog", back)
+  redis.call("INCRBY", KEYS[12], back)
+  redis.call("SADD", KEYS[16], mac)
+  local state = redis.call("HGET", KEYS[1], "state")
+  if state == false or state == "idle" or state == "ready" then
+    scheduleDevice(mac, now)
+  end
+end
+out[1] = back
+return out

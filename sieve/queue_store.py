@@ -1,0 +1,271 @@
+"""Typed access to the device queues in Redis: every state change is one Lua script call.
+
+The path of a task through Redis reads in this module's order: enqueue -> rank -> pop (claim, lease)
+-> release -> ack, with requeue / defer / resume for the ways back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio import Redis
+
+from sieve import lua
+from sieve.entry import Entry
+from sieve.errors import AdmissionRefused, LockNotOwned, ScriptCode
+from sieve.keys import PRIORITIES, Keys
+from sieve.settings import Settings
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Rank:
+    """The device to serve next (`mac` is None when none is schedulable)."""
+
+    mac: str | None
+    starving: bool
+    next_backoff_ms: int | None
+    longest_wait_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Popped:
+    """Tasks taken from a device (leased), and tasks dropped there because they had expired."""
+
+    ready: bool
+    taken: list[Entry] = field(default_factory=list)
+    expired: list[Entry] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Requeued:
+    requeued: int
+    dead_letters: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    unschedulable_until_ms: int
+    dead_letters: list[dict[str, Any]]
+
+
+class QueueStore:
+    """The per-device queues, schedule sets, locks and leases of one Sieve installation."""
+
+    _SCRIPTS = ("enqueueTasks", "rankDevices", "popBatch", "releaseDevice", "deferDevice",
+                "resumeDevice", "ackTasks", "requeueTasks", "cancelTask")
+
+    def __init__(self, redis: Redis, settings: Settings) -> None:
+        self.redis = redis
+        self.settings = settings
+        self.keys = Keys(settings.redis_prefix)
+        self._scripts = {name: redis.register_script(lua.load(name)) for name in self._SCRIPTS}
+        self._classes = [(p, w) for w in settings.all_weights for p in PRIORITIES]
+        self._class_keys = [self.keys.schedule(p, w) for p, w in self._classes]
+        self._class_args = [f"{p}:{w}" for p, w in self._classes]
+
+    async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        return await self._scripts[name](keys=keys, args=args)
+
+    def _device(self, mac: str) -> tuple[list[str], str]:
+        dk = self.keys.device(mac, self.settings.weight_of(mac))
+        return dk.block, dk.lock
+
+    # --- enqueue ----------------------------------------------------------------------------------
+    async def enqueue(self, mac: str, entries: list[Entry], *, now: int | None = None) -> tuple[int, int]:
+        """Queues a device's tasks; returns (device backlog, global pending) or raises AdmissionRefused."""
+        block, _ = self._device(mac)
+        k = self.keys
+        code, backlog, pending = await self._call(
+            "enqueueTasks",
+            [*block, k.pending, k.overloaded, k.devices],
+            [now or now_ms(), self.settings.max_total_pending, self.settings.max_per_device_pending,
+             self.settings.weight_of(mac), mac, k.wake_channel, *(e.encode() for e in entries)],
+        )
+        if code < 0:
+            raise AdmissionRefused(ScriptCode(code), backlog, pending)
+        return backlog, pending
+
+    async def enqueue_many(self, groups: dict[str, list[Entry]], *,
+                           now: int | None = None) -> dict[str, tuple[int, int] | AdmissionRefused]:
+        """Queues several devices' tasks in one pipelined round trip; each device is admitted alone."""
+        now = now or now_ms()
+        k, s = self.keys, self.settings
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for mac, entries in groups.items():
+                block, _ = self._device(mac)
+                await self._scripts["enqueueTasks"](
+                    keys=[*block, k.pending, k.overloaded, k.devices],
+                    args=[now, s.max_total_pending, s.max_per_device_pending, s.weight_of(mac), mac,
+                          k.wake_channel, *(e.encode() for e in entries)],
+                    client=pipe)
+            replies = await pipe.execute()
+        out: dict[str, tuple[int, int] | AdmissionRefused] = {}
+        for mac, (code, backlog, pending) in zip(groups, replies, strict=True):
+            refused = code < 0
+            out[mac] = AdmissionRefused(ScriptCode(code), backlog, pending) if refused else (backlog, pending)
+        return out
+
+    async def admission_snapshot(self, devices: list[str]) -> tuple[int, dict[str, int]]:
+        """Global pending and each device's backlog, in one round trip (a cheap check before writing)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(self.keys.pending)
+            for mac in devices:
+                pipe.hget(self.keys.meta(mac), "backlog")
+            values = await pipe.execute()
+        return int(values[0] or 0), {m: int(v or 0) for m, v in zip(devices, values[1:], strict=True)}
+
+    async def cancel(self, mac: str, task_id: str, *, now: int | None = None) -> bool:
+        """Removes a queued task; False when it is not in the queue (leased, gone)."""
+        block, _ = self._device(mac)
+        k = self.keys
+        return bool(await self._call("cancelTask", [*block, k.pending, k.overloaded, k.devices],
+                                     [now or now_ms(), mac, task_id, self.settings.max_per_device_pending]))
+
+    # --- claim ------------------------------------------------------------------------------------
+    async def rank(self, *, exclude: str | None = None, now: int | None = None) -> Rank:
+        """The device with the best aging score that is schedulable (not served, not in backoff)."""
+        s = self.settings
+        mac, _index, starving, next_backoff, longest = await self._call(
+            "rankDevices",
+            [*self._class_keys, self.keys.backoff],
+            [now or now_ms(), int(s.aging_max_wait_s * 1000), int(s.starvation_hint_s * 1000),
+             exclude or "", *self._class_args],
+        )
+        return Rank(mac or None, bool(starving), None if next_backoff < 0 else int(next_backoff),
+                    None if longest < 0 else int(longest))
+
+    async def pop(self, mac: str, token: str, count: int, *, now: int | None = None) -> Popped:
+        """Locks the device with `token`, marks it served and leases up to `count` of its tasks."""
+        block, lock = self._device(mac)
+        k, s = self.keys, self.settings
+        reply = await self._call(
+            "popBatch",
+            [*block, lock, k.pending, k.serving, k.leases, k.lease_data, k.overloaded],
+            [now or now_ms(), token, int(s.lock_ttl_s * 1000), count, int(s.aging_max_wait_s * 1000),
+             int(s.lease_ttl_s * 1000), mac, s.max_per_device_pending],
+        )
+        if reply[0] < 0:
+            return Popped(ready=False)
+        taken_count = reply[1]
+        rest = reply[2:]
+        return Popped(True, [Entry.decode(r) for r in rest[:taken_count]],
+                      [Entry.decode(r) for r in rest[taken_count:]])
+
+    async def release(self, mac: str, token: str, *, now: int | None = None) -> None:
+        """Unlocks a device after a dispatch; it is scheduled again if it has work (wait restarts)."""
+        block, lock = self._device(mac)
+        k = self.keys
+        code = await self._call("releaseDevice", [*block, lock, k.serving, k.devices],
+                                [now or now_ms(), token, mac])
+        if code < 0:
+            raise LockNotOwned(f"lock of {mac} is not held by {token}")
+
+    async def extend_lock(self, mac: str, token: str) -> bool:
+        """Renews a held device lock; False when the token no longer holds it."""
+        _, lock = self._device(mac)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            await pipe.watch(lock)
+            if await pipe.get(lock) != token:
+                await pipe.unwatch()
+                return False
+            pipe.multi()
+            pipe.pexpire(lock, int(self.settings.lock_ttl_s * 1000))
+            await pipe.execute()
+        return True
+
+    # --- the ways back ----------------------------------------------------------------------------
+    async def defer(self, mac: str, token: str, task_ids: list[str], reason: str,
+                    *, now: int | None = None) -> Deferred:
+        """Puts `task_ids` back and backs the device off exponentially."""
+        block, lock = self._device(mac)
+        k, s = self.keys, self.settings
+        reply = await self._call(
+            "deferDevice",
+            [*block, lock, k.serving, k.backoff, k.pending, k.leases, k.lease_data, k.dead_letters],
+            [now or now_ms(), token, mac, int(s.defer_backoff_base_s * 1000),
+             int(s.defer_backoff_max_s * 1000), s.max_attempts, reason, s.dead_letter_keep, *task_ids],
+        )
+        if reply[0] == ScriptCode.LOCK_NOT_OWNED:
+            raise LockNotOwned(f"lock of {mac} is not held by {token}")
+        return Deferred(int(reply[0]), [json.loads(r) for r in reply[1:]])
+
+    async def resume_due(self, *, now: int | None = None, limit: int = 500) -> list[str]:
+        """Schedules again every device whose backoff has ended; returns them."""
+        now = now or now_ms()
+        due = await self.redis.zrangebyscore(self.keys.backoff, "-inf", now, start=0, num=limit)
+        resumed = []
+        for mac in due:
+            block, _ = self._device(mac)
+            if await self._call("resumeDevice", [*block, self.keys.backoff], [now, mac]):
+                resumed.append(mac)
+        return resumed
+
+    async def ack(self, leases: list[tuple[str, int]]) -> list[bool]:
+        """Finishes leased tasks; an ack whose attempt is not the lease's current one is refused."""
+        if not leases:
+            return []
+        args: list[Any] = []
+        for task_id, attempt in leases:
+            args += [task_id, attempt]
+        reply = await self._call("ackTasks", [self.keys.leases, self.keys.lease_data], args)
+        return [bool(r) for r in reply]
+
+    async def requeue(self, mac: str, leases: list[tuple[str, int | None]], *, count_attempt: bool,
+                      reason: str, now: int | None = None) -> Requeued:
+        """Puts one device's leased tasks back at the front of its queues (None attempt: any)."""
+        block, _ = self._device(mac)
+        k, s = self.keys, self.settings
+        args: list[Any] = [now or now_ms(), mac, int(count_attempt), s.max_attempts, reason,
+                           s.dead_letter_keep]
+        for task_id, attempt in leases:
+            args += [task_id, "*" if attempt is None else attempt]
+        reply = await self._call(
+            "requeueTasks", [*block, k.pending, k.leases, k.lease_data, k.dead_letters, k.devices], args)
+        return Requeued(int(reply[0]), [json.loads(r) for r in reply[1:]])
+
+    async def leases_due(self, *, now: int | None = None,
+                         limit: int = 1000) -> dict[str, list[tuple[str, int]]]:
+        """Leases that ran out, grouped by device: {mac: [(task_id, attempt)]}."""
+        ids = await self.redis.zrangebyscore(self.keys.leases, "-inf", now or now_ms(), start=0,
+                                             num=limit)
+        if not ids:
+            return {}
+        values = await self.redis.hmget(self.keys.lease_data, ids)
+        by_device: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        for task_id, value in zip(ids, values, strict=True):
+            if value is None:
+                await self.redis.zrem(self.keys.leases, task_id)
+                continue
+            mac, _, raw = value.partition("|")
+            by_device[mac].append((task_id, Entry.decode(raw).attempt))
+        return dict(by_device)
+
+    async def renew_leases(self, task_ids: list[str], *, now: int | None = None) -> None:
+        """Pushes the deadline of leases that are still held by a live worker (only existing ones)."""
+        if not task_ids:
+            return
+        deadline = (now or now_ms()) + int(self.settings.lease_ttl_s * 1000)
+        await self.redis.zadd(self.keys.leases, dict.fromkeys(task_ids, deadline), xx=True)
+
+    # --- reading ----------------------------------------------------------------------------------
+    async def pending(self) -> int:
+        return int(await self.redis.get(self.keys.pending) or 0)
+
+    async def device_meta(self, mac: str) -> dict[str, str]:
+        return await self.redis.hgetall(self.keys.meta(mac))
+
+    async def queued(self, mac: str) -> list[Entry]:
+        """Every queued entry of a device, highest priority first (for tests and operators)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for p in reversed(PRIORITIES):
+                pipe.lrange(self.keys.queue(mac, p), 0, -1)
+            lists = await pipe.execute()
+        return [Entry.decode(raw) for items in lists for raw in items]

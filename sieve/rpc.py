@@ -1,0 +1,183 @@
+"""gRPC plumbing every service shares: the server shape, rich error statuses, client channels.
+
+Every service's `server.py` calls `create_server` with its servicers and `serve` to run until SIGTERM:
+health checking (stock HealthServicer) and server reflection are always on, and shutdown is ordered:
+health NOT_SERVING, the service's own `before_stop` (stop taking work, drain), `server.stop(grace)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf import duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from grpc_status import rpc_status
+
+from sieve.settings import Settings
+
+log = logging.getLogger("sieve.rpc")
+
+Registrar = Callable[[grpc.aio.Server], None]
+
+
+def channel_options(settings: Settings) -> list[tuple[str, int]]:
+    """Message limits and keepalives shared by servers and clients (a dead peer is noticed in seconds)."""
+    return [
+        ("grpc.max_send_message_length", settings.grpc_max_message_bytes),
+        ("grpc.max_receive_message_length", settings.grpc_max_message_bytes),
+        ("grpc.keepalive_time_ms", 10_000),
+        ("grpc.keepalive_timeout_ms", 5_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ]
+
+
+def insecure_channel(address: str, settings: Settings) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(address, options=channel_options(settings))
+
+
+@dataclass
+class Service:
+    """What a service puts into the shared server shape."""
+
+    name: str
+    #: full names of the gRPC services (for health and reflection)
+    service_names: Sequence[str]
+    register: Registrar
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = ()
+    #: runs after health says NOT_SERVING and before the server stops (drain work here)
+    before_stop: Callable[[], Awaitable[None]] | None = None
+    #: background loops started with the server and cancelled at shutdown (after before_stop)
+    background: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+
+@dataclass
+class RunningServer:
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    service: Service
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def stop(self, grace_s: float) -> None:
+        """Ordered, bounded shutdown: NOT_SERVING, drain, stop RPCs, end background loops."""
+        for name in (*self.service.service_names, ""):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.service.before_stop is not None:
+            try:
+                await asyncio.wait_for(self.service.before_stop(), timeout=grace_s)
+            except TimeoutError:
+                log.warning("%s: drain did not finish within %.1fs", self.service.name, grace_s)
+        await self.server.stop(grace_s)
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+async def create_server(service: Service, address: str, settings: Settings) -> RunningServer:
+    """Builds and starts a server for `service` on `address` (port 0 picks one); returns it with its port."""
+    server = grpc.aio.server(interceptors=list(service.interceptors), options=channel_options(settings))
+    service.register(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [*service.service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME], server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"{service.name}: cannot bind {address}")
+    await server.start()
+    for name in (*service.service_names, ""):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    running = RunningServer(server, port, health_servicer, service)
+    running.tasks = [asyncio.create_task(loop(), name=f"{service.name}-bg") for loop in service.background]
+    log.info("%s listening on port %d", service.name, port)
+    return running
+
+
+async def serve(running: RunningServer, settings: Settings) -> None:
+    """Runs until SIGTERM or SIGINT, then shuts down in order within the grace period."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    waiter = asyncio.create_task(running.server.wait_for_termination())
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    log.info("%s shutting down", running.service.name)
+    await running.stop(settings.shutdown_grace_s)
+    stopper.cancel()
+    waiter.cancel()
+
+
+# --- rich errors -----------------------------------------------------------------------------------
+def _duration(seconds: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromMilliseconds(int(seconds * 1000))
+    return d
+
+
+def invalid_argument(field_name: str, description: str) -> status_pb2.Status:
+    """INVALID_ARGUMENT with a BadRequest detail naming the field."""
+    detail = error_details_pb2.BadRequest(
+        field_violations=[error_details_pb2.BadRequest.FieldViolation(field=field_name,
+                                                                      description=description)])
+    status = status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=f"{field_name}: {description}")
+    status.details.add().Pack(detail)
+    return status
+
+
+def resource_exhausted(message: str, retry_after_s: float) -> status_pb2.Status:
+    """RESOURCE_EXHAUSTED with a RetryInfo detail."""
+    status = status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=message)
+    status.details.add().Pack(error_details_pb2.RetryInfo(retry_delay=_duration(retry_after_s)))
+    return status
+
+
+def plain_status(code: grpc.StatusCode, message: str) -> status_pb2.Status:
+    return status_pb2.Status(code=code.value[0], message=message)
+
+
+async def abort(context: grpc.aio.ServicerContext, status: status_pb2.Status) -> None:
+    """Ends the RPC with a rich status (raises)."""
+    await context.abort_with_status(rpc_status.to_status(status))
+
+
+def retry_delay_of(error: grpc.aio.AioRpcError) -> float | None:
+    """The RetryInfo delay (seconds) of a refused call, if it carries one."""
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    if status is None:
+        return None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info = error_details_pb2.RetryInfo()
+            detail.Unpack(info)
+            return info.retry_delay.ToMilliseconds() / 1000
+    return None
+
+
+def bad_fields_of(error: grpc.aio.AioRpcError) -> list[str]:
+    """The fields named by a BadRequest detail of a refused call."""
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    fields: list[str] = []
+    for detail in status.details if status else ():
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            fields += [v.field for v in bad.field_violations]
+    return fields
+
+
+def service_names(*descriptors: Iterable[str]) -> list[str]:
+    return [name for group in descriptors for name in group]

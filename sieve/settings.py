@@ -1,0 +1,210 @@
+"""The one settings object of every Sieve service, read from `SIEVE_*` environment variables.
+
+Each field's environment variable is `SIEVE_` + the field name in upper case (`max_total_pending` is
+`SIEVE_MAX_TOTAL_PENDING`). Defaults are the seed's. Units are part of the names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, get_type_hints
+
+from sieve.mac import normalize_mac
+
+ENV_PREFIX = "SIEVE_"
+
+
+class SettingsError(ValueError):
+    """A SIEVE_* variable could not be read; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    # --- where things are -------------------------------------------------------------------------
+    #: Redis holding the queues, locks and registry.
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    #: Every Redis key starts with "{prefix}:" (one hash tag: all keys live in one Cluster slot).
+    redis_prefix: str = "sieve"
+    #: PostgreSQL holding tasks, results and the lexicon (the record).
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
+    #: PostgreSQL schema of Sieve's tables (tests use one schema each).
+    database_schema: str = "sieve"
+    db_pool_min: int = 1
+    db_pool_max: int = 8
+    intake_addr: str = "127.0.0.1:50051"
+    scheduler_addr: str = "127.0.0.1:50052"
+    registry_addr: str = "127.0.0.1:50053"
+    #: Largest gRPC message a server or client accepts.
+    grpc_max_message_bytes: int = 16 * 1024 * 1024
+    #: Seconds a server waits for in-flight RPCs on SIGTERM.
+    shutdown_grace_s: float = 10.0
+
+    # --- intake -----------------------------------------------------------------------------------
+    #: "caller=token,caller2=token2"; empty means every caller is "anonymous" and no token is needed.
+    api_keys: str = ""
+    max_text_bytes: int = 64 * 1024
+    max_image_bytes: int = 10 * 1024 * 1024
+    #: Admission: refuse new tasks above this many pending in all (seed CELERY_MAX_TOTAL_PENDING).
+    max_total_pending: int = 5000
+    #: Admission: refuse a device's new tasks above this many pending for it (CELERY_MAX_PER_MAC_PENDING).
+    max_per_device_pending: int = 200
+    #: RetryInfo delay when the global backlog is full (seed: HTTP 503 + retry_after 30).
+    retry_after_s: float = 30.0
+
+    # --- scheduling -------------------------------------------------------------------------------
+    #: Aging: score = min(wait, aging_max_wait_s) x weight.
+    aging_max_wait_s: float = 600.0
+    #: Weight of devices without their own entry in device_weights.
+    default_weight: int = 1
+    #: "AA:BB:CC:DD:EE:FF=3,..." per-device weights (integers 1..100).
+    device_weights: str = ""
+    #: Another device waiting at least this long means starvation: smaller batches, skip the last device.
+    starvation_hint_s: float = 30.0
+    batch_size: int = 10
+    min_batch_size: int = 1
+    #: Per-device dispatch lock (SET NX EX); renewed while a dispatch runs.
+    lock_ttl_s: float = 900.0
+    #: A task older than this is never handed out; it becomes EXPIRED.
+    task_ttl_s: float = 3600.0
+    #: Per-device backoff when it cannot be served: base x 2^(n-1), capped.
+    defer_backoff_base_s: float = 30.0
+    defer_backoff_max_s: float = 600.0
+    #: Attempts (or defers) after which a task is dead-lettered.
+    max_attempts: int = 6
+    dead_letter_keep: int = 10000
+    #: A handed-out task comes back when its lease is not renewed or acked for this long.
+    lease_ttl_s: float = 60.0
+    #: Period of housekeeping (seed Beat): backoff resumption, lease and TTL sweeps.
+    housekeeping_interval_s: float = 1.0
+    watermark_interval_s: float = 15.0
+    watermark_ttl_s: float = 20.0
+    #: What to do with OCR tasks when no GPU worker is alive: defer | cpu | dead_letter.
+    no_gpu_strategy: str = "defer"
+
+    # --- workers and registry ---------------------------------------------------------------------
+    heartbeat_interval_s: float = 15.0
+    worker_ttl_s: float = 60.0
+    cpu_watermark_pct: float = 75.0
+    memory_watermark_pct: float = 75.0
+    gpu_memory_watermark_pct: float = 75.0
+    #: This worker's id; empty means hostname:pid.
+    worker_id: str = ""
+    #: Task types this worker takes, comma separated (TEXT, OCR_IMAGE).
+    worker_task_types: str = "TEXT"
+    #: Tasks a worker holds at once (credits); 0 picks a default from its mode.
+    worker_concurrency: int = 0
+    #: Results are written in groups: at most this many rows, or after this many milliseconds.
+    result_flush_rows: int = 500
+    result_flush_ms: float = 5.0
+    #: Where the worker serves gRPC health checks (port 0 picks a free one).
+    worker_health_addr: str = "127.0.0.1:0"
+    #: Tests only: "cpu=10,memory=20,gpu_memory=0" fixes the worker's resource readings.
+    fixed_resources: str = ""
+
+    # --- logs -------------------------------------------------------------------------------------
+    log_level: str = "INFO"
+
+    # ----------------------------------------------------------------------------------------------
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Builds settings from `env` (default os.environ); `overrides` win over the environment."""
+        env = os.environ if env is None else env
+        hints = get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            name = ENV_PREFIX + f.name.upper()
+            if name in env:
+                values[f.name] = _parse(name, env[name], hints[f.name])
+        values.update(overrides)
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    def validate(self) -> None:
+        """Rejects settings that cannot work together, naming the variable."""
+        positive = ("max_total_pending", "max_per_device_pending", "batch_size", "min_batch_size",
+                    "max_attempts", "dead_letter_keep", "default_weight")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise SettingsError(f"{ENV_PREFIX}{name.upper()} must be at least 1")
+        if self.min_batch_size > self.batch_size:
+            raise SettingsError("SIEVE_MIN_BATCH_SIZE must not exceed SIEVE_BATCH_SIZE")
+        if self.no_gpu_strategy not in ("defer", "cpu", "dead_letter"):
+            raise SettingsError("SIEVE_NO_GPU_STRATEGY must be defer, cpu or dead_letter")
+        self.weights_by_device  # noqa: B018  (parses and validates)
+        self.callers_by_token  # noqa: B018
+
+    @property
+    def weights_by_device(self) -> dict[str, int]:
+        """Per-device weights from `device_weights`, keyed by normalised MAC."""
+        weights: dict[str, int] = {}
+        for item in filter(None, (p.strip() for p in self.device_weights.split(","))):
+            mac, _, value = item.rpartition("=")
+            try:
+                weight = int(value)
+                device = normalize_mac(mac)
+            except ValueError as exc:
+                raise SettingsError(f"SIEVE_DEVICE_WEIGHTS: bad entry {item!r}: {exc}") from None
+            if not 1 <= weight <= 100:
+                raise SettingsError(f"SIEVE_DEVICE_WEIGHTS: weight of {mac} must be 1..100")
+            weights[device] = weight
+        return weights
+
+    @property
+    def all_weights(self) -> tuple[int, ...]:
+        """Every weight in use: the default and each configured one, ascending."""
+        return tuple(sorted({self.default_weight, *self.weights_by_device.values()}))
+
+    def weight_of(self, device: str) -> int:
+        return self.weights_by_device.get(device, self.default_weight)
+
+    @property
+    def callers_by_token(self) -> dict[str, str]:
+        """API tokens to caller names, from `api_keys`."""
+        callers: dict[str, str] = {}
+        for item in filter(None, (p.strip() for p in self.api_keys.split(","))):
+            caller, sep, token = item.partition("=")
+            if not sep or not caller or not token:
+                raise SettingsError(f"SIEVE_API_KEYS: entry {item!r} is not caller=token")
+            callers[token] = caller
+        return callers
+
+    @property
+    def effective_worker_id(self) -> str:
+        return self.worker_id or f"{socket.gethostname()}:{os.getpid()}"
+
+    @property
+    def worker_types(self) -> tuple[str, ...]:
+        return tuple(t.strip().upper() for t in self.worker_task_types.split(",") if t.strip())
+
+
+def _parse(name: str, raw: str, kind: Any) -> Any:
+    try:
+        if kind is bool:
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(raw)
+        if kind is int:
+            return int(raw)
+        if kind is float:
+            return float(raw)
+        return raw
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
+
+
+def settings_field_names() -> list[str]:
+    """Every SIEVE_* variable the settings read (for docs and tests)."""
+    return [ENV_PREFIX + f.name.upper() for f in fields(Settings)]
+
+
+__all__ = ["Settings", "SettingsError", "settings_field_names"]

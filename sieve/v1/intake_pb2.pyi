@@ -1,0 +1,95 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
+from sieve.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TaskSpec(_message.Message):
+    __slots__ = ("device_id", "type", "priority", "text", "image", "image_url", "idempotency_key", "ttl")
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_URL_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    device_id: str
+    type: _types_pb2.TaskType
+    priority: _types_pb2.Priority
+    text: str
+    image: bytes
+    image_url: str
+    idempotency_key: str
+    ttl: _duration_pb2.Duration
+    def __init__(self, device_id: _Optional[str] = ..., type: _Optional[_Union[_types_pb2.TaskType, str]] = ..., priority: _Optional[_Union[_types_pb2.Priority, str]] = ..., text: _Optional[str] = ..., image: _Optional[bytes] = ..., image_url: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class SubmitRequest(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: TaskSpec
+    def __init__(self, task: _Optional[_Union[TaskSpec, _Mapping]] = ...) -> None: ...
+
+class SubmitResponse(_message.Message):
+    __slots__ = ("task", "deduplicated")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
+    task: _types_pb2.Task
+    deduplicated: bool
+    def __init__(self, task: _Optional[_Union[_types_pb2.Task, _Mapping]] = ..., deduplicated: _Optional[bool] = ...) -> None: ...
+
+class SubmitBatchRequest(_message.Message):
+    __slots__ = ("tasks",)
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[TaskSpec]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskSpec, _Mapping]]] = ...) -> None: ...
+
+class SubmitBatchItem(_message.Message):
+    __slots__ = ("task", "deduplicated", "code", "message", "retry_after")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
+    task: _types_pb2.Task
+    deduplicated: bool
+    code: int
+    message: str
+    retry_after: _duration_pb2.Duration
+    def __init__(self, task: _Optional[_Union[_types_pb2.Task, _Mapping]] = ..., deduplicated: _Optional[bool] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class SubmitBatchResponse(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[SubmitBatchItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[SubmitBatchItem, _Mapping]]] = ...) -> None: ...
+
+class GetTaskRequest(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class GetTaskResponse(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: _types_pb2.Task
+    def __init__(self, task: _Optional[_Union[_types_pb2.Task, _Mapping]] = ...) -> None: ...
+
+class CancelTaskRequest(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class CancelTaskResponse(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: _types_pb2.Task
+    def __init__(self, task: _Optional[_Union[_types_pb2.Task, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,116 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from sieve.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class WorkerHello(_message.Message):
+    __slots__ = ("worker_id", "task_types", "gpu")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_TYPES_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    task_types: _containers.RepeatedScalarFieldContainer[_types_pb2.TaskType]
+    gpu: bool
+    def __init__(self, worker_id: _Optional[str] = ..., task_types: _Optional[_Iterable[_Union[_types_pb2.TaskType, str]]] = ..., gpu: _Optional[bool] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("task_id", "lease_token")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    lease_token: str
+    def __init__(self, task_id: _Optional[str] = ..., lease_token: _Optional[str] = ...) -> None: ...
+
+class Nack(_message.Message):
+    __slots__ = ("task_id", "lease_token", "reason", "retry_after", "count_attempt")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
+    COUNT_ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    lease_token: str
+    reason: str
+    retry_after: _duration_pb2.Duration
+    count_attempt: bool
+    def __init__(self, task_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., reason: _Optional[str] = ..., retry_after: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., count_attempt: _Optional[bool] = ...) -> None: ...
+
+class PullRequest(_message.Message):
+    __slots__ = ("hello", "credits", "acks", "nacks", "draining")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    CREDITS_FIELD_NUMBER: _ClassVar[int]
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    NACKS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    hello: WorkerHello
+    credits: int
+    acks: _containers.RepeatedCompositeFieldContainer[Ack]
+    nacks: _containers.RepeatedCompositeFieldContainer[Nack]
+    draining: bool
+    def __init__(self, hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., credits: _Optional[int] = ..., acks: _Optional[_Iterable[_Union[Ack, _Mapping]]] = ..., nacks: _Optional[_Iterable[_Union[Nack, _Mapping]]] = ..., draining: _Optional[bool] = ...) -> None: ...
+
+class Assignment(_message.Message):
+    __slots__ = ("task_id", "device_id", "type", "priority", "attempt", "lease_token", "assigned_at", "enqueued_at")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNED_AT_FIELD_NUMBER: _ClassVar[int]
+    ENQUEUED_AT_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    device_id: str
+    type: _types_pb2.TaskType
+    priority: _types_pb2.Priority
+    attempt: int
+    lease_token: str
+    assigned_at: _timestamp_pb2.Timestamp
+    enqueued_at: _timestamp_pb2.Timestamp
+    def __init__(self, task_id: _Optional[str] = ..., device_id: _Optional[str] = ..., type: _Optional[_Union[_types_pb2.TaskType, str]] = ..., priority: _Optional[_Union[_types_pb2.Priority, str]] = ..., attempt: _Optional[int] = ..., lease_token: _Optional[str] = ..., assigned_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., enqueued_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class AssignmentBatch(_message.Message):
+    __slots__ = ("assignments",)
+    ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    assignments: _containers.RepeatedCompositeFieldContainer[Assignment]
+    def __init__(self, assignments: _Optional[_Iterable[_Union[Assignment, _Mapping]]] = ...) -> None: ...
+
+class PullResponse(_message.Message):
+    __slots__ = ("batch",)
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    batch: AssignmentBatch
+    def __init__(self, batch: _Optional[_Union[AssignmentBatch, _Mapping]] = ...) -> None: ...
+
+class GetWatermarkRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetWatermarkResponse(_message.Message):
+    __slots__ = ("total_pending", "active_devices", "live_workers", "at", "overloaded_devices", "backoff_devices", "dead_letters", "oldest_wait", "leased")
+    TOTAL_PENDING_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    LIVE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    OVERLOADED_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    BACKOFF_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERS_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_WAIT_FIELD_NUMBER: _ClassVar[int]
+    LEASED_FIELD_NUMBER: _ClassVar[int]
+    total_pending: int
+    active_devices: int
+    live_workers: int
+    at: _timestamp_pb2.Timestamp
+    overloaded_devices: _containers.RepeatedScalarFieldContainer[str]
+    backoff_devices: _containers.RepeatedScalarFieldContainer[str]
+    dead_letters: int
+    oldest_wait: _duration_pb2.Duration
+    leased: int
+    def __init__(self, total_pending: _Optional[int] = ..., active_devices: _Optional[int] = ..., live_workers: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., overloaded_devices: _Optional[_Iterable[str]] = ..., backoff_devices: _Optional[_Iterable[str]] = ..., dead_letters: _Optional[int] = ..., oldest_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., leased: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,139 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TaskType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_TYPE_UNSPECIFIED: _ClassVar[TaskType]
+    TASK_TYPE_TEXT: _ClassVar[TaskType]
+    TASK_TYPE_OCR_IMAGE: _ClassVar[TaskType]
+
+class Priority(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PRIORITY_UNSPECIFIED: _ClassVar[Priority]
+    PRIORITY_BACKGROUND: _ClassVar[Priority]
+    PRIORITY_LOW: _ClassVar[Priority]
+    PRIORITY_NORMAL: _ClassVar[Priority]
+    PRIORITY_HIGH: _ClassVar[Priority]
+    PRIORITY_CRITICAL: _ClassVar[Priority]
+
+class TaskStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_STATUS_UNSPECIFIED: _ClassVar[TaskStatus]
+    TASK_STATUS_PENDING: _ClassVar[TaskStatus]
+    TASK_STATUS_ASSIGNED: _ClassVar[TaskStatus]
+    TASK_STATUS_RUNNING: _ClassVar[TaskStatus]
+    TASK_STATUS_SUCCEEDED: _ClassVar[TaskStatus]
+    TASK_STATUS_FAILED: _ClassVar[TaskStatus]
+    TASK_STATUS_EXPIRED: _ClassVar[TaskStatus]
+    TASK_STATUS_CANCELLED: _ClassVar[TaskStatus]
+    TASK_STATUS_DEAD_LETTERED: _ClassVar[TaskStatus]
+
+class Verdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    VERDICT_UNSPECIFIED: _ClassVar[Verdict]
+    VERDICT_PASS: _ClassVar[Verdict]
+    VERDICT_REVIEW: _ClassVar[Verdict]
+    VERDICT_BLOCK: _ClassVar[Verdict]
+TASK_TYPE_UNSPECIFIED: TaskType
+TASK_TYPE_TEXT: TaskType
+TASK_TYPE_OCR_IMAGE: TaskType
+PRIORITY_UNSPECIFIED: Priority
+PRIORITY_BACKGROUND: Priority
+PRIORITY_LOW: Priority
+PRIORITY_NORMAL: Priority
+PRIORITY_HIGH: Priority
+PRIORITY_CRITICAL: Priority
+TASK_STATUS_UNSPECIFIED: TaskStatus
+TASK_STATUS_PENDING: TaskStatus
+TASK_STATUS_ASSIGNED: TaskStatus
+TASK_STATUS_RUNNING: TaskStatus
+TASK_STATUS_SUCCEEDED: TaskStatus
+TASK_STATUS_FAILED: TaskStatus
+TASK_STATUS_EXPIRED: TaskStatus
+TASK_STATUS_CANCELLED: TaskStatus
+TASK_STATUS_DEAD_LETTERED: TaskStatus
+VERDICT_UNSPECIFIED: Verdict
+VERDICT_PASS: Verdict
+VERDICT_REVIEW: Verdict
+VERDICT_BLOCK: Verdict
+
+class StatusChange(_message.Message):
+    __slots__ = ("status", "at", "attempt", "detail")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    status: TaskStatus
+    at: _timestamp_pb2.Timestamp
+    attempt: int
+    detail: str
+    def __init__(self, status: _Optional[_Union[TaskStatus, str]] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempt: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class Hit(_message.Message):
+    __slots__ = ("word", "category", "severity", "start", "end", "matched_text")
+    WORD_FIELD_NUMBER: _ClassVar[int]
+    CATEGORY_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_TEXT_FIELD_NUMBER: _ClassVar[int]
+    word: str
+    category: str
+    severity: int
+    start: int
+    end: int
+    matched_text: str
+    def __init__(self, word: _Optional[str] = ..., category: _Optional[str] = ..., severity: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., matched_text: _Optional[str] = ...) -> None: ...
+
+class DetectionResult(_message.Message):
+    __slots__ = ("verdict", "hits", "text", "worker_id", "created_at")
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    verdict: Verdict
+    hits: _containers.RepeatedCompositeFieldContainer[Hit]
+    text: str
+    worker_id: str
+    created_at: _timestamp_pb2.Timestamp
+    def __init__(self, verdict: _Optional[_Union[Verdict, str]] = ..., hits: _Optional[_Iterable[_Union[Hit, _Mapping]]] = ..., text: _Optional[str] = ..., worker_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class Task(_message.Message):
+    __slots__ = ("task_id", "device_id", "type", "priority", "status", "attempts", "created_at", "updated_at", "expires_at", "history", "result", "error", "idempotency_key")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    device_id: str
+    type: TaskType
+    priority: Priority
+    status: TaskStatus
+    attempts: int
+    created_at: _timestamp_pb2.Timestamp
+    updated_at: _timestamp_pb2.Timestamp
+    expires_at: _timestamp_pb2.Timestamp
+    history: _containers.RepeatedCompositeFieldContainer[StatusChange]
+    result: DetectionResult
+    error: str
+    idempotency_key: str
+    def __init__(self, task_id: _Optional[str] = ..., device_id: _Optional[str] = ..., type: _Optional[_Union[TaskType, str]] = ..., priority: _Optional[_Union[Priority, str]] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., attempts: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., history: _Optional[_Iterable[_Union[StatusChange, _Mapping]]] = ..., result: _Optional[_Union[DetectionResult, _Mapping]] = ..., error: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...

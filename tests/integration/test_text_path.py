@@ -1,0 +1,103 @@
+"""Intake + scheduler + registry + worker in one test process, against real Redis and PostgreSQL:
+a text goes in through Submit and its result comes back from GetTask."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import asyncpg
+import grpc
+import pytest
+from redis.asyncio import Redis
+
+from intake_svc.server import build_service as build_intake
+from registry_svc.server import build_service as build_registry
+from scheduler_svc.server import build_scheduler
+from sieve import rpc
+from sieve.db.tasks import TaskStore
+from sieve.settings import Settings
+from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
+from worker_svc.server import Worker
+
+FINAL = {types_pb2.TASK_STATUS_SUCCEEDED, types_pb2.TASK_STATUS_FAILED, types_pb2.TASK_STATUS_EXPIRED,
+         types_pb2.TASK_STATUS_CANCELLED, types_pb2.TASK_STATUS_DEAD_LETTERED}
+
+
+@dataclass
+class Platform:
+    settings: Settings
+    intake: intake_pb2_grpc.IntakeServiceStub
+    worker: Worker | None
+
+
+@pytest.fixture
+async def platform(settings: Settings, redis: Redis, pg: asyncpg.Pool) -> AsyncIterator[Platform]:
+    tasks = TaskStore(pg)
+    registry = await rpc.create_server(build_registry(settings, redis), "127.0.0.1:0", settings)
+    settings = settings.replace(registry_addr=f"127.0.0.1:{registry.port}")
+    _, sched_service = build_scheduler(settings, redis, tasks)
+    scheduler = await rpc.create_server(sched_service, "127.0.0.1:0", settings)
+    settings = settings.replace(scheduler_addr=f"127.0.0.1:{scheduler.port}", worker_id="worker-1")
+    intake = await rpc.create_server(build_intake(settings, redis, tasks), "127.0.0.1:0", settings)
+    worker = Worker(settings, pg)
+    await worker.start()
+    channel = rpc.insecure_channel(f"127.0.0.1:{intake.port}", settings)
+    yield Platform(settings, intake_pb2_grpc.IntakeServiceStub(channel), worker)
+    await channel.close()
+    await worker.drain()
+    await worker.close()
+    for server in (intake, scheduler, registry):
+        await server.stop(1)
+
+
+async def wait_final(stub: intake_pb2_grpc.IntakeServiceStub, task_id: str, timeout_s: float = 15) -> types_pb2.Task:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        task = (await stub.GetTask(intake_pb2.GetTaskRequest(task_id=task_id))).task
+        if task.status in FINAL or asyncio.get_running_loop().time() > deadline:
+            return task
+        await asyncio.sleep(0.02)
+
+
+def text_spec(device: str, text: str, **kw: object) -> intake_pb2.TaskSpec:
+    return intake_pb2.TaskSpec(device_id=device, type=types_pb2.TASK_TYPE_TEXT, text=text, **kw)
+
+
+async def test_a_submitted_text_is_matched_and_its_result_comes_back(platform: Platform) -> None:
+    # Given a running platform
+    # When a device submits a text with evasions of two lexicon words
+    reply = await platform.intake.Submit(intake_pb2.SubmitRequest(
+        task=text_spec("aa-bb-cc-dd-ee-01", "这里有 赌.博 和 ｃａｓｉｎｏ 的广告")))
+    assert reply.task.status == types_pb2.TASK_STATUS_PENDING
+    assert reply.task.device_id == "AA:BB:CC:DD:EE:01"
+    # Then the task succeeds and GetTask returns both hits with their original positions
+    task = await wait_final(platform.intake, reply.task.task_id)
+    assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, task
+    words = {h.word for h in task.result.hits}
+    assert {"赌博", "casino"} <= words
+    for hit in task.result.hits:
+        assert "这里有 赌.博 和 ｃａｓｉｎｏ 的广告"[hit.start:hit.end] == hit.matched_text
+    assert task.result.verdict != types_pb2.VERDICT_PASS
+    statuses = [h.status for h in task.history]
+    assert statuses == [types_pb2.TASK_STATUS_PENDING, types_pb2.TASK_STATUS_ASSIGNED,
+                        types_pb2.TASK_STATUS_RUNNING, types_pb2.TASK_STATUS_SUCCEEDED]
+    assert task.attempts == 1
+
+
+async def test_a_batch_over_many_devices_all_succeeds(platform: Platform) -> None:
+    specs = [text_spec(f"02:00:00:00:00:{d:02x}", f"text {i} {'免费领取' if i % 3 == 0 else 'hello'}")
+             for d in range(20) for i in range(10)]
+    reply = await platform.intake.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=specs))
+    assert all(item.code == 0 for item in reply.items)
+    tasks = [await wait_final(platform.intake, item.task.task_id) for item in reply.items]
+    assert all(t.status == types_pb2.TASK_STATUS_SUCCEEDED for t in tasks)
+    flagged = [t for t in tasks if t.result.hits]
+    assert len(flagged) == sum(1 for d in range(20) for i in range(10) if i % 3 == 0)
+
+
+async def test_an_unknown_task_is_not_found(platform: Platform) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await platform.intake.GetTask(intake_pb2.GetTaskRequest(task_id="6f1c1c86-0000-4000-8000-000000000000"))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND

@@ -1,0 +1,1 @@
+"""Sieve worker service."""

@@ -1,0 +1,82 @@
+"""The worker's lexicon: loaded from PostgreSQL into a Matcher, reloaded when the table changes.
+
+The first start with an empty table loads the shipped default lexicon file. Changes are noticed by
+LISTEN on `sieve_lexicon` (the table's trigger notifies) and, as a fallback, by polling the version row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+
+import asyncpg
+
+from sieve.settings import Settings
+from worker_svc.text import LexiconEntry, Matcher, load_lexicon_file
+
+log = logging.getLogger("sieve.worker.lexicon")
+POLL_S = 5.0
+
+
+async def seed_default_lexicon(pool: asyncpg.Pool, settings: Settings) -> int:
+    """Loads the shipped lexicon into an empty table (once, even with many workers starting)."""
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)",
+                           zlib.crc32(f"sieve-lexicon:{settings.database_schema}".encode()))
+        if await conn.fetchval("SELECT EXISTS (SELECT 1 FROM lexicon)"):
+            return 0
+        entries = load_lexicon_file()
+        await conn.executemany(
+            "INSERT INTO lexicon (word, category, severity) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+            [(e.word, e.category, e.severity) for e in entries])
+        log.info("loaded the default lexicon: %d words", len(entries))
+        return len(entries)
+
+
+class Lexicon:
+    """Holds the current Matcher; `watch` keeps it fresh."""
+
+    def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.matcher = Matcher(())
+        self.version = -1
+        self._changed = asyncio.Event()
+
+    async def load(self) -> None:
+        async with self.pool.acquire() as conn:
+            version = await conn.fetchval("SELECT version FROM lexicon_version")
+            rows = await conn.fetch("SELECT word, category, severity FROM lexicon")
+        self.matcher = Matcher(LexiconEntry(r["word"], r["category"], r["severity"]) for r in rows)
+        self.version = version
+        log.info("lexicon version %d loaded: %d words", version, self.matcher.size)
+
+    async def start(self) -> None:
+        await seed_default_lexicon(self.pool, self.settings)
+        await self.load()
+
+    async def watch(self) -> None:
+        """Reloads on NOTIFY sieve_lexicon, and whenever the version row moved (polled)."""
+        conn: asyncpg.Connection | None = None
+        while True:
+            try:
+                if conn is None or conn.is_closed():
+                    conn = await asyncpg.connect(self.settings.database_url)
+                    await conn.add_listener("sieve_lexicon", lambda *_: self._changed.set())
+                try:
+                    await asyncio.wait_for(self._changed.wait(), timeout=POLL_S)
+                except TimeoutError:
+                    pass
+                self._changed.clear()
+                version = await self.pool.fetchval("SELECT version FROM lexicon_version")
+                if version != self.version:
+                    await self.load()
+            except asyncio.CancelledError:
+                if conn is not None:
+                    await conn.close()
+                raise
+            except Exception as exc:
+                log.warning("lexicon watch: %s", exc)
+                conn = None
+                await asyncio.sleep(POLL_S)

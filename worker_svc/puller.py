@@ -1,0 +1,171 @@
+"""The worker's side of the Pull stream: hold slots, send credits, run batches, ack, reconnect.
+
+Slots: the worker has `concurrency` slots. A credit is sent only for a free slot, and only while the
+worker is under its watermarks (backpressure); a slot is used from the moment an assignment arrives
+until its ack is sent. A batch that arrives while the worker is over a watermark is nacked at once
+without counting the attempt. When the stream breaks the worker reconnects with jittered exponential
+backoff; tasks it was running are put back by the scheduler and their late acks are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import grpc
+
+from sieve import rpc
+from sieve.backoff import Backoff
+from sieve.settings import Settings
+from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc
+from worker_svc.pressure import Pressure
+
+log = logging.getLogger("sieve.worker.pull")
+
+#: how often withheld credits are reconsidered while the worker is under pressure
+PRESSURE_RECHECK_S = 0.5
+#: a nack for pressure asks for the task to wait this long (seed: self.retry(countdown=30))
+PRESSURE_RETRY_S = 30.0
+
+BatchRunner = Callable[[list[scheduler_pb2.Assignment]], Awaitable[tuple[list[scheduler_pb2.Ack],
+                                                                          list[scheduler_pb2.Nack]]]]
+
+
+class Puller:
+    def __init__(self, settings: Settings, worker_id: str, task_types: list[int], gpu: bool,
+                 concurrency: int, run_batch: BatchRunner, pressure: Pressure) -> None:
+        self.settings = settings
+        self.worker_id = worker_id
+        self.task_types = task_types
+        self.gpu = gpu
+        self.concurrency = concurrency
+        self.run_batch = run_batch
+        self.pressure = pressure
+        self.in_use = 0
+        self._granted = 0  # credits the current stream has and has not used yet
+        self._outbox: asyncio.Queue[scheduler_pb2.PullRequest | None] | None = None
+        self._running: set[asyncio.Task[None]] = set()
+        self.draining = False
+        self.connected = asyncio.Event()
+        self.completed = 0
+
+    # --- credits ----------------------------------------------------------------------------------
+    def _free_credits(self) -> int:
+        if self.draining or self.pressure.reasons(self.in_use):
+            return 0
+        return max(0, self.concurrency - self.in_use - self._granted)
+
+    def _send(self, request: scheduler_pb2.PullRequest) -> None:
+        if self._outbox is not None:
+            self._outbox.put_nowait(request)
+
+    def _grant(self, request: scheduler_pb2.PullRequest) -> scheduler_pb2.PullRequest:
+        credits = self._free_credits()
+        if credits:
+            request.credits = credits
+            self._granted += credits
+        return request
+
+    # --- the stream -------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Keeps a Pull stream open until `stop` is set and the in-flight work is done."""
+        backoff = Backoff()
+        while not (stop.is_set() and self.draining):
+            try:
+                await self._stream(stop)
+                backoff.reset()
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as exc:
+                log.warning("pull stream ended: %s %s", exc.code().name, exc.details())
+            except Exception:
+                log.exception("pull stream failed")
+            finally:
+                self.connected.clear()
+            if self.draining:
+                break
+            await asyncio.sleep(backoff.next())
+
+    async def _stream(self, stop: asyncio.Event) -> None:
+        outbox: asyncio.Queue[scheduler_pb2.PullRequest | None] = asyncio.Queue()
+        self._outbox = outbox
+        self._granted = 0
+        hello = scheduler_pb2.WorkerHello(worker_id=self.worker_id, task_types=self.task_types, gpu=self.gpu)
+        outbox.put_nowait(self._grant(scheduler_pb2.PullRequest(hello=hello)))
+
+        async def requests() -> AsyncIterator[scheduler_pb2.PullRequest]:
+            while True:
+                item = await outbox.get()
+                if item is None:
+                    return
+                yield item
+
+        async with rpc.insecure_channel(self.settings.scheduler_addr, self.settings) as channel:
+            call = scheduler_pb2_grpc.SchedulerServiceStub(channel).Pull(requests())
+            watcher = asyncio.create_task(self._watch(stop, outbox))
+            try:
+                async for response in call:
+                    self.connected.set()
+                    if response.HasField("batch"):
+                        self._start_batch(list(response.batch.assignments))
+            finally:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+                self._outbox = None
+
+    async def _watch(self, stop: asyncio.Event, outbox: asyncio.Queue[scheduler_pb2.PullRequest | None]) -> None:
+        """Grants withheld credits when pressure clears; on stop, drains and closes the stream."""
+        while True:
+            if stop.is_set():
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=PRESSURE_RECHECK_S)
+            if not stop.is_set() and self._free_credits():
+                outbox.put_nowait(self._grant(scheduler_pb2.PullRequest()))
+        # ordered shutdown: no new credits, finish what is in flight (acks go out), then close
+        self.draining = True
+        outbox.put_nowait(scheduler_pb2.PullRequest(draining=True))
+        while self._running:
+            await asyncio.gather(*list(self._running), return_exceptions=True)
+        outbox.put_nowait(None)
+
+    # --- batches ----------------------------------------------------------------------------------
+    def _start_batch(self, assignments: list[scheduler_pb2.Assignment]) -> None:
+        n = len(assignments)
+        self._granted = max(0, self._granted - n)
+        self.in_use += n
+        task = asyncio.create_task(self._batch(assignments))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _batch(self, assignments: list[scheduler_pb2.Assignment]) -> None:
+        try:
+            reasons = self.pressure.reasons(self.in_use)
+            if reasons:
+                acks: list[scheduler_pb2.Ack] = []
+                nacks = [self._pressure_nack(a, reasons) for a in assignments]
+            else:
+                acks, nacks = await self.run_batch(assignments)
+        except Exception as exc:
+            log.exception("batch of %d failed", len(assignments))
+            acks, nacks = [], [scheduler_pb2.Nack(task_id=a.task_id, lease_token=a.lease_token,
+                                                  reason=f"worker error: {exc}", count_attempt=False)
+                               for a in assignments]
+        self.in_use -= len(assignments)
+        self.completed += len(acks)
+        self._send(self._grant(scheduler_pb2.PullRequest(acks=acks, nacks=nacks)))
+
+    @staticmethod
+    def _pressure_nack(assignment: scheduler_pb2.Assignment, reasons: list[str]) -> scheduler_pb2.Nack:
+        nack = scheduler_pb2.Nack(task_id=assignment.task_id, lease_token=assignment.lease_token,
+                                  reason="worker over watermark: " + "; ".join(reasons), count_attempt=False)
+        nack.retry_after.FromMilliseconds(int(PRESSURE_RETRY_S * 1000))
+        return nack
+
+
+def new_worker_id() -> str:
+    return uuid.uuid4().hex[:12]

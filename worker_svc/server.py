@@ -1,0 +1,96 @@
+"""Entry point of a worker: `python -m worker_svc`.
+
+Start-up: database pool and lexicon, registry registration and heartbeats, the Pull stream to the
+scheduler, gRPC health on worker_health_addr. SIGTERM: no new credits, in-flight tasks finish and are
+acked, the stream closes, then the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import asyncpg
+
+from sieve import rpc
+from sieve.db import create_pool
+from sieve.db.tasks import TaskStore, type_value
+from sieve.logs import setup_logging
+from sieve.settings import Settings
+
+from worker_svc.lexicon import Lexicon
+from worker_svc.pressure import Pressure
+from worker_svc.puller import Puller
+from worker_svc.registration import RegistryClient
+from worker_svc.resources import ResourceSampler
+from worker_svc.result_writer import ResultWriter
+from worker_svc.runner import BatchRunner
+
+log = logging.getLogger("sieve.worker")
+
+#: slots of a text worker when SIEVE_WORKER_CONCURRENCY is 0: matching is quick, the wait is I/O
+DEFAULT_TEXT_CONCURRENCY = 200
+
+
+class Worker:
+    """One worker's parts, started and stopped in order."""
+
+    def __init__(self, settings: Settings, pool: asyncpg.Pool) -> None:
+        self.settings = settings
+        self.worker_id = settings.effective_worker_id
+        self.task_types = [type_value(t) for t in settings.worker_types]
+        self.lexicon = Lexicon(pool, settings)
+        self.writer = ResultWriter(TaskStore(pool), settings)
+        self.runner = BatchRunner(TaskStore(pool), self.writer, self.lexicon, self.worker_id)
+        self.sampler = ResourceSampler(settings)
+        self.concurrency = settings.worker_concurrency or DEFAULT_TEXT_CONCURRENCY
+        self.puller = Puller(settings, self.worker_id, self.task_types, self.sampler.gpu_present,
+                             self.concurrency, self.runner, Pressure(self.sampler, settings))
+        self.registry = RegistryClient(settings, self.sampler, self.task_types, lambda: self.puller.in_use)
+        self.stop_event = asyncio.Event()
+        self._background: list[asyncio.Task[None]] = []
+        self._pulling: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.lexicon.start()
+        self._background = [asyncio.create_task(c) for c in
+                            (self.writer.run(), self.lexicon.watch(), self.registry.run(self.stop_event))]
+        self._pulling = asyncio.create_task(self.puller.run(self.stop_event))
+        log.info("worker %s ready: types %s, %d slots", self.worker_id, self.settings.worker_types,
+                 self.concurrency)
+
+    async def drain(self) -> None:
+        """No new credits; in-flight tasks finish and are acked; the stream closes."""
+        self.stop_event.set()
+        if self._pulling is not None:
+            await self._pulling
+
+    async def close(self) -> None:
+        self.stop_event.set()
+        tasks = [*self._background, *([self._pulling] if self._pulling else [])]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+async def main() -> None:
+    settings = Settings.from_env()
+    setup_logging("sieve-worker", settings.log_level)
+    pool = await create_pool(settings)
+    worker = Worker(settings, pool)
+    await worker.start()
+    service = rpc.Service(name="sieve-worker", service_names=[], register=lambda server: None,
+                          before_stop=worker.drain)
+    running = await rpc.create_server(service, settings.worker_health_addr, settings)
+    try:
+        await rpc.serve(running, settings)
+    finally:
+        await worker.close()
+        await pool.close()
+
+
+def run() -> None:
+    asyncio.run(main())
