@@ -109,7 +109,10 @@ class Submitter:
         return [d for d in decisions if d is not None]
 
     async def _refusal(self, refusal: AdmissionRefused, task: NewTask, incoming: int) -> Refused:
-        meta = {} if refusal.is_global else await self.queues.device_meta(task.device)
+        meta: dict[str, str] = {}
+        if not refusal.is_global:
+            await self.queues.mark_overloaded(task.device)
+            meta = await self.queues.device_meta(task.device)
         delay = retry_after_s(refusal, meta, incoming, self.settings)
         reason = "global_limit" if refusal.is_global else "device_limit"
         what = "Sieve is at its global pending limit" if refusal.is_global else (

@@ -60,6 +60,7 @@ class Board:
             held[mac].append((task_id, attempt))
         session.held.clear()
         session.outbound.put_nowait(None)
+        self.changed.set()
         return dict(held)
 
     def add_credits(self, session: Session, count: int) -> None:
@@ -109,6 +110,13 @@ class Board:
     def forget(self, session: Session, task_ids: list[str]) -> None:
         for task_id in task_ids:
             session.held.pop(task_id, None)
+        self.changed.set()
+
+    async def all_acked(self) -> None:
+        """Returns once no session holds a task."""
+        while self.held_task_ids():
+            self.changed.clear()
+            await self.changed.wait()
 
     def held_task_ids(self) -> list[str]:
         return [task_id for s in self.sessions for task_id in s.held]

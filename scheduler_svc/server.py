@@ -47,9 +47,9 @@ class Scheduler:
     async def drain(self) -> None:
         self.servicer.stop_accepting()
         self.dispatcher.stop()
-        deadline = asyncio.get_running_loop().time() + self.settings.shutdown_grace_s / 2
-        while self.board.held_task_ids() and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.05)
+        # workers finishing their batches ack them; wait for that, within half the grace period
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.board.all_acked(), timeout=self.settings.shutdown_grace_s / 2)
         for session in list(self.board.sessions):
             await self.servicer.end_session(session, "scheduler shutting down", count_attempt=False)
 

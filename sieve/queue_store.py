@@ -122,6 +122,10 @@ class QueueStore:
             values = await pipe.execute()
         return int(values[0] or 0), {m: int(v or 0) for m, v in zip(devices, values[1:], strict=True)}
 
+    async def mark_overloaded(self, mac: str) -> None:
+        """Marks a device refused for being over its limit (cleared when its backlog drops below it)."""
+        await self.redis.sadd(self.keys.overloaded, mac)
+
     async def cancel(self, mac: str, task_id: str, *, now: int | None = None) -> bool:
         """Removes a queued task; False when it is not in the queue (leased, gone)."""
         block, _ = self._device(mac)

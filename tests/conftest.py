@@ -51,7 +51,7 @@ async def redis(settings: Settings) -> AsyncIterator[Redis]:
     client = Redis.from_url(settings.redis_url, decode_responses=True)
     try:
         await client.ping()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         await client.aclose()
         _missing("Redis", exc)
     yield client
@@ -68,7 +68,7 @@ async def pg(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
 
     try:
         pool = await create_pool(settings, attempts=1)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         _missing("PostgreSQL", exc)
     yield pool
     await pool.close()

@@ -7,6 +7,7 @@ LISTEN on `sieve_lexicon` (the table's trigger notifies) and, as a fallback, by 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import zlib
 
@@ -64,10 +65,8 @@ class Lexicon:
                 if conn is None or conn.is_closed():
                     conn = await asyncpg.connect(self.settings.database_url)
                     await conn.add_listener("sieve_lexicon", lambda *_: self._changed.set())
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), timeout=POLL_S)
-                except TimeoutError:
-                    pass
                 self._changed.clear()
                 version = await self.pool.fetchval("SELECT version FROM lexicon_version")
                 if version != self.version:

@@ -18,7 +18,6 @@ from sieve.db import create_pool
 from sieve.db.tasks import TaskStore, type_value
 from sieve.logs import setup_logging
 from sieve.settings import Settings
-
 from worker_svc.lexicon import Lexicon
 from worker_svc.pressure import Pressure
 from worker_svc.puller import Puller

@@ -29,9 +29,7 @@ for p = 5, 1, -1 do
       redis.call("LREM", KEYS[1 + p], 1, item)
       local backlog = redis.call("HINCRBY", KEYS[1], "backlog", -1)
       redis.call("DECR", KEYS[12])
-      if backlog < tonumber(ARGV[4]) and redis.call("SREM", KEYS[13], mac) == 1 then
-        redis.call("HDEL", KEYS[1], "overloaded")
-      end
+      if backlog < tonumber(ARGV[4]) then redis.call("SREM", KEYS[13], mac) end
       local state = redis.call("HGET", KEYS[1], "state")
       if state == "ready" then
         if scheduleDevice(mac, tonumber(ARGV[1])) == "idle" then redis.call("SREM", KEYS[14], mac) end

@@ -37,7 +37,6 @@ if pending + n > tonumber(ARGV[2]) then
 end
 if backlog + n > tonumber(ARGV[3]) then
   redis.call("SADD", KEYS[13], mac)
-  redis.call("HSET", KEYS[1], "overloaded", 1)
   return {-2, backlog, pending}
 end
 

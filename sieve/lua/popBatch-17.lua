@@ -87,9 +87,7 @@ local removed = #taken + #expired
 if removed > 0 then
   local backlog = redis.call("HINCRBY", KEYS[1], "backlog", -removed)
   redis.call("DECRBY", KEYS[13], removed)
-  if backlog < tonumber(ARGV[8]) and redis.call("SREM", KEYS[17], mac) == 1 then
-    redis.call("HDEL", KEYS[1], "overloaded")
-  end
+  if backlog < tonumber(ARGV[8]) then redis.call("SREM", KEYS[17], mac) end
   redis.call("HINCRBY", KEYS[1], "served", #taken)
 end
 -- service rate, for the retry delay intake gives a refused device: tasks taken per 10 s window

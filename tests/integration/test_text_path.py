@@ -3,66 +3,11 @@ a text goes in through Submit and its result comes back from GetTask."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-
-import asyncpg
 import grpc
 import pytest
-from redis.asyncio import Redis
 
-from intake_svc.server import build_service as build_intake
-from registry_svc.server import build_service as build_registry
-from scheduler_svc.server import build_scheduler
-from sieve import rpc
-from sieve.db.tasks import TaskStore
-from sieve.settings import Settings
-from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
-from worker_svc.server import Worker
-
-FINAL = {types_pb2.TASK_STATUS_SUCCEEDED, types_pb2.TASK_STATUS_FAILED, types_pb2.TASK_STATUS_EXPIRED,
-         types_pb2.TASK_STATUS_CANCELLED, types_pb2.TASK_STATUS_DEAD_LETTERED}
-
-
-@dataclass
-class Platform:
-    settings: Settings
-    intake: intake_pb2_grpc.IntakeServiceStub
-    worker: Worker | None
-
-
-@pytest.fixture
-async def platform(settings: Settings, redis: Redis, pg: asyncpg.Pool) -> AsyncIterator[Platform]:
-    tasks = TaskStore(pg)
-    registry = await rpc.create_server(build_registry(settings, redis), "127.0.0.1:0", settings)
-    settings = settings.replace(registry_addr=f"127.0.0.1:{registry.port}")
-    _, sched_service = build_scheduler(settings, redis, tasks)
-    scheduler = await rpc.create_server(sched_service, "127.0.0.1:0", settings)
-    settings = settings.replace(scheduler_addr=f"127.0.0.1:{scheduler.port}", worker_id="worker-1")
-    intake = await rpc.create_server(build_intake(settings, redis, tasks), "127.0.0.1:0", settings)
-    worker = Worker(settings, pg)
-    await worker.start()
-    channel = rpc.insecure_channel(f"127.0.0.1:{intake.port}", settings)
-    yield Platform(settings, intake_pb2_grpc.IntakeServiceStub(channel), worker)
-    await channel.close()
-    await worker.drain()
-    await worker.close()
-    for server in (intake, scheduler, registry):
-        await server.stop(1)
-
-
-async def wait_final(stub: intake_pb2_grpc.IntakeServiceStub, task_id: str, timeout_s: float = 15) -> types_pb2.Task:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        task = (await stub.GetTask(intake_pb2.GetTaskRequest(task_id=task_id))).task
-        if task.status in FINAL or asyncio.get_running_loop().time() > deadline:
-            return task
-        await asyncio.sleep(0.02)
-
-
-def text_spec(device: str, text: str, **kw: object) -> intake_pb2.TaskSpec:
-    return intake_pb2.TaskSpec(device_id=device, type=types_pb2.TASK_TYPE_TEXT, text=text, **kw)
+from sieve.v1 import intake_pb2, types_pb2
+from tests.integration.conftest import Platform, text_spec, wait_final
 
 
 async def test_a_submitted_text_is_matched_and_its_result_comes_back(platform: Platform) -> None:

@@ -1,0 +1,40 @@
+"""The registry process: builds the service on the shared server shape and runs it until SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+from redis.asyncio import Redis
+
+from registry_svc.servicer import RegistryServicer
+from sieve.logs import setup_logging
+from sieve.redis_conn import create_redis
+from sieve.rpc import Service, create_server, serve
+from sieve.settings import Settings
+from sieve.v1 import registry_pb2, registry_pb2_grpc
+
+log = logging.getLogger("sieve.registry")
+
+SERVICE_NAME = registry_pb2.DESCRIPTOR.services_by_name["RegistryService"].full_name
+
+
+def build_service(settings: Settings, redis: Redis) -> Service:
+    """The registry's servicer on the shared server shape (health and reflection come with it)."""
+    servicer = RegistryServicer(settings, redis)
+
+    def register(server: grpc.aio.Server) -> None:
+        registry_pb2_grpc.add_RegistryServiceServicer_to_server(servicer, server)
+
+    return Service(name="registry", service_names=[SERVICE_NAME], register=register)
+
+
+async def main() -> None:
+    settings = Settings.from_env()
+    setup_logging("sieve-registry", settings.log_level)
+    redis = await create_redis(settings)
+    try:
+        running = await create_server(build_service(settings, redis), settings.registry_addr, settings)
+        await serve(running, settings)
+    finally:
+        await redis.aclose()

@@ -1,0 +1,134 @@
+"""The registry's RPCs: validate the request, then read or write the worker records of `sieve.workers`.
+
+Register replaces a worker's record and starts its TTL; Heartbeat refreshes a live record and answers
+NOT_FOUND for one that expired (the worker then registers again); ListWorkers lists live records with
+their availability under the watermarks. A bad request gets INVALID_ARGUMENT naming the field and writes
+nothing; a Redis failure gets UNAVAILABLE, which workers retry.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+from google.rpc import status_pb2
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from sieve.rpc import abort, invalid_argument, plain_status
+from sieve.settings import Settings
+from sieve.v1 import registry_pb2, registry_pb2_grpc, types_pb2
+from sieve.workers import WorkerRecords, availability
+
+log = logging.getLogger("sieve.registry")
+
+MAX_WORKER_ID_CHARS = 200
+MAX_HOSTNAME_CHARS = 255
+_KNOWN_TASK_TYPES = frozenset(v for v in types_pb2.TaskType.values() if v != types_pb2.TASK_TYPE_UNSPECIFIED)
+_PERCENT_FIELDS = ("cpu_percent", "memory_percent", "gpu_memory_percent", "gpu_util_percent")
+
+T = TypeVar("T")
+
+
+def _worker_id_problem(worker_id: str) -> status_pb2.Status | None:
+    if not worker_id.strip():
+        return invalid_argument("worker_id", "must not be empty")
+    if len(worker_id) > MAX_WORKER_ID_CHARS:
+        return invalid_argument("worker_id", f"must be at most {MAX_WORKER_ID_CHARS} characters")
+    if any(not ch.isprintable() or ch.isspace() for ch in worker_id):
+        return invalid_argument("worker_id", "must not contain whitespace or control characters")
+    return None
+
+
+def _resources_problem(resources: registry_pb2.Resources) -> status_pb2.Status | None:
+    for name in _PERCENT_FIELDS:
+        value = getattr(resources, name)
+        if not math.isfinite(value) or not 0 <= value <= 100:
+            return invalid_argument(f"resources.{name}", f"{value} is not a percentage from 0 to 100")
+    return None
+
+
+def register_problem(request: registry_pb2.RegisterRequest) -> status_pb2.Status | None:
+    """What is wrong with a RegisterRequest (the first problem found), or None."""
+    problem = _worker_id_problem(request.worker_id)
+    if problem is not None:
+        return problem
+    if len(request.hostname) > MAX_HOSTNAME_CHARS:
+        return invalid_argument("hostname", f"must be at most {MAX_HOSTNAME_CHARS} characters")
+    if not request.task_types:
+        return invalid_argument("task_types", "must name at least one task type")
+    for task_type in request.task_types:
+        if task_type not in _KNOWN_TASK_TYPES:
+            return invalid_argument("task_types", f"{task_type} is not a known task type")
+    return _resources_problem(request.resources)
+
+
+def heartbeat_problem(request: registry_pb2.HeartbeatRequest) -> status_pb2.Status | None:
+    """What is wrong with a HeartbeatRequest, or None."""
+    return _worker_id_problem(request.worker_id) or _resources_problem(request.resources)
+
+
+class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
+    """Register, Heartbeat and ListWorkers over the worker records in Redis."""
+
+    def __init__(self, settings: Settings, redis: Redis) -> None:
+        self._settings = settings
+        self.records = WorkerRecords(redis, settings)
+
+    async def _store(self, context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[T]]) -> T:
+        """Runs a Redis call; a Redis outage ends the RPC with UNAVAILABLE (the worker retries)."""
+        try:
+            return await call()
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            log.warning("worker store unavailable: %s", exc)
+            await abort(context, plain_status(grpc.StatusCode.UNAVAILABLE, "worker store unavailable"))
+            raise  # not reached: abort raises
+
+    async def Register(
+        self, request: registry_pb2.RegisterRequest, context: grpc.aio.ServicerContext
+    ) -> registry_pb2.RegisterResponse:
+        problem = register_problem(request)
+        if problem is not None:
+            await abort(context, problem)
+        record = await self._store(context, lambda: self.records.save(request))
+        log.info("worker %s registered (%s)", request.worker_id,
+                 "available" if record.available else "; ".join(record.unavailable_reasons),
+                 extra={"worker_id": request.worker_id})
+        return registry_pb2.RegisterResponse(
+            heartbeat_interval_s=max(1, int(self._settings.heartbeat_interval_s)),
+            worker_ttl_s=max(1, math.ceil(self._settings.worker_ttl_s)),
+        )
+
+    async def Heartbeat(
+        self, request: registry_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> registry_pb2.HeartbeatResponse:
+        problem = heartbeat_problem(request)
+        if problem is not None:
+            await abort(context, problem)
+        resources = request.resources if request.HasField("resources") else None
+        alive = await self._store(context, lambda: self.records.heartbeat(request.worker_id, resources))
+        if not alive:
+            await abort(context, plain_status(
+                grpc.StatusCode.NOT_FOUND,
+                f"worker {request.worker_id!r} is not registered (or its record expired); register again"))
+        if resources is None:
+            record = await self._store(context, lambda: self.records.get(request.worker_id))
+            return registry_pb2.HeartbeatResponse(available=record is not None and record.available)
+        return registry_pb2.HeartbeatResponse(available=not availability(resources, self._settings))
+
+    async def ListWorkers(
+        self, request: registry_pb2.ListWorkersRequest, context: grpc.aio.ServicerContext
+    ) -> registry_pb2.ListWorkersResponse:
+        task_type = request.task_type
+        if task_type != types_pb2.TASK_TYPE_UNSPECIFIED and task_type not in _KNOWN_TASK_TYPES:
+            await abort(context, invalid_argument("task_type", f"{task_type} is not a known task type"))
+        records = await self._store(
+            context, lambda: self.records.list(request.task_type or None, request.available_only))
+        return registry_pb2.ListWorkersResponse(workers=[r.to_proto() for r in records])
+
+
+__all__ = ["RegistryServicer", "heartbeat_problem", "register_problem"]

@@ -1,0 +1,121 @@
+"""Every service as its own process on loopback ports, sharing this test's Redis prefix and schema."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from sieve.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Cluster:
+    settings: Settings
+    env: dict[str, str]
+    log_dir: Path
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start(self, name: str, module: str, **extra_env: str) -> subprocess.Popen[bytes]:
+        log = (self.log_dir / f"{name}.log").open("wb")
+        proc = subprocess.Popen([sys.executable, "-m", module], cwd=ROOT, env={**self.env, **extra_env},
+                                stdout=log, stderr=subprocess.STDOUT)
+        self.procs[name] = proc
+        return proc
+
+    def log_of(self, name: str, lines: int = 40) -> str:
+        path = self.log_dir / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    async def wait_healthy(self, address: str, name: str, timeout_s: float = 30) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                proc = self.procs[name]
+                if proc.poll() is not None:
+                    raise AssertionError(f"{name} exited with {proc.returncode}:\n{self.log_of(name)}")
+                try:
+                    reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.aio.AioRpcError:
+                    pass
+                if asyncio.get_running_loop().time() > deadline:
+                    raise AssertionError(f"{name} not healthy in {timeout_s}s:\n{self.log_of(name)}")
+                await asyncio.sleep(0.1)
+
+    def terminate_all(self, timeout_s: float = 20) -> dict[str, int]:
+        """SIGTERM in reverse start order (workers first); returns each exit code."""
+        codes: dict[str, int] = {}
+        for name, proc in reversed(list(self.procs.items())):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            try:
+                codes[name] = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes[name] = -9
+        return codes
+
+    def kill_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def cluster_env(settings: Settings, tmp_path: Path) -> Iterator[Cluster]:
+    ports = {name: free_port() for name in ("intake", "scheduler", "registry")}
+    settings = settings.replace(intake_addr=f"127.0.0.1:{ports['intake']}",
+                                scheduler_addr=f"127.0.0.1:{ports['scheduler']}",
+                                registry_addr=f"127.0.0.1:{ports['registry']}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIEVE_")}
+    env.update({
+        "SIEVE_REDIS_URL": settings.redis_url, "SIEVE_REDIS_PREFIX": settings.redis_prefix,
+        "SIEVE_DATABASE_URL": settings.database_url, "SIEVE_DATABASE_SCHEMA": settings.database_schema,
+        "SIEVE_INTAKE_ADDR": settings.intake_addr, "SIEVE_SCHEDULER_ADDR": settings.scheduler_addr,
+        "SIEVE_REGISTRY_ADDR": settings.registry_addr, "SIEVE_SHUTDOWN_GRACE_S": "10",
+        "SIEVE_HOUSEKEEPING_INTERVAL_S": "0.5", "SIEVE_LOG_LEVEL": "INFO", "PYTHONPATH": str(ROOT),
+    })
+    cluster = Cluster(settings, env, tmp_path)
+    yield cluster
+    cluster.kill_all()
+
+
+@pytest.fixture
+async def cluster(cluster_env: Cluster, pg: object, redis: object) -> AsyncIterator[Cluster]:
+    """Registry, scheduler, intake and two workers, all healthy (pg/redis fixtures clean up after)."""
+    c = cluster_env
+    s = c.settings
+    c.start("registry", "registry_svc")
+    await c.wait_healthy(s.registry_addr, "registry")
+    c.start("scheduler", "scheduler_svc")
+    await c.wait_healthy(s.scheduler_addr, "scheduler")
+    c.start("intake", "intake_svc")
+    await c.wait_healthy(s.intake_addr, "intake")
+    for i in (1, 2):
+        port = free_port()
+        c.start(f"worker-{i}", "worker_svc", SIEVE_WORKER_ID=f"worker-{i}",
+                SIEVE_WORKER_HEALTH_ADDR=f"127.0.0.1:{port}")
+        await c.wait_healthy(f"127.0.0.1:{port}", f"worker-{i}")
+    yield c

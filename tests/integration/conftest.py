@@ -1,0 +1,93 @@
+"""The platform in one test process: registry, scheduler, intake servers on loopback ports and one
+worker, against this test's own Redis prefix and PostgreSQL schema."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import asyncpg
+import pytest
+from redis.asyncio import Redis
+
+from intake_svc.server import build_service as build_intake
+from registry_svc.server import build_service as build_registry
+from scheduler_svc.server import Scheduler, build_scheduler
+from sieve import rpc
+from sieve.db.tasks import TaskStore
+from sieve.queue_store import QueueStore
+from sieve.settings import Settings
+from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
+from worker_svc.server import Worker
+
+FINAL = {types_pb2.TASK_STATUS_SUCCEEDED, types_pb2.TASK_STATUS_FAILED, types_pb2.TASK_STATUS_EXPIRED,
+         types_pb2.TASK_STATUS_CANCELLED, types_pb2.TASK_STATUS_DEAD_LETTERED}
+
+
+@dataclass
+class Platform:
+    settings: Settings
+    intake: intake_pb2_grpc.IntakeServiceStub
+    scheduler: Scheduler
+    queues: QueueStore
+    pg: asyncpg.Pool
+    redis: Redis
+    workers: list[Worker]
+
+    async def add_worker(self, **overrides: object) -> Worker:
+        worker = Worker(self.settings.replace(**overrides), self.pg)
+        await worker.start()
+        self.workers.append(worker)
+        return worker
+
+
+async def start_platform(settings: Settings, redis: Redis, pg: asyncpg.Pool,
+                         workers: int = 1) -> AsyncIterator[Platform]:
+    tasks = TaskStore(pg)
+    registry = await rpc.create_server(build_registry(settings, redis), "127.0.0.1:0", settings)
+    settings = settings.replace(registry_addr=f"127.0.0.1:{registry.port}")
+    scheduler, sched_service = build_scheduler(settings, redis, tasks)
+    sched_server = await rpc.create_server(sched_service, "127.0.0.1:0", settings)
+    settings = settings.replace(scheduler_addr=f"127.0.0.1:{sched_server.port}")
+    intake = await rpc.create_server(build_intake(settings, redis, tasks), "127.0.0.1:0", settings)
+    channel = rpc.insecure_channel(f"127.0.0.1:{intake.port}", settings)
+    platform = Platform(settings, intake_pb2_grpc.IntakeServiceStub(channel), scheduler,
+                        QueueStore(redis, settings), pg, redis, [])
+    for i in range(workers):
+        await platform.add_worker(worker_id=f"worker-{i + 1}")
+    try:
+        yield platform
+    finally:
+        await channel.close()
+        for worker in platform.workers:
+            await worker.drain()
+            await worker.close()
+        for server in (intake, sched_server, registry):
+            await server.stop(1)
+
+
+@pytest.fixture
+async def platform(settings: Settings, redis: Redis, pg: asyncpg.Pool) -> AsyncIterator[Platform]:
+    async for p in start_platform(settings, redis, pg):
+        yield p
+
+
+@pytest.fixture
+async def platform_without_workers(settings: Settings, redis: Redis, pg: asyncpg.Pool) -> AsyncIterator[Platform]:
+    async for p in start_platform(settings, redis, pg, workers=0):
+        yield p
+
+
+async def wait_final(stub: intake_pb2_grpc.IntakeServiceStub, task_id: str,
+                     timeout_s: float = 15) -> types_pb2.Task:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        task = (await stub.GetTask(intake_pb2.GetTaskRequest(task_id=task_id))).task
+        if task.status in FINAL or asyncio.get_running_loop().time() > deadline:
+            return task
+        await asyncio.sleep(0.02)
+
+
+def text_spec(device: str, text: str, **kw: object) -> intake_pb2.TaskSpec:
+    return intake_pb2.TaskSpec(device_id=device, type=types_pb2.TASK_TYPE_TEXT, text=text, **kw)

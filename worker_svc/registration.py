@@ -1,0 +1,147 @@
+"""The worker's side of the registry: register, heartbeat, register again when forgotten (seed 4.1–4.2).
+
+`RegistryClient.run` keeps this worker's record alive until `stop` is set: Register once, then a
+Heartbeat with fresh readings every `heartbeat_interval_s` (or more often, when the registry asks for a
+shorter period). NOT_FOUND means the record expired (the worker was silent longer than the TTL, or Redis
+lost it) and the worker registers again at once. Any other failure (registry down, Redis down, a timeout)
+is logged and retried with jittered exponential backoff, 0.2 s doubling up to 5 s; the loop never ends
+on an error. There is no Deregister RPC: a stopped worker's record simply expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+from collections.abc import Callable
+
+import grpc
+
+from sieve.rpc import channel_options
+from sieve.settings import Settings
+from sieve.v1 import registry_pb2, registry_pb2_grpc
+from worker_svc.resources import ResourceSampler
+
+log = logging.getLogger("sieve.worker.registration")
+
+BACKOFF_INITIAL_S = 0.2
+BACKOFF_MAX_S = 5.0
+#: Deadline of one Register or Heartbeat call.
+RPC_TIMEOUT_S = 5.0
+
+
+class Backoff:
+    """Jittered exponential delays: initial, doubling, capped; each delay drawn from [d/2, d]."""
+
+    def __init__(self, initial_s: float = BACKOFF_INITIAL_S, max_s: float = BACKOFF_MAX_S) -> None:
+        self._initial = initial_s
+        self._max = max_s
+        self._next = initial_s
+
+    def reset(self) -> None:
+        self._next = self._initial
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(self._max, self._next * 2)
+        return random.uniform(delay / 2, delay)
+
+
+class RegistryClient:
+    """Keeps one worker registered with the registry service."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        sampler: ResourceSampler,
+        task_types: list[int],
+        active_tasks: Callable[[], int],
+    ) -> None:
+        self._settings = settings
+        self._sampler = sampler
+        self._task_types = list(task_types)
+        self._active_tasks = active_tasks
+        self.worker_id = settings.effective_worker_id
+        self.hostname = socket.gethostname()
+        self.pid = os.getpid()
+        #: The readings sent last (None before the first call).
+        self.last_resources: registry_pb2.Resources | None = None
+        #: Whether the registry holds this worker's record, as far as the last answer tells.
+        self.registered = False
+        #: The registry's verdict at the last heartbeat (None before the first one).
+        self.available: bool | None = None
+        #: How many times this worker registered (the first time included).
+        self.registrations = 0
+        self._interval_s = settings.heartbeat_interval_s
+
+    def _channel(self) -> grpc.aio.Channel:
+        # Reconnect attempts follow our own cap, not gRPC's default of up to 120 s, so that a registry
+        # that comes back is reached well within the worker TTL.
+        options = [
+            *channel_options(self._settings),
+            ("grpc.initial_reconnect_backoff_ms", int(BACKOFF_INITIAL_S * 1000)),
+            ("grpc.min_reconnect_backoff_ms", int(BACKOFF_INITIAL_S * 1000)),
+            ("grpc.max_reconnect_backoff_ms", int(BACKOFF_MAX_S * 1000)),
+        ]
+        return grpc.aio.insecure_channel(self._settings.registry_addr, options=options)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Registers and heartbeats until `stop` is set; never raises for a failed call."""
+        backoff = Backoff()
+        channel = self._channel()
+        stub = registry_pb2_grpc.RegistryServiceStub(channel)
+        try:
+            while not stop.is_set():
+                try:
+                    await self._beat(stub)
+                    backoff.reset()
+                    delay = self._interval_s
+                except grpc.aio.AioRpcError as err:
+                    if err.code() == grpc.StatusCode.NOT_FOUND:
+                        log.warning("registry forgot worker %s; registering again", self.worker_id,
+                                    extra={"worker_id": self.worker_id})
+                        self.registered = False
+                        delay = 0.0
+                    else:
+                        delay = backoff.next()
+                        log.warning("registry call failed: %s %s; retrying in %.2fs", err.code().name,
+                                    err.details(), delay, extra={"worker_id": self.worker_id})
+                except Exception:  # e.g. a bad fixed-resources file: keep the worker alive
+                    delay = backoff.next()
+                    log.exception("heartbeat failed; retrying in %.2fs", delay,
+                                  extra={"worker_id": self.worker_id})
+                if delay > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), timeout=delay)
+        finally:
+            await channel.close()
+
+    async def _beat(self, stub: registry_pb2_grpc.RegistryServiceStub) -> None:
+        resources = self._sampler.sample(self._active_tasks())
+        self.last_resources = resources
+        if not self.registered:
+            answer = await stub.Register(
+                registry_pb2.RegisterRequest(worker_id=self.worker_id, hostname=self.hostname, pid=self.pid,
+                                             task_types=self._task_types, resources=resources),
+                timeout=RPC_TIMEOUT_S,
+            )
+            self.registered = True
+            self.registrations += 1
+            # Beat at our own period, or the registry's if it wants to hear from us more often.
+            self._interval_s = self._settings.heartbeat_interval_s
+            if answer.heartbeat_interval_s:
+                self._interval_s = min(self._interval_s, float(answer.heartbeat_interval_s))
+            log.info("registered worker %s with the registry", self.worker_id,
+                     extra={"worker_id": self.worker_id})
+            return
+        reply = await stub.Heartbeat(
+            registry_pb2.HeartbeatRequest(worker_id=self.worker_id, resources=resources),
+            timeout=RPC_TIMEOUT_S,
+        )
+        self.available = reply.available
+
+
+__all__ = ["Backoff", "RegistryClient"]
