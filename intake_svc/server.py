@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from redis.asyncio import Redis
 
 from intake_svc.auth import AuthInterceptor
@@ -45,4 +43,4 @@ async def main() -> None:
 
 
 def run() -> None:
-    asyncio.run(main())
+    rpc.run_main(main)

@@ -26,7 +26,7 @@ def build_service(settings: Settings, redis: Redis) -> Service:
     def register(server: grpc.aio.Server) -> None:
         registry_pb2_grpc.add_RegistryServiceServicer_to_server(servicer, server)
 
-    return Service(name="registry", service_names=[SERVICE_NAME], register=register)
+    return Service(name="sieve-registry", service_names=[SERVICE_NAME], register=register)
 
 
 async def main() -> None:

@@ -72,6 +72,10 @@ class Board:
     def credits(self) -> int:
         return sum(s.credits for s in self.sessions)
 
+    def types_with_credits(self) -> list[int]:
+        """Task types some connected worker has room for now."""
+        return sorted({t for s in self.sessions if s.credits > 0 for t in s.task_types})
+
     def takers(self, task_type: int) -> list[Session]:
         return [s for s in self.sessions if task_type in s.task_types]
 

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from scheduler_svc.board import Board
 from scheduler_svc.outcomes import Outcomes
 from sieve.entry import Entry
-from sieve.queue_store import QueueStore, now_ms
+from sieve.queue_store import QueueStore, Rank, now_ms
 from sieve.settings import Settings
 from sieve.v1 import types_pb2
 
@@ -68,7 +68,7 @@ class Dispatcher:
         self.wake.clear()
 
     async def run(self) -> None:
-        exclude: str | None = None
+        rank: Rank | None = None
         while not self._stopping.is_set():
             if self.board.credits <= 0:
                 self.board.changed.clear()
@@ -76,54 +76,74 @@ class Dispatcher:
                     await self.board.changed.wait()
                 continue
             try:
-                exclude = await self.dispatch_once(exclude)
+                rank = await self.dispatch_once(rank)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("dispatch failed; retrying")
+                rank = None
                 await asyncio.sleep(0.2)
 
-    async def dispatch_once(self, exclude: str | None) -> str | None:
-        """One claim-and-hand-out round; returns the device to skip at the next claim."""
-        self.wake.clear()
-        rank = await self.queues.rank(exclude=exclude)
-        if rank.mac is None:
-            if exclude is not None:
+    async def dispatch_once(self, rank: Rank | None = None) -> Rank | None:
+        """One claim-and-hand-out round. `rank` is the device to serve when already known; returns the
+        next one (ranked in the same round trip, skipping the device just served) or None."""
+        if rank is None or rank.mac is None:
+            self.wake.clear()
+            rank = await self.queues.rank()
+            if rank.mac is None:
+                await self._idle_until_work(rank)
                 return None
-            wait_s = IDLE_POLL_S
-            if rank.next_backoff_ms is not None:
-                wait_s = min(wait_s, (rank.next_backoff_ms - now_ms()) / 1000)
-            if wait_s <= 0:
-                await self.queues.resume_due()
-            else:
-                await self._idle(wait_s)
-            return None
-
+        mac = rank.mac
         size = self.settings.min_batch_size if rank.starving else self.settings.batch_size
         size = max(1, min(size, self.board.credits))
-        token = uuid.uuid4().hex
-        popped = await self.queues.pop(rank.mac, token, size)
+        popped, next_rank = await self.queues.pop_and_rank(mac, uuid.uuid4().hex, size,
+                                                           self.board.types_with_credits())
         if not popped.ready:  # another replica took it first
-            return exclude
+            return next_rank if next_rank.mac else None
         if popped.expired:
             await self.outcomes.expired(popped.expired)
 
-        placement = self.board.place(rank.mac, popped.taken)
-        mac = rank.mac
-        try:
-            if placement.no_room:
-                await self.queues.requeue(mac, [(e.task_id, e.attempt) for e in placement.no_room],
-                                          count_attempt=False, reason="no worker had room")
-            if placement.untakeable:
-                await self._defer(mac, token, placement.untakeable)
-            else:
-                await self.queues.release(mac, token)
-        finally:
-            for session, entries in placement.placed.items():
-                if not session.closed:
-                    self.board.send(session, mac, entries)
-                    self.dispatched += len(entries)
-        return mac if rank.starving else None
+        placement = self.board.place(mac, popped.taken)
+        for session, entries in placement.placed.items():
+            self.board.send(session, mac, entries)
+            self.dispatched += len(entries)
+        if placement.no_room:
+            await self.queues.requeue(mac, [(e.task_id, e.attempt) for e in placement.no_room],
+                                      count_attempt=False, reason="no worker had room")
+        if popped.blocked and not popped.taken:
+            await self._blocked(mac)
+            if next_rank.mac is None:  # nothing else to serve: wait for credits rather than spin
+                self.board.changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.board.changed.wait(), timeout=IDLE_POLL_S)
+        return next_rank if next_rank.mac else None
+
+    async def _idle_until_work(self, rank: Rank) -> None:
+        wait_s = IDLE_POLL_S
+        if rank.next_backoff_ms is not None:
+            wait_s = min(wait_s, (rank.next_backoff_ms - now_ms()) / 1000)
+        if wait_s <= 0:
+            await self.queues.resume_due()
+        else:
+            await self._idle(wait_s)
+
+    async def _blocked(self, mac: str) -> None:
+        """The device's next task is of a type no worker has room for. When no connected worker takes
+        that type at all, the device backs off (seed 5.3); otherwise it simply waits for credits."""
+        token = uuid.uuid4().hex
+        popped = await self.queues.pop(mac, token, 1)
+        if not popped.ready:
+            return
+        if popped.expired:
+            await self.outcomes.expired(popped.expired)
+        untakeable = [e for e in popped.taken if not self.board.takers(e.task_type)]
+        if untakeable:
+            await self._defer(mac, token, untakeable)
+            return
+        if popped.taken:
+            await self.queues.requeue(mac, [(e.task_id, e.attempt) for e in popped.taken],
+                                      count_attempt=False, reason="no worker had room")
+        await self.queues.release(mac, token)
 
     async def _defer(self, mac: str, token: str, entries: list[Entry]) -> None:
         types = sorted({types_pb2.TaskType.Name(e.task_type) for e in entries})

@@ -90,4 +90,4 @@ async def main() -> None:
 
 
 def run() -> None:
-    asyncio.run(main())
+    rpc.run_main(main)

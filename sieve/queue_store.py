@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
 
 from sieve import lua
 from sieve.entry import Entry
@@ -42,6 +43,8 @@ class Popped:
     ready: bool
     taken: list[Entry] = field(default_factory=list)
     expired: list[Entry] = field(default_factory=list)
+    #: popping stopped at a task whose type was not allowed
+    blocked: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,23 @@ class QueueStore:
     async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
         return await self._scripts[name](keys=keys, args=args)
 
+    async def _call_pipelined(self, calls: list[tuple[str, list[str], list[Any]]]) -> list[Any]:
+        """Several script calls in one round trip (EVALSHA; loads the scripts once if Redis lost them)."""
+        for attempt in (1, 2):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for name, keys, args in calls:
+                    pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+                replies = await pipe.execute(raise_on_error=False)
+            if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
+                for script in self._scripts.values():
+                    await self.redis.script_load(script.script)
+                continue
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies
+        raise RuntimeError("unreachable")
+
     def _device(self, mac: str) -> tuple[list[str], str]:
         dk = self.keys.device(mac, self.settings.weight_of(mac))
         return dk.block, dk.lock
@@ -98,15 +118,11 @@ class QueueStore:
         """Queues several devices' tasks in one pipelined round trip; each device is admitted alone."""
         now = now or now_ms()
         k, s = self.keys, self.settings
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for mac, entries in groups.items():
-                block, _ = self._device(mac)
-                await self._scripts["enqueueTasks"](
-                    keys=[*block, k.pending, k.overloaded, k.devices],
-                    args=[now, s.max_total_pending, s.max_per_device_pending, s.weight_of(mac), mac,
-                          k.wake_channel, *(e.encode() for e in entries)],
-                    client=pipe)
-            replies = await pipe.execute()
+        replies = await self._call_pipelined([
+            ("enqueueTasks", [*self._device(mac)[0], k.pending, k.overloaded, k.devices],
+             [now, s.max_total_pending, s.max_per_device_pending, s.weight_of(mac), mac, k.wake_channel,
+              *(e.encode() for e in entries)])
+            for mac, entries in groups.items()])
         out: dict[str, tuple[int, int] | AdmissionRefused] = {}
         for mac, (code, backlog, pending) in zip(groups, replies, strict=True):
             refused = code < 0
@@ -134,34 +150,54 @@ class QueueStore:
                                      [now or now_ms(), mac, task_id, self.settings.max_per_device_pending]))
 
     # --- claim ------------------------------------------------------------------------------------
-    async def rank(self, *, exclude: str | None = None, now: int | None = None) -> Rank:
-        """The device with the best aging score that is schedulable (not served, not in backoff)."""
+    def _rank_call(self, exclude: str | None, now: int) -> tuple[str, list[str], list[Any]]:
         s = self.settings
-        mac, _index, starving, next_backoff, longest = await self._call(
-            "rankDevices",
-            [*self._class_keys, self.keys.backoff],
-            [now or now_ms(), int(s.aging_max_wait_s * 1000), int(s.starvation_hint_s * 1000),
-             exclude or "", *self._class_args],
-        )
+        return ("rankDevices", [*self._class_keys, self.keys.backoff],
+                [now, int(s.aging_max_wait_s * 1000), int(s.starvation_hint_s * 1000), exclude or "",
+                 *self._class_args])
+
+    @staticmethod
+    def _rank(reply: list[Any]) -> Rank:
+        mac, _index, starving, next_backoff, longest = reply
         return Rank(mac or None, bool(starving), None if next_backoff < 0 else int(next_backoff),
                     None if longest < 0 else int(longest))
 
-    async def pop(self, mac: str, token: str, count: int, *, now: int | None = None) -> Popped:
-        """Locks the device with `token`, marks it served and leases up to `count` of its tasks."""
+    async def rank(self, *, exclude: str | None = None, now: int | None = None) -> Rank:
+        """The device with the best aging score that is schedulable (not served, not in backoff)."""
+        return self._rank(await self._call(*self._rank_call(exclude, now or now_ms())))
+
+    def _pop_call(self, mac: str, token: str, count: int, allowed_types: list[int] | None, release: bool,
+                  now: int) -> tuple[str, list[str], list[Any]]:
         block, lock = self._device(mac)
         k, s = self.keys, self.settings
-        reply = await self._call(
-            "popBatch",
-            [*block, lock, k.pending, k.serving, k.leases, k.lease_data, k.overloaded],
-            [now or now_ms(), token, int(s.lock_ttl_s * 1000), count, int(s.aging_max_wait_s * 1000),
-             int(s.lease_ttl_s * 1000), mac, s.max_per_device_pending],
-        )
+        return ("popBatch",
+                [*block, lock, k.pending, k.serving, k.leases, k.lease_data, k.overloaded, k.devices],
+                [now, token, int(s.lock_ttl_s * 1000), count, int(s.aging_max_wait_s * 1000),
+                 int(s.lease_ttl_s * 1000), mac, s.max_per_device_pending,
+                 "" if allowed_types is None else ",".join(map(str, allowed_types)), int(release)])
+
+    @staticmethod
+    def _popped(reply: list[Any]) -> Popped:
         if reply[0] < 0:
             return Popped(ready=False)
-        taken_count = reply[1]
-        rest = reply[2:]
+        taken_count, blocked, rest = reply[1], reply[2], reply[3:]
         return Popped(True, [Entry.decode(r) for r in rest[:taken_count]],
-                      [Entry.decode(r) for r in rest[taken_count:]])
+                      [Entry.decode(r) for r in rest[taken_count:]], bool(blocked))
+
+    async def pop(self, mac: str, token: str, count: int, *, allowed_types: list[int] | None = None,
+                  release: bool = False, now: int | None = None) -> Popped:
+        """Locks the device with `token`, marks it served and leases up to `count` of its tasks (only of
+        `allowed_types`, when given). With `release` the device is unlocked and rescheduled at once."""
+        return self._popped(await self._call(*self._pop_call(mac, token, count, allowed_types, release,
+                                                             now or now_ms())))
+
+    async def pop_and_rank(self, mac: str, token: str, count: int, allowed_types: list[int],
+                           *, now: int | None = None) -> tuple[Popped, Rank]:
+        """Pops and releases `mac` and ranks the next device (skipping `mac`) in one round trip."""
+        now = now or now_ms()
+        popped, ranked = await self._call_pipelined([
+            self._pop_call(mac, token, count, allowed_types, True, now), self._rank_call(mac, now)])
+        return self._popped(popped), self._rank(ranked)
 
     async def release(self, mac: str, token: str, *, now: int | None = None) -> None:
         """Unlocks a device after a dispatch; it is scheduled again if it has work (wait restarts)."""

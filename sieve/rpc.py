@@ -121,6 +121,18 @@ async def serve(running: RunningServer, settings: Settings) -> None:
     waiter.cancel()
 
 
+def run_main(main: Callable[[], Awaitable[None]]) -> None:
+    """Runs a service's main coroutine on uvloop (the event loop is most of a service's overhead)."""
+    import os
+
+    if os.environ.get("SIEVE_UVLOOP", "0") == "1":
+        import uvloop
+
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
+
+
 # --- rich errors -----------------------------------------------------------------------------------
 def _duration(seconds: float) -> duration_pb2.Duration:
     d = duration_pb2.Duration()

@@ -97,9 +97,8 @@ class Settings:
     worker_task_types: str = "TEXT"
     #: Tasks a worker holds at once (credits); 0 picks a default from its mode.
     worker_concurrency: int = 0
-    #: Results are written in groups: at most this many rows, or after this many milliseconds.
+    #: Status and result writes are grouped (group commit): at most this many rows per statement.
     result_flush_rows: int = 500
-    result_flush_ms: float = 5.0
     #: Where the worker serves gRPC health checks (port 0 picks a free one).
     worker_health_addr: str = "127.0.0.1:0"
     #: Tests only: "cpu=10,memory=20,gpu_memory=0" fixes the worker's resource readings.

@@ -326,9 +326,12 @@ class WorkerRecords:
                 async with self._redis.pipeline(transaction=False) as pipe:
                     for key in fresh:
                         pipe.hgetall(key)
-                    hashes = await pipe.execute()
+                    hashes = await pipe.execute(raise_on_error=False)
                 for key, data in zip(fresh, hashes, strict=True):
                     worker_id = key.removeprefix(self._record_prefix)
+                    if isinstance(data, Exception):  # not a worker hash (WRONGTYPE): not ours to list
+                        log.warning("key %s is not a worker record: %s", key, data)
+                        continue
                     record = self._parse(worker_id, data) if data else None
                     if record is not None:
                         found[worker_id] = record

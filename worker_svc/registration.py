@@ -14,12 +14,12 @@ import asyncio
 import contextlib
 import logging
 import os
-import random
 import socket
 from collections.abc import Callable
 
 import grpc
 
+from sieve.backoff import Backoff
 from sieve.rpc import channel_options
 from sieve.settings import Settings
 from sieve.v1 import registry_pb2, registry_pb2_grpc
@@ -31,23 +31,6 @@ BACKOFF_INITIAL_S = 0.2
 BACKOFF_MAX_S = 5.0
 #: Deadline of one Register or Heartbeat call.
 RPC_TIMEOUT_S = 5.0
-
-
-class Backoff:
-    """Jittered exponential delays: initial, doubling, capped; each delay drawn from [d/2, d]."""
-
-    def __init__(self, initial_s: float = BACKOFF_INITIAL_S, max_s: float = BACKOFF_MAX_S) -> None:
-        self._initial = initial_s
-        self._max = max_s
-        self._next = initial_s
-
-    def reset(self) -> None:
-        self._next = self._initial
-
-    def next(self) -> float:
-        delay = self._next
-        self._next = min(self._max, self._next * 2)
-        return random.uniform(delay / 2, delay)
 
 
 class RegistryClient:
@@ -90,7 +73,7 @@ class RegistryClient:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Registers and heartbeats until `stop` is set; never raises for a failed call."""
-        backoff = Backoff()
+        backoff = Backoff(BACKOFF_INITIAL_S, BACKOFF_MAX_S)
         channel = self._channel()
         stub = registry_pb2_grpc.RegistryServiceStub(channel)
         try:
@@ -144,4 +127,4 @@ class RegistryClient:
         self.available = reply.available
 
 
-__all__ = ["Backoff", "RegistryClient"]
+__all__ = ["RegistryClient"]

@@ -23,7 +23,6 @@ from worker_svc.pressure import Pressure
 from worker_svc.puller import Puller
 from worker_svc.registration import RegistryClient
 from worker_svc.resources import ResourceSampler
-from worker_svc.result_writer import ResultWriter
 from worker_svc.runner import BatchRunner
 
 log = logging.getLogger("sieve.worker")
@@ -40,8 +39,7 @@ class Worker:
         self.worker_id = settings.effective_worker_id
         self.task_types = [type_value(t) for t in settings.worker_types]
         self.lexicon = Lexicon(pool, settings)
-        self.writer = ResultWriter(TaskStore(pool), settings)
-        self.runner = BatchRunner(TaskStore(pool), self.writer, self.lexicon, self.worker_id)
+        self.runner = BatchRunner(TaskStore(pool), self.lexicon, self.worker_id, settings)
         self.sampler = ResourceSampler(settings)
         self.concurrency = settings.worker_concurrency or DEFAULT_TEXT_CONCURRENCY
         self.puller = Puller(settings, self.worker_id, self.task_types, self.sampler.gpu_present,
@@ -54,7 +52,8 @@ class Worker:
     async def start(self) -> None:
         await self.lexicon.start()
         self._background = [asyncio.create_task(c) for c in
-                            (self.writer.run(), self.lexicon.watch(), self.registry.run(self.stop_event))]
+                            (self.runner.starts.run(), self.runner.results.run(), self.lexicon.watch(),
+                             self.registry.run(self.stop_event))]
         self._pulling = asyncio.create_task(self.puller.run(self.stop_event))
         log.info("worker %s ready: types %s, %d slots", self.worker_id, self.settings.worker_types,
                  self.concurrency)
@@ -92,4 +91,4 @@ async def main() -> None:
 
 
 def run() -> None:
-    asyncio.run(main())
+    rpc.run_main(main)

@@ -68,6 +68,10 @@ def _register(worker_id: str, *task_types: int, **readings: float) -> registry_p
                                         resources=_resources(**readings))
 
 
+def _heartbeat(worker_id: str, **readings: float) -> registry_pb2.HeartbeatRequest:
+    return registry_pb2.HeartbeatRequest(worker_id=worker_id, resources=_resources(**readings))
+
+
 async def _list(registry: Registry, task_type: int = 0, available_only: bool = False) -> list[str]:
     answer = await registry.stub.ListWorkers(
         registry_pb2.ListWorkersRequest(task_type=task_type, available_only=available_only))
@@ -76,6 +80,14 @@ async def _list(registry: Registry, task_type: int = 0, available_only: bool = F
 
 async def _keys_of_this_test(redis: Redis, settings: Settings) -> list[str]:
     return [k async for k in redis.scan_iter(match="{" + settings.redis_prefix + "}*")]
+
+
+async def _has_heartbeat(client: RegistryClient) -> bool:
+    return client.available is not None
+
+
+async def _listed(registry: Registry, worker_id: str) -> bool:
+    return worker_id in await _list(registry)
 
 
 async def _eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
@@ -127,7 +139,9 @@ async def test_a_worker_is_stored_as_one_hash_with_a_ttl(
     assert 0 < await redis.pttl(key) <= settings.worker_ttl_s * 1000
 
 
-async def test_a_worker_at_90_percent_memory_is_listed_unavailable_with_the_reason(registry: Registry) -> None:
+async def test_a_worker_at_90_percent_memory_is_listed_unavailable_with_the_reason(
+    registry: Registry,
+) -> None:
     # Given a worker whose memory is 90 % used
     await registry.stub.Register(_register("busy", memory=90.0))
 
@@ -193,8 +207,7 @@ async def test_a_heartbeat_refreshes_the_readings_and_answers_availability(regis
     [first] = (await registry.stub.ListWorkers(registry_pb2.ListWorkersRequest())).workers
 
     # When it heartbeats with CPU over the watermark
-    answer = await registry.stub.Heartbeat(
-        registry_pb2.HeartbeatRequest(worker_id="w1", resources=_resources(cpu=92.0)))
+    answer = await registry.stub.Heartbeat(_heartbeat("w1", cpu=92.0))
 
     # Then it is told it is unavailable, and the listing shows the fresh readings
     assert not answer.available
@@ -210,7 +223,7 @@ async def test_a_heartbeat_of_an_unknown_worker_is_not_found_and_writes_nothing(
 ) -> None:
     # When a worker that never registered heartbeats
     with pytest.raises(grpc.aio.AioRpcError) as refused:
-        await registry.stub.Heartbeat(registry_pb2.HeartbeatRequest(worker_id="ghost", resources=_resources()))
+        await registry.stub.Heartbeat(_heartbeat("ghost"))
 
     # Then it is told NOT_FOUND, and no record appears
     assert refused.value.code() == grpc.StatusCode.NOT_FOUND
@@ -225,7 +238,7 @@ async def test_heartbeats_keep_a_worker_alive_past_its_ttl(settings: Settings, r
         # When it heartbeats every 0.3 s for 1.8 s
         for _ in range(6):
             await asyncio.sleep(0.3)
-            await registry.stub.Heartbeat(registry_pb2.HeartbeatRequest(worker_id="w1", resources=_resources()))
+            await registry.stub.Heartbeat(_heartbeat("w1"))
 
         # Then it is still listed
         assert await _list(registry) == ["w1"]
@@ -247,7 +260,7 @@ async def test_a_silent_worker_expires_after_the_ttl_and_its_heartbeat_is_then_n
         assert await _list(registry) == []
         assert await WorkerRecords(redis, short).live_count() == 0
         with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await registry.stub.Heartbeat(registry_pb2.HeartbeatRequest(worker_id="w1", resources=_resources()))
+            await registry.stub.Heartbeat(_heartbeat("w1"))
         assert refused.value.code() == grpc.StatusCode.NOT_FOUND
         assert not await redis.exists(Keys(short.redis_prefix).worker("w1"))
 
@@ -287,14 +300,6 @@ async def test_the_registry_client_registers_again_on_its_own_after_its_record_e
     finally:
         stop.set()
         await asyncio.wait_for(running, timeout=5)
-
-
-async def _has_heartbeat(client: RegistryClient) -> bool:
-    return client.available is not None
-
-
-async def _listed(registry: Registry, worker_id: str) -> bool:
-    return worker_id in await _list(registry)
 
 
 async def test_the_registry_client_stops_promptly_when_asked(settings: Settings, redis: Redis) -> None:

@@ -1,6 +1,5 @@
 """Unit tests of worker availability (sieve.workers.availability), the worker's resource sampler
-(worker_svc.resources: real readings, fixed readings, NVML absent or present) and the registration
-backoff."""
+(worker_svc.resources: real readings, fixed readings, NVML absent or present)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ import pytest
 from sieve.settings import Settings
 from sieve.v1 import registry_pb2, types_pb2
 from sieve.workers import WorkerRecord, availability
-from worker_svc.registration import Backoff
 from worker_svc.resources import ResourceSampler, over_watermark, parse_fixed_resources
 
 
@@ -266,18 +264,6 @@ def test_gpu_readings_come_from_nvml_and_the_fullest_gpu_decides(monkeypatch: py
     # And when NVML fails later, the sample reads as no GPU instead of failing
     nvml.fail_readings = True
     assert not sampler.sample(0).gpu_available
-
-
-# --- registration backoff -------------------------------------------------------------------------
-def test_the_registration_backoff_doubles_from_0_2_s_up_to_5_s_with_jitter() -> None:
-    backoff = Backoff()
-    delays = [backoff.next() for _ in range(8)]
-
-    ceilings = [0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0, 5.0]
-    assert all(c / 2 <= d <= c for d, c in zip(delays, ceilings, strict=True))
-
-    backoff.reset()
-    assert 0.1 <= backoff.next() <= 0.2
 
 
 def test_a_sampled_reading_is_a_registry_resources_message() -> None:

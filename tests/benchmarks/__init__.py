@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print numbers, run on demand (`python -m tests.benchmarks.<name>`)."""
