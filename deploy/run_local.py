@@ -116,6 +116,9 @@ def child_env(redis_url: str, database_url: str) -> dict[str, str]:
     keys = env.get("SIEVE_API_KEYS", "").strip()
     if f"={DEMO_TOKEN}" not in keys:
         env["SIEVE_API_KEYS"] = ",".join(filter(None, [keys, f"demo={DEMO_TOKEN}"]))
+    # every service shares this one machine: its CPU is mostly the platform itself, not one worker's
+    # load, so the CPU watermark would only make workers refuse their own demo (set it to override)
+    env.setdefault("SIEVE_CPU_WATERMARK_PCT", "101")
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
     env.pop("SIEVE_FORCE_EMBEDDED", None)

@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 from sieve.settings import Settings
 from tests.e2e.conftest import Cluster, free_port
 
+ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("SIEVE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 DATABASE_URL = os.environ.get("SIEVE_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -35,7 +36,7 @@ async def running_cluster(workers: int = 2, log_dir: Path | None = None,
                 "SIEVE_DATABASE_URL": settings.database_url, "SIEVE_DATABASE_SCHEMA": settings.database_schema,
                 "SIEVE_INTAKE_ADDR": settings.intake_addr, "SIEVE_SCHEDULER_ADDR": settings.scheduler_addr,
                 "SIEVE_REGISTRY_ADDR": settings.registry_addr, "SIEVE_LOG_LEVEL": "WARNING",
-                "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+                "PYTHONPATH": str(ROOT)})
     env.update(overrides)
     log_dir = log_dir or Path(f"/tmp/sieve-bench-{unique}")
     os.makedirs(log_dir, exist_ok=True)
