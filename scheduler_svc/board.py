@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from sieve.entry import Entry
-from sieve.v1 import scheduler_pb2, types_pb2
+from sieve.v1 import scheduler_pb2
+
+if TYPE_CHECKING:
+    from scheduler_svc.routing import Route
 
 
 @dataclass(eq=False)
@@ -32,10 +37,10 @@ class Session:
 @dataclass(frozen=True, slots=True)
 class Placement:
     placed: dict[Session, list[Entry]]
-    #: no connected worker takes the type at all (the device backs off)
-    untakeable: list[Entry]
-    #: some worker takes the type but none has a credit left (goes back without penalty)
-    no_room: list[Entry]
+    #: no eligible worker had a credit left, by what to do about it (see routing.Action)
+    unplaced: dict[str, list[Entry]]
+    #: (reason, task ids) of tasks routed in a way worth recording in their history
+    notes: dict[str, list[str]]
 
 
 class Board:
@@ -72,33 +77,28 @@ class Board:
     def credits(self) -> int:
         return sum(s.credits for s in self.sessions)
 
-    def types_with_credits(self) -> list[int]:
-        """Task types some connected worker has room for now."""
-        return sorted({t for s in self.sessions if s.credits > 0 for t in s.task_types})
-
     def takers(self, task_type: int) -> list[Session]:
         return [s for s in self.sessions if task_type in s.task_types]
 
-    def place(self, mac: str, entries: list[Entry]) -> Placement:
+    def place(self, mac: str, entries: list[Entry], route: Callable[[int], Route]) -> Placement:
+        """Spends one credit of an eligible worker per task, best worker first (GPU first for OCR, then
+        the one with the most room)."""
         placed: dict[Session, list[Entry]] = defaultdict(list)
-        untakeable: list[Entry] = []
-        no_room: list[Entry] = []
+        unplaced: dict[str, list[Entry]] = defaultdict(list)
+        notes: dict[str, list[str]] = defaultdict(list)
+        routes: dict[int, Route] = {}
         for entry in entries:
-            takers = self.takers(entry.task_type)
-            if not takers:
-                untakeable.append(entry)
-                continue
-            # OCR goes to GPU workers first; among equals, the one with the most room
-            gpu_first = entry.task_type == types_pb2.TASK_TYPE_OCR_IMAGE
-            takers.sort(key=lambda s: (not (gpu_first and s.gpu), -s.credits))
-            chosen = next((s for s in takers if s.credits > 0), None)
+            r = routes.get(entry.task_type) or routes.setdefault(entry.task_type, route(entry.task_type))
+            chosen = next((s for s in r.sessions if s.credits > 0 and not s.closed), None)
             if chosen is None:
-                no_room.append(entry)
+                unplaced[r.otherwise.value].append(entry)
                 continue
             chosen.credits -= 1
             chosen.held[entry.task_id] = (mac, entry.attempt)
             placed[chosen].append(entry)
-        return Placement(dict(placed), untakeable, no_room)
+            if r.reason:
+                notes[r.reason].append(entry.task_id)
+        return Placement(dict(placed), dict(unplaced), dict(notes))
 
     @staticmethod
     def send(session: Session, mac: str, entries: list[Entry]) -> None:

@@ -11,16 +11,15 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections import defaultdict
 
 from redis.asyncio import Redis
 
 from scheduler_svc.board import Board
 from scheduler_svc.outcomes import Outcomes
+from scheduler_svc.routing import Action, Router
 from sieve.entry import Entry
 from sieve.queue_store import QueueStore, Rank, now_ms
 from sieve.settings import Settings
-from sieve.v1 import types_pb2
 
 log = logging.getLogger("sieve.scheduler.dispatch")
 
@@ -28,9 +27,10 @@ IDLE_POLL_S = 1.0
 
 
 class Dispatcher:
-    def __init__(self, redis: Redis, queues: QueueStore, outcomes: Outcomes, board: Board,
+    def __init__(self, redis: Redis, queues: QueueStore, outcomes: Outcomes, board: Board, router: Router,
                  settings: Settings) -> None:
         self.redis = redis
+        self.router = router
         self.queues = queues
         self.outcomes = outcomes
         self.board = board
@@ -97,19 +97,12 @@ class Dispatcher:
         size = self.settings.min_batch_size if rank.starving else self.settings.batch_size
         size = max(1, min(size, self.board.credits))
         popped, next_rank = await self.queues.pop_and_rank(mac, uuid.uuid4().hex, size,
-                                                           self.board.types_with_credits())
+                                                           self.router.allowed_types())
         if not popped.ready:  # another replica took it first
             return next_rank if next_rank.mac else None
         if popped.expired:
             await self.outcomes.expired(popped.expired)
-
-        placement = self.board.place(mac, popped.taken)
-        for session, entries in placement.placed.items():
-            self.board.send(session, mac, entries)
-            self.dispatched += len(entries)
-        if placement.no_room:
-            await self.queues.requeue(mac, [(e.task_id, e.attempt) for e in placement.no_room],
-                                      count_attempt=False, reason="no worker had room")
+        await self._hand_out(mac, popped.taken)
         if popped.blocked and not popped.taken:
             await self._blocked(mac)
             if next_rank.mac is None:  # nothing else to serve: wait for credits rather than spin
@@ -117,6 +110,35 @@ class Dispatcher:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.board.changed.wait(), timeout=IDLE_POLL_S)
         return next_rank if next_rank.mac else None
+
+    async def _hand_out(self, mac: str, entries: list[Entry], token: str | None = None) -> None:
+        """Sends what has a worker; what has none goes back (waits, backs the device off, or is
+        dead-lettered, as routing says). With `token` the device is still locked and is released here."""
+        placement = self.board.place(mac, entries, self.router.route)
+        for session, batch in placement.placed.items():
+            self.board.send(session, mac, batch)
+            self.dispatched += len(batch)
+        for reason, task_ids in placement.notes.items():
+            await self.outcomes.noted(task_ids, reason)
+        waiting = placement.unplaced.get(Action.WAIT.value, [])
+        if waiting:
+            await self.queues.requeue(mac, [(e.task_id, e.attempt) for e in waiting], count_attempt=False,
+                                      reason="no worker had room")
+        doomed = placement.unplaced.get(Action.DEAD_LETTER.value, [])
+        if doomed:
+            reason = self.router.route(doomed[0].task_type).reason
+            result = await self.queues.requeue(mac, [(e.task_id, e.attempt) for e in doomed], count_attempt=True,
+                                               reason=reason, max_attempts=0)
+            await self.outcomes.dead_lettered(result.dead_letters)
+        deferred = placement.unplaced.get(Action.DEFER.value, [])
+        if token is not None:
+            if deferred:
+                await self._defer(mac, token, deferred, self.router.route(deferred[0].task_type).reason)
+            else:
+                await self.queues.release(mac, token)
+        elif deferred:  # cannot happen on the main path: popping stops before types nobody may run
+            await self.queues.requeue(mac, [(e.task_id, e.attempt) for e in deferred], count_attempt=False,
+                                      reason="no worker takes its type")
 
     async def _idle_until_work(self, rank: Rank) -> None:
         wait_s = IDLE_POLL_S
@@ -128,38 +150,21 @@ class Dispatcher:
             await self._idle(wait_s)
 
     async def _blocked(self, mac: str) -> None:
-        """The device's next task is of a type no worker has room for. When no connected worker takes
-        that type at all, the device backs off (seed 5.3); otherwise it simply waits for credits."""
+        """The device's next task is of a type no eligible worker has room for: take it alone, with the
+        device locked, and let routing decide (wait for credits, back off, or dead-letter)."""
         token = uuid.uuid4().hex
         popped = await self.queues.pop(mac, token, 1)
         if not popped.ready:
             return
         if popped.expired:
             await self.outcomes.expired(popped.expired)
-        untakeable = [e for e in popped.taken if not self.board.takers(e.task_type)]
-        if untakeable:
-            await self._defer(mac, token, untakeable)
-            return
-        if popped.taken:
-            await self.queues.requeue(mac, [(e.task_id, e.attempt) for e in popped.taken],
-                                      count_attempt=False, reason="no worker had room")
-        await self.queues.release(mac, token)
+        await self._hand_out(mac, popped.taken, token)
 
-    async def _defer(self, mac: str, token: str, entries: list[Entry]) -> None:
-        types = sorted({types_pb2.TaskType.Name(e.task_type) for e in entries})
-        reason = f"no live worker takes {', '.join(types)}"
+    async def _defer(self, mac: str, token: str, entries: list[Entry], reason: str) -> None:
         deferred = await self.queues.defer(mac, token, [e.task_id for e in entries], reason)
-        back = [e.task_id for e in entries
-                if e.task_id not in {d["task_id"] for d in deferred.dead_letters}]
-        until_s = max(0, deferred.unschedulable_until_ms - now_ms()) / 1000
+        dead = {d["task_id"] for d in deferred.dead_letters}
+        until_s = max(0.0, deferred.unschedulable_until_ms - now_ms()) / 1000
         log.info("device %s deferred %.0fs: %s", mac, until_s, reason, extra={"device": mac})
-        await self.outcomes.noted(back, f"deferred {until_s:.0f}s: {reason}")
+        await self.outcomes.noted([e.task_id for e in entries if e.task_id not in dead],
+                                  f"device backs off {until_s:.0f}s: {reason}")
         await self.outcomes.dead_lettered(deferred.dead_letters)
-
-
-def group_by_device(pairs: list[tuple[str, str, int]]) -> dict[str, list[tuple[str, int]]]:
-    """(device, task_id, attempt) triples grouped as {device: [(task_id, attempt)]}."""
-    grouped: dict[str, list[tuple[str, int]]] = defaultdict(list)
-    for mac, task_id, attempt in pairs:
-        grouped[mac].append((task_id, attempt))
-    return dict(grouped)

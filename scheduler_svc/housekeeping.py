@@ -7,20 +7,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
-from scheduler_svc.board import Board
+from scheduler_svc.board import Board, Session
 from scheduler_svc.dispatcher import Dispatcher
 from scheduler_svc.outcomes import Outcomes
+from scheduler_svc.routing import OCR
 from scheduler_svc.watermark import Watermark
+from sieve.db.tasks import TaskStore
 from sieve.queue_store import QueueStore, now_ms
+from sieve.workers import WorkerRecords
 
 log = logging.getLogger("sieve.scheduler.housekeeping")
 
 
 class Housekeeping:
-    def __init__(self, queues: QueueStore, board: Board, outcomes: Outcomes, watermark: Watermark,
-                 dispatcher: Dispatcher) -> None:
+    def __init__(self, queues: QueueStore, tasks: TaskStore, board: Board, outcomes: Outcomes,
+                 watermark: Watermark, dispatcher: Dispatcher, records: WorkerRecords,
+                 end_session: Callable[[Session, str], Awaitable[None]]) -> None:
         self.queues = queues
+        self.tasks = tasks
+        self.records = records
+        self.end_session = end_session
         self.board = board
         self.outcomes = outcomes
         self.watermark = watermark
@@ -28,6 +36,9 @@ class Housekeeping:
         self.settings = queues.settings
         self.lease_reclaims = 0
         self._last_watermark = 0.0
+        self._last_ttl_sweep = 0.0
+        self._missing_since: dict[Session, float] = {}
+        self.expired_swept = 0
 
     async def run(self) -> None:
         while True:
@@ -41,12 +52,16 @@ class Housekeeping:
 
     async def tick(self) -> None:
         now = now_ms()
-        if await self.queues.resume_due(now=now):
+        if await self.queues.resume_due(now=now) or await self.queues.promote_due(now=now):
             self.dispatcher.wake.set()
         # leases held by this replica's live workers stay alive; the rest may run out
         await self.queues.renew_leases(self.board.held_task_ids(), now=now)
         await self.reclaim_expired_leases(now)
         await self.free_abandoned_devices(now)
+        await self.check_workers()
+        if time.monotonic() - self._last_ttl_sweep >= self.settings.ttl_sweep_interval_s:
+            self._last_ttl_sweep = time.monotonic()
+            await self.sweep_expired()
         if time.monotonic() - self._last_watermark >= self.settings.watermark_interval_s:
             self._last_watermark = time.monotonic()
             await self.watermark.publish()
@@ -73,3 +88,37 @@ class Housekeeping:
             if not await redis.exists(self.queues.keys.lock(mac)):
                 await self.queues.release(mac, "*", now=now)
                 self.dispatcher.wake.set()
+
+    async def sweep_expired(self) -> int:
+        """PENDING tasks past their TTL leave their queues and become EXPIRED (pops drop them too)."""
+        count = 0
+        for task_id, mac in await self.tasks.expired_pending():
+            if await self.queues.remove_queued(mac, str(task_id)) is not None:
+                await self.tasks.transition([task_id], "EXPIRED", "TTL passed while queued", error="expired",
+                                            only_from=("PENDING",))
+                count += 1
+        self.expired_swept += count
+        if count:
+            log.info("expired %d queued tasks", count)
+        return count
+
+    async def check_workers(self) -> None:
+        """Reads the registry: whether a GPU worker is alive anywhere (routing), and which connected
+        workers stopped heartbeating (their sessions end; what they held is handed out again)."""
+        records = {r.worker_id: r for r in await self.records.list()}
+        self.dispatcher.router.gpu_alive_elsewhere = any(
+            r.gpu_available and r.takes(OCR) for r in records.values())
+        now = time.monotonic()
+        for session in list(self.board.sessions):
+            if session.worker_id in records:
+                self._missing_since.pop(session, None)
+                continue
+            since = self._missing_since.setdefault(session, now)
+            if now - since > self.settings.worker_ttl_s:
+                log.warning("worker %s has no registration for %.0fs: ending its stream", session.worker_id,
+                            now - since, extra={"worker": session.worker_id})
+                self._missing_since.pop(session, None)
+                await self.end_session(session, "worker registration expired")
+        for session in list(self._missing_since):
+            if session.closed:
+                self._missing_since.pop(session, None)

@@ -16,18 +16,23 @@ from collections.abc import AsyncIterator
 import grpc
 
 from scheduler_svc.board import Board, Session
+from scheduler_svc.dead_letters import DeadLetters, Filter, to_proto
 from scheduler_svc.outcomes import Outcomes
 from scheduler_svc.watermark import Watermark
 from sieve import rpc
-from sieve.queue_store import QueueStore
+from sieve.backoff import compute_backoff
+from sieve.errors import InvalidInput
+from sieve.queue_store import QueueStore, now_ms
 from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger("sieve.scheduler.pull")
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
-    def __init__(self, queues: QueueStore, board: Board, outcomes: Outcomes, watermark: Watermark) -> None:
+    def __init__(self, queues: QueueStore, board: Board, outcomes: Outcomes, watermark: Watermark,
+                 dead_letters: DeadLetters) -> None:
         self.queues = queues
+        self.dead_letters = dead_letters
         self.board = board
         self.outcomes = outcomes
         self.watermark = watermark
@@ -90,19 +95,30 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             self.board.add_credits(session, request.credits)
 
     async def _nack(self, session: Session, nacks: list[scheduler_pb2.Nack]) -> None:
-        by_device: dict[tuple[str, bool], list[tuple[str, int | None]]] = defaultdict(list)
-        reasons: dict[tuple[str, bool], str] = {}
+        """Nacked tasks go back after their retry delay: the worker's, or for a counted failure the
+        exponential retry backoff of its attempt; at max attempts they are dead-lettered."""
+        Key = tuple[str, bool, float]
+        by_key: dict[Key, list[tuple[str, int | None]]] = defaultdict(list)
+        reasons: dict[Key, str] = {}
+        now = now_ms()
+        s = self.queues.settings
         for n in nacks:
             held = session.held.pop(n.task_id, None)
             if held is None:
                 self.fencing_refusals += 1
                 continue
             mac, attempt = held
-            key = (mac, n.count_attempt)
-            by_device[key].append((n.task_id, int(n.lease_token or attempt)))
+            delay_s = n.retry_after.ToMilliseconds() / 1000 if n.HasField("retry_after") else 0.0
+            if n.count_attempt and not delay_s:
+                delay_s = compute_backoff(attempt, base_s=s.retry_backoff_base_s, max_s=s.retry_backoff_max_s,
+                                          jitter=False)
+            key = (mac, n.count_attempt, round(now + delay_s * 1000, 1))
+            by_key[key].append((n.task_id, int(n.lease_token or attempt)))
             reasons[key] = n.reason or "nacked"
-        for (mac, counts), leases in by_device.items():
-            result = await self.queues.requeue(mac, leases, count_attempt=counts, reason=reasons[(mac, counts)])
+        for (mac, counts, retry_at), leases in by_key.items():
+            reason = reasons[(mac, counts, retry_at)]
+            result = await self.queues.requeue(mac, leases, count_attempt=counts, reason=reason,
+                                               retry_at_ms=retry_at, now=now)
             await self.outcomes.dead_lettered(result.dead_letters)
 
     async def end_session(self, session: Session, reason: str, *, count_attempt: bool = True) -> None:
@@ -120,3 +136,34 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def GetWatermark(self, request: scheduler_pb2.GetWatermarkRequest,
                            context: grpc.aio.ServicerContext) -> scheduler_pb2.GetWatermarkResponse:
         return await self.watermark.read()
+
+    # --- dead letters ----------------------------------------------------------------------------
+    async def _filter(self, f: scheduler_pb2.DeadLetterFilter, context: grpc.aio.ServicerContext) -> Filter:
+        try:
+            return Filter.from_proto(f)
+        except InvalidInput as exc:
+            await rpc.abort(context, rpc.invalid_argument(exc.field, str(exc).split(": ", 1)[-1]))
+            raise
+
+    async def ListDeadLetters(self, request: scheduler_pb2.ListDeadLettersRequest,
+                              context: grpc.aio.ServicerContext) -> scheduler_pb2.ListDeadLettersResponse:
+        records, total = await self.dead_letters.list(await self._filter(request.filter, context), request.limit)
+        return scheduler_pb2.ListDeadLettersResponse(dead_letters=[to_proto(r) for r in records], total=total)
+
+    async def RequeueDeadLetters(self, request: scheduler_pb2.RequeueDeadLettersRequest,
+                                 context: grpc.aio.ServicerContext) -> scheduler_pb2.RequeueDeadLettersResponse:
+        flt = await self._filter(request.filter, context)
+        try:
+            task_ids = await self.dead_letters.requeue(flt, request.all)
+        except InvalidInput as exc:
+            await rpc.abort(context, rpc.invalid_argument(exc.field, str(exc).split(": ", 1)[-1]))
+        return scheduler_pb2.RequeueDeadLettersResponse(task_ids=task_ids)
+
+    async def PurgeDeadLetters(self, request: scheduler_pb2.PurgeDeadLettersRequest,
+                               context: grpc.aio.ServicerContext) -> scheduler_pb2.PurgeDeadLettersResponse:
+        flt = await self._filter(request.filter, context)
+        try:
+            purged = await self.dead_letters.purge(flt, request.all)
+        except InvalidInput as exc:
+            await rpc.abort(context, rpc.invalid_argument(exc.field, str(exc).split(": ", 1)[-1]))
+        return scheduler_pb2.PurgeDeadLettersResponse(purged=purged)

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from scheduler_svc.board import Board
+from scheduler_svc.dead_letters import DeadLetters
 from scheduler_svc.dispatcher import Dispatcher
 from scheduler_svc.housekeeping import Housekeeping
 from scheduler_svc.outcomes import Outcomes
 from scheduler_svc.pull import SchedulerServicer
+from scheduler_svc.routing import Router
 from scheduler_svc.watermark import Watermark
 from sieve import rpc
 from sieve.db import create_pool
@@ -60,9 +62,10 @@ def build_scheduler(settings: Settings, redis: Redis, tasks: TaskStore) -> tuple
     outcomes = Outcomes(tasks)
     records = WorkerRecords(redis, settings)
     watermark = Watermark(redis, queues, settings, records.live_count)
-    dispatcher = Dispatcher(redis, queues, outcomes, board, settings)
-    housekeeping = Housekeeping(queues, board, outcomes, watermark, dispatcher)
-    servicer = SchedulerServicer(queues, board, outcomes, watermark)
+    dispatcher = Dispatcher(redis, queues, outcomes, board, Router(board, settings), settings)
+    servicer = SchedulerServicer(queues, board, outcomes, watermark, DeadLetters(queues, tasks))
+    housekeeping = Housekeeping(queues, tasks, board, outcomes, watermark, dispatcher, records,
+                                servicer.end_session)
     scheduler = Scheduler(queues, board, dispatcher, housekeeping, servicer, settings)
     service = rpc.Service(
         name="sieve-scheduler",

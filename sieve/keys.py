@@ -52,6 +52,8 @@ class Keys:
         self.leases = f"{self.base}:leases"
         #: Handed-out tasks: task_id -> "mac|entry" (the entry carries the attempt, the fencing token).
         self.lease_data = f"{self.base}:lease:data"
+        #: Tasks waiting out a retry delay: "mac|entry" -> due time (ms).
+        self.delayed = f"{self.base}:delayed"
         #: Dead letters, newest first, capped (JSON objects).
         self.dead_letters = f"{self.base}:dead"
         #: The latest watermark record (JSON, with a TTL).

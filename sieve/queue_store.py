@@ -21,9 +21,13 @@ from sieve.errors import AdmissionRefused, LockNotOwned, ScriptCode
 from sieve.keys import PRIORITIES, Keys
 from sieve.settings import Settings
 
+#: a pending limit that is never reached
+NO_LIMIT = 2**50
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
+
+def now_ms() -> float:
+    """Now in milliseconds, to 0.1 ms (Lua keeps 14 significant digits of a number)."""
+    return round(time.time() * 1000, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +67,7 @@ class QueueStore:
     """The per-device queues, schedule sets, locks and leases of one Sieve installation."""
 
     _SCRIPTS = ("enqueueTasks", "rankDevices", "popBatch", "releaseDevice", "deferDevice",
-                "resumeDevice", "ackTasks", "requeueTasks", "cancelTask")
+                "resumeDevice", "ackTasks", "requeueTasks", "removeQueued", "promoteDelayed")
 
     def __init__(self, redis: Redis, settings: Settings) -> None:
         self.redis = redis
@@ -99,7 +103,7 @@ class QueueStore:
         return dk.block, dk.lock
 
     # --- enqueue ----------------------------------------------------------------------------------
-    async def enqueue(self, mac: str, entries: list[Entry], *, now: int | None = None) -> tuple[int, int]:
+    async def enqueue(self, mac: str, entries: list[Entry], *, now: float | None = None) -> tuple[int, int]:
         """Queues a device's tasks; returns (device backlog, global pending) or raises AdmissionRefused."""
         block, _ = self._device(mac)
         k = self.keys
@@ -113,15 +117,16 @@ class QueueStore:
             raise AdmissionRefused(ScriptCode(code), backlog, pending)
         return backlog, pending
 
-    async def enqueue_many(self, groups: dict[str, list[Entry]], *,
-                           now: int | None = None) -> dict[str, tuple[int, int] | AdmissionRefused]:
-        """Queues several devices' tasks in one pipelined round trip; each device is admitted alone."""
+    async def enqueue_many(self, groups: dict[str, list[Entry]], *, now: float | None = None,
+                           admit: bool = True) -> dict[str, tuple[int, int] | AdmissionRefused]:
+        """Queues several devices' tasks in one pipelined round trip; each device is admitted alone
+        (`admit=False` skips the limits: an operator's requeue of dead letters)."""
         now = now or now_ms()
         k, s = self.keys, self.settings
+        total, per_device = (s.max_total_pending, s.max_per_device_pending) if admit else (NO_LIMIT, NO_LIMIT)
         replies = await self._call_pipelined([
             ("enqueueTasks", [*self._device(mac)[0], k.pending, k.overloaded, k.devices],
-             [now, s.max_total_pending, s.max_per_device_pending, s.weight_of(mac), mac, k.wake_channel,
-              *(e.encode() for e in entries)])
+             [now, total, per_device, s.weight_of(mac), mac, k.wake_channel, *(e.encode() for e in entries)])
             for mac, entries in groups.items()])
         out: dict[str, tuple[int, int] | AdmissionRefused] = {}
         for mac, (code, backlog, pending) in zip(groups, replies, strict=True):
@@ -142,15 +147,20 @@ class QueueStore:
         """Marks a device refused for being over its limit (cleared when its backlog drops below it)."""
         await self.redis.sadd(self.keys.overloaded, mac)
 
-    async def cancel(self, mac: str, task_id: str, *, now: int | None = None) -> bool:
-        """Removes a queued task; False when it is not in the queue (leased, gone)."""
+    async def remove_queued(self, mac: str, task_id: str, *, now: float | None = None) -> Entry | None:
+        """Takes a task out of its device queue (cancelled or expired); None when it is not queued."""
         block, _ = self._device(mac)
         k = self.keys
-        return bool(await self._call("cancelTask", [*block, k.pending, k.overloaded, k.devices],
-                                     [now or now_ms(), mac, task_id, self.settings.max_per_device_pending]))
+        raw = await self._call("removeQueued", [*block, k.pending, k.overloaded, k.devices],
+                               [now or now_ms(), mac, task_id, self.settings.max_per_device_pending])
+        return Entry.decode(raw) if raw else None
+
+    async def cancel(self, mac: str, task_id: str, *, now: float | None = None) -> bool:
+        """Removes a queued task; False when it is not in the queue (leased, gone)."""
+        return await self.remove_queued(mac, task_id, now=now) is not None
 
     # --- claim ------------------------------------------------------------------------------------
-    def _rank_call(self, exclude: str | None, now: int) -> tuple[str, list[str], list[Any]]:
+    def _rank_call(self, exclude: str | None, now: float) -> tuple[str, list[str], list[Any]]:
         s = self.settings
         return ("rankDevices", [*self._class_keys, self.keys.backoff],
                 [now, int(s.aging_max_wait_s * 1000), int(s.starvation_hint_s * 1000), exclude or "",
@@ -162,12 +172,12 @@ class QueueStore:
         return Rank(mac or None, bool(starving), None if next_backoff < 0 else int(next_backoff),
                     None if longest < 0 else int(longest))
 
-    async def rank(self, *, exclude: str | None = None, now: int | None = None) -> Rank:
+    async def rank(self, *, exclude: str | None = None, now: float | None = None) -> Rank:
         """The device with the best aging score that is schedulable (not served, not in backoff)."""
         return self._rank(await self._call(*self._rank_call(exclude, now or now_ms())))
 
     def _pop_call(self, mac: str, token: str, count: int, allowed_types: list[int] | None, release: bool,
-                  now: int) -> tuple[str, list[str], list[Any]]:
+                  now: float) -> tuple[str, list[str], list[Any]]:
         block, lock = self._device(mac)
         k, s = self.keys, self.settings
         return ("popBatch",
@@ -185,21 +195,21 @@ class QueueStore:
                       [Entry.decode(r) for r in rest[taken_count:]], bool(blocked))
 
     async def pop(self, mac: str, token: str, count: int, *, allowed_types: list[int] | None = None,
-                  release: bool = False, now: int | None = None) -> Popped:
+                  release: bool = False, now: float | None = None) -> Popped:
         """Locks the device with `token`, marks it served and leases up to `count` of its tasks (only of
         `allowed_types`, when given). With `release` the device is unlocked and rescheduled at once."""
         return self._popped(await self._call(*self._pop_call(mac, token, count, allowed_types, release,
                                                              now or now_ms())))
 
     async def pop_and_rank(self, mac: str, token: str, count: int, allowed_types: list[int],
-                           *, now: int | None = None) -> tuple[Popped, Rank]:
+                           *, now: float | None = None) -> tuple[Popped, Rank]:
         """Pops and releases `mac` and ranks the next device (skipping `mac`) in one round trip."""
         now = now or now_ms()
         popped, ranked = await self._call_pipelined([
             self._pop_call(mac, token, count, allowed_types, True, now), self._rank_call(mac, now)])
         return self._popped(popped), self._rank(ranked)
 
-    async def release(self, mac: str, token: str, *, now: int | None = None) -> None:
+    async def release(self, mac: str, token: str, *, now: float | None = None) -> None:
         """Unlocks a device after a dispatch; it is scheduled again if it has work (wait restarts)."""
         block, lock = self._device(mac)
         k = self.keys
@@ -223,7 +233,7 @@ class QueueStore:
 
     # --- the ways back ----------------------------------------------------------------------------
     async def defer(self, mac: str, token: str, task_ids: list[str], reason: str,
-                    *, now: int | None = None) -> Deferred:
+                    *, now: float | None = None) -> Deferred:
         """Puts `task_ids` back and backs the device off exponentially."""
         block, lock = self._device(mac)
         k, s = self.keys, self.settings
@@ -237,7 +247,7 @@ class QueueStore:
             raise LockNotOwned(f"lock of {mac} is not held by {token}")
         return Deferred(int(reply[0]), [json.loads(r) for r in reply[1:]])
 
-    async def resume_due(self, *, now: int | None = None, limit: int = 500) -> list[str]:
+    async def resume_due(self, *, now: float | None = None, limit: int = 500) -> list[str]:
         """Schedules again every device whose backoff has ended; returns them."""
         now = now or now_ms()
         due = await self.redis.zrangebyscore(self.keys.backoff, "-inf", now, start=0, num=limit)
@@ -259,19 +269,37 @@ class QueueStore:
         return [bool(r) for r in reply]
 
     async def requeue(self, mac: str, leases: list[tuple[str, int | None]], *, count_attempt: bool,
-                      reason: str, now: int | None = None) -> Requeued:
-        """Puts one device's leased tasks back at the front of its queues (None attempt: any)."""
+                      reason: str, retry_at_ms: float | None = None, max_attempts: int | None = None,
+                      now: float | None = None) -> Requeued:
+        """Puts one device's leased tasks back at the front of its queues (None attempt: any), at once
+        or, with `retry_at_ms` in the future, once that time comes (promote_due)."""
         block, _ = self._device(mac)
         k, s = self.keys, self.settings
-        args: list[Any] = [now or now_ms(), mac, int(count_attempt), s.max_attempts, reason,
-                           s.dead_letter_keep]
+        args: list[Any] = [now or now_ms(), mac, int(count_attempt),
+                           s.max_attempts if max_attempts is None else max_attempts, reason,
+                           s.dead_letter_keep, retry_at_ms or 0]
         for task_id, attempt in leases:
             args += [task_id, "*" if attempt is None else attempt]
         reply = await self._call(
-            "requeueTasks", [*block, k.pending, k.leases, k.lease_data, k.dead_letters, k.devices], args)
+            "requeueTasks", [*block, k.pending, k.leases, k.lease_data, k.dead_letters, k.devices, k.delayed],
+            args)
         return Requeued(int(reply[0]), [json.loads(r) for r in reply[1:]])
 
-    async def leases_due(self, *, now: int | None = None,
+    async def promote_due(self, *, now: float | None = None, limit: int = 1000) -> int:
+        """Puts delayed tasks whose retry time has come back at the front of their queues."""
+        now = now or now_ms()
+        due = await self.redis.zrangebyscore(self.keys.delayed, "-inf", now, start=0, num=limit)
+        by_device: dict[str, list[str]] = defaultdict(list)
+        for member in due:
+            by_device[member.partition("|")[0]].append(member)
+        k = self.keys
+        back = 0
+        for mac, members in by_device.items():
+            back += await self._call("promoteDelayed", [*self._device(mac)[0], k.pending, k.delayed, k.devices],
+                                     [now, mac, *members])
+        return back
+
+    async def leases_due(self, *, now: float | None = None,
                          limit: int = 1000) -> dict[str, list[tuple[str, int]]]:
         """Leases that ran out, grouped by device: {mac: [(task_id, attempt)]}."""
         ids = await self.redis.zrangebyscore(self.keys.leases, "-inf", now or now_ms(), start=0,
@@ -288,7 +316,7 @@ class QueueStore:
             by_device[mac].append((task_id, Entry.decode(raw).attempt))
         return dict(by_device)
 
-    async def renew_leases(self, task_ids: list[str], *, now: int | None = None) -> None:
+    async def renew_leases(self, task_ids: list[str], *, now: float | None = None) -> None:
         """Pushes the deadline of leases that are still held by a live worker (only existing ones)."""
         if not task_ids:
             return

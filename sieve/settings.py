@@ -75,6 +75,11 @@ class Settings:
     defer_backoff_max_s: float = 600.0
     #: Attempts (or defers) after which a task is dead-lettered.
     max_attempts: int = 6
+    #: A failed attempt is retried after base x 2^(attempt-1) seconds, capped.
+    retry_backoff_base_s: float = 1.0
+    retry_backoff_max_s: float = 60.0
+    #: How often PENDING tasks past their TTL are looked for in PostgreSQL and dropped from their queues.
+    ttl_sweep_interval_s: float = 30.0
     dead_letter_keep: int = 10000
     #: A handed-out task comes back when its lease is not renewed or acked for this long.
     lease_ttl_s: float = 60.0
@@ -182,6 +187,36 @@ class Settings:
     @property
     def worker_types(self) -> tuple[str, ...]:
         return tuple(t.strip().upper() for t in self.worker_task_types.split(",") if t.strip())
+
+    # --- OCR --------------------------------------------------------------------------------------
+    # Read by OCR workers (worker_svc/ocr, checked there at start) and by the intake (pixel limit).
+    #: Where OCR runs: auto (GPU when paddle is built with CUDA and a device is present, else CPU) | cpu | gpu.
+    ocr_device: str = "auto"
+    #: Text detection model folder (PaddleX layout, with inference.yml); empty: the shipped PP-OCRv4 model.
+    ocr_det_model_dir: str = ""
+    #: Text recognition model folder (PaddleX layout, with inference.yml); empty: the shipped PP-OCRv4 model.
+    ocr_rec_model_dir: str = ""
+    #: Writable folder for generated model configs and PaddleX's cache; empty: ~/.cache/sieve-ocr (or the temp dir).
+    ocr_cache_dir: str = ""
+    #: CPU mode: threads of each inference predictor; 0: this worker's cores, at most 4.
+    ocr_cpu_threads: int = 0
+    #: Threads decoding images while others are recognised; 0: min(2, cores).
+    ocr_decode_threads: int = 0
+    #: Largest image (width x height, pixels) the intake accepts and an OCR worker decodes.
+    ocr_max_image_pixels: int = 40_000_000
+    #: Longest image side the text detector sees (larger images are scaled down for detection).
+    ocr_det_max_side_px: int = 960
+    #: Recognised lines under this confidence (0..1) are dropped.
+    ocr_min_line_confidence: float = 0.5
+    #: image_url tasks: time limit of one whole fetch (connect, redirects, body).
+    ocr_fetch_timeout_s: float = 10.0
+    #: image_url tasks: redirects followed (each to http or https only).
+    ocr_fetch_max_redirects: int = 3
+    #: Image bytes of a task once its result is stored: keep | delete.
+    ocr_payload_retention: str = "keep"
+    #: Tests only: an injected engine failure. "gpu_oom_once": the worker starts in simulated GPU mode and its
+    #: first inference raises a CUDA out-of-memory error; "oom_always": every inference raises one.
+    ocr_fault: str = ""
 
 
 def _parse(name: str, raw: str, kind: Any) -> Any:

@@ -177,6 +177,26 @@ class TaskStore:
             WHERE id = ANY($1::uuid[]) AND status = ANY($3::text[])
             """, list(task_ids), detail, list(OPEN_STATUSES))
 
+    async def expired_pending(self, limit: int = 1000) -> list[tuple[uuid.UUID, str]]:
+        """PENDING tasks whose TTL has passed, oldest first: (task id, device)."""
+        rows = await self.pool.fetch(
+            "SELECT id, device FROM tasks WHERE status = 'PENDING' AND expires_at < now() "
+            "ORDER BY expires_at LIMIT $1", limit)
+        return [(r["id"], r["device"]) for r in rows]
+
+    async def revive(self, task_ids: Sequence[uuid.UUID], detail: str, ttl_s: float) -> list[asyncpg.Record]:
+        """Dead-lettered tasks become PENDING again, keeping their id and history, with fresh attempts and
+        at least `ttl_s` to live; returns (id, device, type, priority, expires_at) of those revived."""
+        return await self.pool.fetch(
+            """
+            UPDATE tasks SET status = 'PENDING', attempts = 0, error = NULL, updated_at = now(),
+                   enqueued_at = now(), expires_at = greatest(expires_at, now() + make_interval(secs => $3)),
+                   history = history || jsonb_build_array(jsonb_build_object(
+                       'status', 'PENDING', 'at', now(), 'attempt', 0, 'detail', $2::text))
+            WHERE id = ANY($1::uuid[]) AND status = 'DEAD_LETTERED'
+            RETURNING id, device, type, priority, expires_at
+            """, list(task_ids), detail, ttl_s)
+
     # --- worker -------------------------------------------------------------------------------------
     async def start(self, worker_id: str,
                     attempts: Sequence[tuple[uuid.UUID, int, datetime]]) -> list[Started]:

@@ -114,3 +114,81 @@ class GetWatermarkResponse(_message.Message):
     oldest_wait: _duration_pb2.Duration
     leased: int
     def __init__(self, total_pending: _Optional[int] = ..., active_devices: _Optional[int] = ..., live_workers: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., overloaded_devices: _Optional[_Iterable[str]] = ..., backoff_devices: _Optional[_Iterable[str]] = ..., dead_letters: _Optional[int] = ..., oldest_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., leased: _Optional[int] = ...) -> None: ...
+
+class DeadLetter(_message.Message):
+    __slots__ = ("task_id", "device_id", "type", "priority", "error", "attempts", "requeue_count", "enqueued_at", "dead_at")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    REQUEUE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ENQUEUED_AT_FIELD_NUMBER: _ClassVar[int]
+    DEAD_AT_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    device_id: str
+    type: _types_pb2.TaskType
+    priority: _types_pb2.Priority
+    error: str
+    attempts: int
+    requeue_count: int
+    enqueued_at: _timestamp_pb2.Timestamp
+    dead_at: _timestamp_pb2.Timestamp
+    def __init__(self, task_id: _Optional[str] = ..., device_id: _Optional[str] = ..., type: _Optional[_Union[_types_pb2.TaskType, str]] = ..., priority: _Optional[_Union[_types_pb2.Priority, str]] = ..., error: _Optional[str] = ..., attempts: _Optional[int] = ..., requeue_count: _Optional[int] = ..., enqueued_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., dead_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class DeadLetterFilter(_message.Message):
+    __slots__ = ("task_id", "device_id", "type", "error_contains")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CONTAINS_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    device_id: str
+    type: _types_pb2.TaskType
+    error_contains: str
+    def __init__(self, task_id: _Optional[str] = ..., device_id: _Optional[str] = ..., type: _Optional[_Union[_types_pb2.TaskType, str]] = ..., error_contains: _Optional[str] = ...) -> None: ...
+
+class ListDeadLettersRequest(_message.Message):
+    __slots__ = ("filter", "limit")
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    filter: DeadLetterFilter
+    limit: int
+    def __init__(self, filter: _Optional[_Union[DeadLetterFilter, _Mapping]] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListDeadLettersResponse(_message.Message):
+    __slots__ = ("dead_letters", "total")
+    DEAD_LETTERS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    dead_letters: _containers.RepeatedCompositeFieldContainer[DeadLetter]
+    total: int
+    def __init__(self, dead_letters: _Optional[_Iterable[_Union[DeadLetter, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...
+
+class RequeueDeadLettersRequest(_message.Message):
+    __slots__ = ("filter", "all")
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    filter: DeadLetterFilter
+    all: bool
+    def __init__(self, filter: _Optional[_Union[DeadLetterFilter, _Mapping]] = ..., all: _Optional[bool] = ...) -> None: ...
+
+class RequeueDeadLettersResponse(_message.Message):
+    __slots__ = ("task_ids",)
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    task_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, task_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PurgeDeadLettersRequest(_message.Message):
+    __slots__ = ("filter", "all")
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    filter: DeadLetterFilter
+    all: bool
+    def __init__(self, filter: _Optional[_Union[DeadLetterFilter, _Mapping]] = ..., all: _Optional[bool] = ...) -> None: ...
+
+class PurgeDeadLettersResponse(_message.Message):
+    __slots__ = ("purged",)
+    PURGED_FIELD_NUMBER: _ClassVar[int]
+    purged: int
+    def __init__(self, purged: _Optional[int] = ...) -> None: ...

@@ -45,6 +45,21 @@ class SchedulerServiceStub:
                 request_serializer=sieve_dot_v1_dot_scheduler__pb2.GetWatermarkRequest.SerializeToString,
                 response_deserializer=sieve_dot_v1_dot_scheduler__pb2.GetWatermarkResponse.FromString,
                 _registered_method=True)
+        self.ListDeadLetters = channel.unary_unary(
+                '/sieve.v1.SchedulerService/ListDeadLetters',
+                request_serializer=sieve_dot_v1_dot_scheduler__pb2.ListDeadLettersRequest.SerializeToString,
+                response_deserializer=sieve_dot_v1_dot_scheduler__pb2.ListDeadLettersResponse.FromString,
+                _registered_method=True)
+        self.RequeueDeadLetters = channel.unary_unary(
+                '/sieve.v1.SchedulerService/RequeueDeadLetters',
+                request_serializer=sieve_dot_v1_dot_scheduler__pb2.RequeueDeadLettersRequest.SerializeToString,
+                response_deserializer=sieve_dot_v1_dot_scheduler__pb2.RequeueDeadLettersResponse.FromString,
+                _registered_method=True)
+        self.PurgeDeadLetters = channel.unary_unary(
+                '/sieve.v1.SchedulerService/PurgeDeadLetters',
+                request_serializer=sieve_dot_v1_dot_scheduler__pb2.PurgeDeadLettersRequest.SerializeToString,
+                response_deserializer=sieve_dot_v1_dot_scheduler__pb2.PurgeDeadLettersResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -65,6 +80,27 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListDeadLetters(self, request, context):
+        """Dead letters, newest first, optionally filtered.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RequeueDeadLetters(self, request, context):
+        """Puts dead-lettered tasks back in their device queues; each keeps its id and history.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PurgeDeadLetters(self, request, context):
+        """Forgets dead letters (their tasks stay DEAD_LETTERED in the record).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +113,21 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.GetWatermark,
                     request_deserializer=sieve_dot_v1_dot_scheduler__pb2.GetWatermarkRequest.FromString,
                     response_serializer=sieve_dot_v1_dot_scheduler__pb2.GetWatermarkResponse.SerializeToString,
+            ),
+            'ListDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDeadLetters,
+                    request_deserializer=sieve_dot_v1_dot_scheduler__pb2.ListDeadLettersRequest.FromString,
+                    response_serializer=sieve_dot_v1_dot_scheduler__pb2.ListDeadLettersResponse.SerializeToString,
+            ),
+            'RequeueDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequeueDeadLetters,
+                    request_deserializer=sieve_dot_v1_dot_scheduler__pb2.RequeueDeadLettersRequest.FromString,
+                    response_serializer=sieve_dot_v1_dot_scheduler__pb2.RequeueDeadLettersResponse.SerializeToString,
+            ),
+            'PurgeDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.PurgeDeadLetters,
+                    request_deserializer=sieve_dot_v1_dot_scheduler__pb2.PurgeDeadLettersRequest.FromString,
+                    response_serializer=sieve_dot_v1_dot_scheduler__pb2.PurgeDeadLettersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -134,6 +185,87 @@ class SchedulerService:
             '/sieve.v1.SchedulerService/GetWatermark',
             sieve_dot_v1_dot_scheduler__pb2.GetWatermarkRequest.SerializeToString,
             sieve_dot_v1_dot_scheduler__pb2.GetWatermarkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sieve.v1.SchedulerService/ListDeadLetters',
+            sieve_dot_v1_dot_scheduler__pb2.ListDeadLettersRequest.SerializeToString,
+            sieve_dot_v1_dot_scheduler__pb2.ListDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequeueDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sieve.v1.SchedulerService/RequeueDeadLetters',
+            sieve_dot_v1_dot_scheduler__pb2.RequeueDeadLettersRequest.SerializeToString,
+            sieve_dot_v1_dot_scheduler__pb2.RequeueDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PurgeDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sieve.v1.SchedulerService/PurgeDeadLetters',
+            sieve_dot_v1_dot_scheduler__pb2.PurgeDeadLettersRequest.SerializeToString,
+            sieve_dot_v1_dot_scheduler__pb2.PurgeDeadLettersResponse.FromString,
             options,
             channel_credentials,
             insecure,

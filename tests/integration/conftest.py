@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import asyncpg
@@ -18,7 +19,7 @@ from sieve import rpc
 from sieve.db.tasks import TaskStore
 from sieve.queue_store import QueueStore
 from sieve.settings import Settings
-from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
+from sieve.v1 import intake_pb2, intake_pb2_grpc, scheduler_pb2_grpc, types_pb2
 from worker_svc.server import Worker
 
 FINAL = {types_pb2.TASK_STATUS_SUCCEEDED, types_pb2.TASK_STATUS_FAILED, types_pb2.TASK_STATUS_EXPIRED,
@@ -34,6 +35,7 @@ class Platform:
     pg: asyncpg.Pool
     redis: Redis
     workers: list[Worker]
+    scheduler_stub: scheduler_pb2_grpc.SchedulerServiceStub
 
     async def add_worker(self, **overrides: object) -> Worker:
         worker = Worker(self.settings.replace(**overrides), self.pg)
@@ -53,18 +55,29 @@ async def start_platform(settings: Settings, redis: Redis, pg: asyncpg.Pool,
     intake = await rpc.create_server(build_intake(settings, redis, tasks), "127.0.0.1:0", settings)
     channel = rpc.insecure_channel(f"127.0.0.1:{intake.port}", settings)
     platform = Platform(settings, intake_pb2_grpc.IntakeServiceStub(channel), scheduler,
-                        QueueStore(redis, settings), pg, redis, [])
+                        QueueStore(redis, settings), pg, redis, [],
+                        scheduler_pb2_grpc.SchedulerServiceStub(channel_s := rpc.insecure_channel(
+                            settings.scheduler_addr, settings)))
     for i in range(workers):
         await platform.add_worker(worker_id=f"worker-{i + 1}")
     try:
         yield platform
     finally:
         await channel.close()
+        await channel_s.close()
         for worker in platform.workers:
             await worker.drain()
             await worker.close()
         for server in (intake, sched_server, registry):
             await server.stop(1)
+
+
+@asynccontextmanager
+async def platform_with(settings: Settings, redis: Redis, pg: asyncpg.Pool, workers: int = 0,
+                        **overrides: object) -> AsyncIterator[Platform]:
+    """The platform with some settings changed, for one test."""
+    async for p in start_platform(settings.replace(**overrides), redis, pg, workers=workers):
+        yield p
 
 
 @pytest.fixture

@@ -1,6 +1,8 @@
 --[[
   Puts leased tasks of one device back at the front of its queues (a nack, a worker that went away,
-  a lease that ran out). Counted attempts that reach max_attempts are dead-lettered instead.
+  a lease that ran out). Counted attempts that reach max_attempts are dead-lettered instead. With a
+  retry time in the future the tasks wait in the delayed set first; promoteDelayed puts them back at the
+  front of their queue when it comes.
 
   Input:
     KEYS[1..11]  device block
@@ -9,6 +11,7 @@
     KEYS[14]     lease data
     KEYS[15]     dead-letter list
     KEYS[16]     active devices set
+    KEYS[17]     delayed set ("mac|entry" -> due ms)
 
     ARGV[1]      now (ms)
     ARGV[2]      device (normalised MAC)
@@ -16,10 +19,11 @@
     ARGV[4]      max attempts
     ARGV[5]      reason (recorded in dead letters)
     ARGV[6]      dead letters kept
-    ARGV[7..]    pairs: task_id, attempt ("*" for whatever attempt holds the lease), in dispatch order
+    ARGV[7]      retry at (ms); at or before now means at once
+    ARGV[8..]    pairs: task_id, attempt ("*" for whatever attempt holds the lease), in dispatch order
 
   Output:
-    {requeued, dead-letter records (JSON)...}
+    {requeued at once, dead-letter records (JSON)...}  (delayed tasks are in neither)
 ]]
 --- @include "parseEntry"
 --- @include "deviceHeads"
@@ -31,7 +35,8 @@ local mac = ARGV[2]
 local counts = ARGV[3] == "1"
 local out = {0}
 local back = 0
-for i = #ARGV - 1, 7, -2 do
+local retryAt = tonumber(ARGV[7])
+for i = #ARGV - 1, 8, -2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local v = redis.call("HGET", KEYS[14], id)
   if v then
@@ -42,6 +47,8 @@ for i = #ARGV - 1, 7, -2 do
       if not counts then e.attempt = e.attempt - 1 end
       if counts and e.attempt >= tonumber(ARGV[4]) then
         out[#out + 1] = deadLetter(KEYS[15], tonumber(ARGV[6]), mac, e, ARGV[5], now)
+      elseif retryAt > now then
+        redis.call("ZADD", KEYS[17], retryAt, mac .. "|" .. encodeEntry(e))
       else
         redis.call("LPUSH", KEYS[1 + e.prio], encodeEntry(e))
         back = back + 1

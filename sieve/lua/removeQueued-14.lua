@@ -1,5 +1,6 @@
 --[[
-  Removes one queued task from its device's queues (CancelTask of a task that is still pending).
+  Removes one queued task from its device's queues: CancelTask of a pending task, or the TTL sweep
+  dropping an expired one.
 
   Input:
     KEYS[1..11]  device block
@@ -13,8 +14,8 @@
     ARGV[4]      per-device pending limit (the overloaded mark is cleared below it)
 
   Output:
-    1  removed from the queue (counters adjusted, device rescheduled or idle)
-    0  not queued (leased, already gone, or never queued here)
+    the removed entry (counters adjusted, device rescheduled or idle)
+    false (nil) when it is not queued (leased, delayed, already gone, or never queued here)
 ]]
 --- @include "parseEntry"
 --- @include "deviceHeads"
@@ -37,8 +38,8 @@ for p = 5, 1, -1 do
         -- nothing left to back off for; resumeDevice will find it idle
         redis.call("HSET", KEYS[1], "backlog", 0)
       end
-      return 1
+      return item
     end
   end
 end
-return 0
+return false

@@ -1,0 +1,124 @@
+"""Operators' view of dead letters: list, requeue (one, by filter, all) and purge.
+
+The capped Redis list is the operational view (seed 5.4); PostgreSQL keeps every task's status. A
+requeued task keeps its id and history: its row goes back to PENDING (fresh attempts) and it joins its
+device queue again, past the admission limits (an operator asked for it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sieve.db.tasks import TaskStore, type_value
+from sieve.entry import Entry
+from sieve.errors import InvalidInput
+from sieve.mac import normalize_mac
+from sieve.queue_store import QueueStore, now_ms
+from sieve.v1 import scheduler_pb2, types_pb2
+
+log = logging.getLogger("sieve.scheduler.dead_letters")
+
+MAX_LIST = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    task_id: str = ""
+    device: str = ""
+    task_type: int = 0
+    error_contains: str = ""
+
+    @classmethod
+    def from_proto(cls, f: scheduler_pb2.DeadLetterFilter) -> Filter:
+        device = ""
+        if f.device_id:
+            try:
+                device = normalize_mac(f.device_id)
+            except ValueError:
+                raise InvalidInput("filter.device_id", f"{f.device_id!r} is not a MAC address") from None
+        if f.task_id:
+            try:
+                uuid.UUID(f.task_id)
+            except ValueError:
+                raise InvalidInput("filter.task_id", f"{f.task_id!r} is not a task id") from None
+        if f.type and f.type not in (types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE):
+            raise InvalidInput("filter.type", f"unknown task type {f.type}")
+        return cls(f.task_id, device, f.type, f.error_contains)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.task_id or self.device or self.task_type or self.error_contains)
+
+    def matches(self, record: dict[str, Any]) -> bool:
+        return ((not self.task_id or record["task_id"] == self.task_id)
+                and (not self.device or record["device"] == self.device)
+                and (not self.task_type or record["task_type"] == self.task_type)
+                and (not self.error_contains or self.error_contains in record.get("error", "")))
+
+
+def to_proto(record: dict[str, Any]) -> scheduler_pb2.DeadLetter:
+    letter = scheduler_pb2.DeadLetter(
+        task_id=record["task_id"], device_id=record["device"], type=record["task_type"],
+        priority=record["priority"], error=record.get("error", ""), attempts=record.get("attempts", 0),
+        requeue_count=record.get("requeue_count", 0))
+    letter.enqueued_at.FromMilliseconds(int(record.get("enqueued_ms", 0)))
+    letter.dead_at.FromMilliseconds(int(record.get("dead_ms", 0)))
+    return letter
+
+
+class DeadLetters:
+    def __init__(self, queues: QueueStore, tasks: TaskStore) -> None:
+        self.queues = queues
+        self.tasks = tasks
+        self.key = queues.keys.dead_letters
+
+    async def _matching(self, flt: Filter) -> list[tuple[str, dict[str, Any]]]:
+        raw = await self.queues.redis.lrange(self.key, 0, -1)
+        return [(r, rec) for r in raw if flt.matches(rec := json.loads(r))]
+
+    async def list(self, flt: Filter, limit: int) -> tuple[list[dict[str, Any]], int]:
+        limit = min(limit or 100, MAX_LIST)
+        total = await self.queues.redis.llen(self.key)
+        return [rec for _, rec in await self._matching(flt)][:limit], total
+
+    async def requeue(self, flt: Filter, everything: bool) -> list[str]:
+        if flt.empty and not everything:
+            raise InvalidInput("all", "must be true to requeue every dead letter with an empty filter")
+        matching = await self._matching(flt)
+        if not matching:
+            return []
+        ids = list(dict.fromkeys(uuid.UUID(rec["task_id"]) for _, rec in matching))
+        revived = await self.tasks.revive(ids, "requeued from the dead letters by an operator",
+                                          self.queues.settings.task_ttl_s)
+        now = now_ms()
+        groups: dict[str, list[Entry]] = {}
+        for row in revived:
+            groups.setdefault(row["device"], []).append(Entry(
+                str(row["id"]), type_value(row["type"]), row["priority"], int(now),
+                int(row["expires_at"].timestamp() * 1000)))
+        if groups:
+            await self.queues.enqueue_many(groups, now=now, admit=False)
+        async with self.queues.redis.pipeline(transaction=False) as pipe:
+            for raw, _ in matching:
+                pipe.lrem(self.key, 1, raw)
+            await pipe.execute()
+        log.info("requeued %d dead letters", len(revived))
+        return [str(row["id"]) for row in revived]
+
+    async def purge(self, flt: Filter, everything: bool) -> int:
+        if flt.empty and not everything:
+            raise InvalidInput("all", "must be true to purge every dead letter with an empty filter")
+        if flt.empty:
+            count = await self.queues.redis.llen(self.key)
+            await self.queues.redis.delete(self.key)
+            return int(count)
+        matching = await self._matching(flt)
+        async with self.queues.redis.pipeline(transaction=False) as pipe:
+            for raw, _ in matching:
+                pipe.lrem(self.key, 1, raw)
+            removed = await pipe.execute()
+        return int(sum(removed))
