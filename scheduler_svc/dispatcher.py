@@ -74,6 +74,7 @@ class Dispatcher:
                 self.board.changed.clear()
                 if self.board.credits <= 0:
                     await self.board.changed.wait()
+                rank = None  # waits grew while there was no room: rank afresh (weights depend on it)
                 continue
             try:
                 rank = await self.dispatch_once(rank)

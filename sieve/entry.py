@@ -1,7 +1,7 @@
 """Queue entries: the scheduling data of one task as it sits in a device queue or a lease.
 
-An entry is the string `task_id|type|prio|enqueued_ms|expires_ms|attempt|defers`; the Lua scripts
-parse the same layout (`lua/includes/parseEntry.lua`). The payload never enters Redis.
+An entry is the string `task_id|type|prio|enqueued_ms|expires_ms|attempt|defers|failures`; the Lua
+scripts parse the same layout (`lua/includes/parseEntry.lua`). The payload never enters Redis.
 """
 
 from __future__ import annotations
@@ -16,21 +16,23 @@ class Entry:
     priority: int
     enqueued_ms: int
     expires_ms: int
-    #: Attempts started so far; the attempt number of a lease is its fencing token.
+    #: Hand-outs so far; never goes down, so the attempt number of a lease is its fencing token.
     attempt: int = 0
     #: Times the task was put back because no worker could take it.
     defers: int = 0
+    #: Attempts that failed and count towards dead-lettering (max_attempts).
+    failures: int = 0
 
     def encode(self) -> str:
         return (f"{self.task_id}|{self.task_type}|{self.priority}|{self.enqueued_ms}|{self.expires_ms}"
-                f"|{self.attempt}|{self.defers}")
+                f"|{self.attempt}|{self.defers}|{self.failures}")
 
     @classmethod
     def decode(cls, raw: str | bytes) -> Entry:
         text = raw.decode() if isinstance(raw, bytes) else raw
-        task_id, task_type, priority, enqueued, expires, attempt, defers = text.split("|")
+        task_id, task_type, priority, enqueued, expires, attempt, defers, failures = text.split("|")
         return cls(task_id, int(task_type), int(priority), int(enqueued), int(expires), int(attempt),
-                   int(defers))
+                   int(defers), int(failures))
 
     def with_attempt(self, attempt: int) -> Entry:
         return replace(self, attempt=attempt)

@@ -105,6 +105,8 @@ class QueueStore:
     # --- enqueue ----------------------------------------------------------------------------------
     async def enqueue(self, mac: str, entries: list[Entry], *, now: float | None = None) -> tuple[int, int]:
         """Queues a device's tasks; returns (device backlog, global pending) or raises AdmissionRefused."""
+        if not entries:
+            raise ValueError("nothing to enqueue")
         block, _ = self._device(mac)
         k = self.keys
         code, backlog, pending = await self._call(
@@ -184,7 +186,8 @@ class QueueStore:
                 [*block, lock, k.pending, k.serving, k.leases, k.lease_data, k.overloaded, k.devices],
                 [now, token, int(s.lock_ttl_s * 1000), count, int(s.aging_max_wait_s * 1000),
                  int(s.lease_ttl_s * 1000), mac, s.max_per_device_pending,
-                 "" if allowed_types is None else ",".join(map(str, allowed_types)), int(release)])
+                 # "-" allows no type at all ("" would allow any)
+                 "" if allowed_types is None else (",".join(map(str, allowed_types)) or "-"), int(release)])
 
     @staticmethod
     def _popped(reply: list[Any]) -> Popped:
@@ -239,7 +242,7 @@ class QueueStore:
         k, s = self.keys, self.settings
         reply = await self._call(
             "deferDevice",
-            [*block, lock, k.serving, k.backoff, k.pending, k.leases, k.lease_data, k.dead_letters],
+            [*block, lock, k.serving, k.backoff, k.pending, k.leases, k.lease_data, k.dead_letters, k.devices],
             [now or now_ms(), token, mac, int(s.defer_backoff_base_s * 1000),
              int(s.defer_backoff_max_s * 1000), s.max_attempts, reason, s.dead_letter_keep, *task_ids],
         )
@@ -254,7 +257,7 @@ class QueueStore:
         resumed = []
         for mac in due:
             block, _ = self._device(mac)
-            if await self._call("resumeDevice", [*block, self.keys.backoff], [now, mac]):
+            if await self._call("resumeDevice", [*block, self.keys.backoff, self.keys.devices], [now, mac]):
                 resumed.append(mac)
         return resumed
 

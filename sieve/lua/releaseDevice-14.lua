@@ -32,7 +32,7 @@ if holder then redis.call("DEL", KEYS[12]) end
 redis.call("ZREM", KEYS[13], mac)
 redis.call("HDEL", KEYS[1], "token")
 if redis.call("HGET", KEYS[1], "state") == "serving" then
-  redis.call("HSET", KEYS[1], "defer_count", 0)
+  redis.call("HSET", KEYS[1], "defer_count", 0, "last_served_ms", ARGV[1])
   if scheduleDevice(mac, tonumber(ARGV[1])) == "idle" then
     redis.call("SREM", KEYS[14], mac)
   end

@@ -15,7 +15,8 @@
 
     ARGV[1]      now (ms)
     ARGV[2]      device (normalised MAC)
-    ARGV[3]      1 when the attempt counts, 0 when it does not (the worker's own state was the cause)
+    ARGV[3]      1 when the attempt counts as a failure, 0 when it does not (the worker's own state, a
+                 shutdown); either way the next hand-out gets a new attempt number
     ARGV[4]      max attempts
     ARGV[5]      reason (recorded in dead letters)
     ARGV[6]      dead letters kept
@@ -44,8 +45,8 @@ for i = #ARGV - 1, 8, -2 do
     if token == "*" or tostring(e.attempt) == token then
       redis.call("HDEL", KEYS[14], id)
       redis.call("ZREM", KEYS[13], id)
-      if not counts then e.attempt = e.attempt - 1 end
-      if counts and e.attempt >= tonumber(ARGV[4]) then
+      if counts then e.failures = e.failures + 1 end
+      if counts and e.failures >= tonumber(ARGV[4]) then
         out[#out + 1] = deadLetter(KEYS[15], tonumber(ARGV[6]), mac, e, ARGV[5], now)
       elseif retryAt > now then
         redis.call("ZADD", KEYS[17], retryAt, mac .. "|" .. encodeEntry(e))

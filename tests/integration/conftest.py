@@ -4,6 +4,8 @@ worker, against this test's own Redis prefix and PostgreSQL schema."""
 from __future__ import annotations
 
 import asyncio
+import struct
+import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -100,6 +102,19 @@ async def wait_final(stub: intake_pb2_grpc.IntakeServiceStub, task_id: str,
         if task.status in FINAL or asyncio.get_running_loop().time() > deadline:
             return task
         await asyncio.sleep(0.02)
+
+
+def tiny_png(width: int = 8, height: int = 8) -> bytes:
+    """A valid grey PNG (no imaging library needed)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"".join(b"\x00" + b"\x80" * width for _ in range(height))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+PNG = tiny_png()
 
 
 def text_spec(device: str, text: str, **kw: object) -> intake_pb2.TaskSpec:

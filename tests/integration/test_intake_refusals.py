@@ -13,9 +13,8 @@ from sieve import rpc
 from sieve.db.tasks import TaskStore
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
-from tests.integration.conftest import Platform, text_spec
+from tests.integration.conftest import PNG, Platform, text_spec
 
-PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32
 
 
 async def assert_nothing_recorded(platform: Platform) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -586,9 +587,6 @@ async def test_pop_of_allowed_types_still_drops_an_expired_task_of_another_type(
     await store.release(A, "tok", now=T0 + 2 * S)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: QueueStore._pop_call sends an empty allowed_types list as \"\", which popBatch reads as "
-    "\"any type\": pop(allowed_types=[]) takes every task instead of none"))
 async def test_pop_with_no_allowed_type_takes_nothing(store: QueueStore) -> None:
     await store.enqueue(A, [entry("t1")], now=T0)
     popped = await store.pop(A, "tok", 5, allowed_types=[], release=True, now=T0 + S)
@@ -656,10 +654,6 @@ async def test_release_reschedules_the_device_with_its_wait_restarting_now(
     assert (await store.rank(now=T0 + 60 * S)).longest_wait_ms == 10 * S
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: releaseDevice schedules the device with since = max(oldest, last_served_ms), and "
-    "last_served_ms is the CLAIM time set by popBatch, not the release time: a long dispatch "
-    "leaves the device with a head start over devices that arrived while it was being served"))
 async def test_a_release_later_than_the_claim_restarts_the_wait_at_the_release(
         store: QueueStore, redis: Redis, keys: Keys) -> None:
     # Given A claimed at T0+50s whose dispatch ends at T0+80s, and B arriving at T0+60s
@@ -736,8 +730,8 @@ async def test_defer_puts_the_tasks_back_at_the_front_in_the_order_they_were_tak
     assert deferred.dead_letters == []
     queued = await store.queued(A)
     assert [e.task_id for e in queued] == ["h1", "n1", "n2", "n3"]
-    # the defer does not count as an attempt, but as a defer
-    assert [(e.attempt, e.defers) for e in queued] == [(0, 1), (0, 1), (0, 1), (0, 0)]
+    # the defer does not count as a failure, but as a defer; the attempt number (hand-outs) stays
+    assert [(e.attempt, e.defers, e.failures) for e in queued] == [(1, 1, 0), (1, 1, 0), (1, 1, 0), (0, 0, 0)]
     assert await redis.zcard(keys.leases) == 0
     assert await redis.hlen(keys.lease_data) == 0
     assert await store.pending() == 4
@@ -843,6 +837,27 @@ async def test_defer_of_a_device_with_nothing_left_leaves_it_idle(store: QueueSt
     assert await store.ack([(popped.taken[0].task_id, 1)]) == [True]
 
 
+async def test_a_device_that_a_defer_leaves_idle_is_no_longer_active(store: QueueStore, redis: Redis,
+                                                                     keys: Keys) -> None:
+    await store.enqueue(A, tasks("a", 1), now=T0)
+    await store.pop(A, "tok", 1, now=T0)
+    await store.defer(A, "tok", [], "no worker", now=T0)
+    assert (await store.device_meta(A))["state"] == "idle"
+    assert not await redis.sismember(keys.devices, A)
+
+
+async def test_a_device_that_resumes_with_nothing_left_is_no_longer_active(store: QueueStore, redis: Redis,
+                                                                           keys: Keys) -> None:
+    await store.enqueue(A, tasks("a", 2), now=T0)
+    popped = await store.pop(A, "tok", 1, now=T0)
+    await store.defer(A, "tok", [popped.taken[0].task_id], "no worker", now=T0)
+    await store.cancel(A, "a0", now=T0 + S)
+    await store.cancel(A, "a1", now=T0 + S)
+    assert await store.resume_due(now=T0 + 30 * S) == [A]
+    assert (await store.device_meta(A))["state"] == "idle"
+    assert not await redis.sismember(keys.devices, A)
+
+
 async def test_a_task_deferred_max_attempts_times_is_dead_lettered(store: QueueStore, redis: Redis,
                                                                    keys: Keys) -> None:
     # Given a task enqueued at T0 and the default max_attempts of 6
@@ -853,7 +868,8 @@ async def test_a_task_deferred_max_attempts_times_is_dead_lettered(store: QueueS
         popped = await store.pop(A, "tok", 1, now=now)
         deferred = await store.defer(A, "tok", ["a1"], "no worker for TEXT", now=now)
         assert deferred.dead_letters == []
-        assert [(e.attempt, e.defers) for e in await store.queued(A)] == [(0, n)]
+        # the attempt number keeps counting hand-outs (it is the fencing token); defers count put-backs
+        assert [(e.attempt, e.defers, e.failures) for e in await store.queued(A)] == [(n, n, 0)]
         now = deferred.unschedulable_until_ms
         await store.resume_due(now=now)
     # When it is deferred the sixth time
@@ -864,7 +880,7 @@ async def test_a_task_deferred_max_attempts_times_is_dead_lettered(store: QueueS
     assert deferred.unschedulable_until_ms == 0
     assert deferred.dead_letters == [{
         "task_id": "a1", "device": A, "task_type": TEXT, "priority": HIGH, "error": "no worker for TEXT",
-        "attempts": 0, "requeue_count": 6, "enqueued_ms": T0, "dead_ms": now,
+        "attempts": 0, "handouts": 6, "requeue_count": 6, "enqueued_ms": T0, "dead_ms": now,
     }]
     assert [json.loads(r) for r in await redis.lrange(keys.dead_letters, 0, -1)] == deferred.dead_letters
     assert await store.queued(A) == []
@@ -915,10 +931,6 @@ async def test_an_empty_ack_does_nothing(store: QueueStore) -> None:
     assert await store.ack([]) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a requeue that does not count the attempt (and a defer) lowers the entry's attempt, so "
-    "the next lease reuses the fencing token of the previous one and the old holder's ack is "
-    "accepted against the new lease (requeueTasks-16.lua `e.attempt = e.attempt - 1`)"))
 async def test_a_stale_lease_cannot_ack_after_an_uncounted_requeue(store: QueueStore, redis: Redis,
                                                                    keys: Keys) -> None:
     # Given a0 leased to worker 1 (attempt 1), requeued without counting (e.g. scheduler shutdown)
@@ -946,7 +958,7 @@ async def test_requeue_puts_tasks_at_the_front_in_their_original_order(store: Qu
     assert await ids(store, A) == ["a0", "a1", "a2", "a3", "a4"]
 
 
-async def test_a_counted_requeue_keeps_the_attempt_and_an_uncounted_one_gives_it_back(
+async def test_a_counted_requeue_counts_a_failure_and_an_uncounted_one_does_not(
         store: QueueStore) -> None:
     await store.enqueue(A, tasks("a", 2), now=T0)
     popped = await store.pop(A, "tok", 2, now=T0)
@@ -954,7 +966,7 @@ async def test_a_counted_requeue_keeps_the_attempt_and_an_uncounted_one_gives_it
     await store.requeue(A, [("a0", 1)], count_attempt=True, reason="nack", now=T0)
     await store.requeue(A, [("a1", 1)], count_attempt=False, reason="over watermark", now=T0)
     assert len(popped.taken) == 2
-    assert [(e.task_id, e.attempt) for e in await store.queued(A)] == [("a1", 0), ("a0", 1)]
+    assert [(e.task_id, e.attempt, e.failures) for e in await store.queued(A)] == [("a1", 1, 0), ("a0", 1, 1)]
 
 
 async def test_requeue_ignores_a_stale_attempt_and_takes_any_attempt_for_a_wildcard(
@@ -999,7 +1011,7 @@ async def test_a_task_whose_counted_attempts_reach_max_attempts_is_dead_lettered
     assert result.requeued == 0
     assert result.dead_letters == [{
         "task_id": "a0", "device": A, "task_type": TEXT, "priority": LOW, "error": "worker died",
-        "attempts": 6, "requeue_count": 0, "enqueued_ms": T0, "dead_ms": now - S,
+        "attempts": 6, "handouts": 6, "requeue_count": 0, "enqueued_ms": T0, "dead_ms": now - S,
     }]
     assert await redis.llen(keys.dead_letters) == 1
     assert await store.queued(A) == []
@@ -1014,7 +1026,7 @@ async def test_uncounted_requeues_never_dead_letter(store: QueueStore) -> None:
         result = await store.requeue(A, [("a0", popped.taken[0].attempt)], count_attempt=False,
                                      reason="over watermark", now=T0)
         assert (result.requeued, result.dead_letters) == (1, [])
-    assert [e.attempt for e in await store.queued(A)] == [0]
+    assert [(e.attempt, e.failures) for e in await store.queued(A)] == [(10, 0)]
 
 
 async def test_requeue_to_a_device_being_served_waits_for_its_release(store: QueueStore, redis: Redis,
@@ -1028,6 +1040,69 @@ async def test_requeue_to_a_device_being_served_waits_for_its_release(store: Que
     assert await schedule_score(redis, keys, A, NORMAL) is None
     await store.release(A, "tok", now=T0 + 2 * S)
     assert (await store.rank(now=T0 + 3 * S)).mac == A
+
+
+async def test_a_requeue_with_a_retry_time_delays_the_tasks_until_promoted(
+        store: QueueStore, redis: Redis, keys: Keys) -> None:
+    # Given two leased tasks and one still queued
+    await store.enqueue(A, tasks("a", 3), now=T0)
+    popped = await store.pop(A, "tok", 2, now=T0)
+    await store.release(A, "tok", now=T0)
+    # When they are requeued to retry 30 s later
+    result = await store.requeue(A, [(e.task_id, e.attempt) for e in popped.taken], count_attempt=True,
+                                 reason="retry later", retry_at_ms=T0 + 30 * S, now=T0 + S)
+    # Then they wait in the delayed set, neither queued nor leased nor pending
+    assert (result.requeued, result.dead_letters) == (0, [])
+    assert await ids(store, A) == ["a2"]
+    assert await store.pending() == 1
+    assert await redis.zcard(keys.leases) == 0
+    failed = [replace(e, failures=1) for e in popped.taken]
+    assert await redis.zrange(keys.delayed, 0, -1, withscores=True) == [
+        (f"{A}|{failed[0].encode()}", T0 + 30 * S), (f"{A}|{failed[1].encode()}", T0 + 30 * S)]
+    # and promote_due brings them back at the front, in order, only when due
+    assert await store.promote_due(now=T0 + 30 * S - 1) == 0
+    assert await store.promote_due(now=T0 + 30 * S) == 2
+    assert await ids(store, A) == ["a0", "a1", "a2"]
+    assert [e.attempt for e in await store.queued(A)] == [1, 1, 0]
+    assert await redis.zcard(keys.delayed) == 0
+    assert await store.pending() == 3
+
+
+async def test_promoting_delayed_tasks_makes_an_idle_device_schedulable(store: QueueStore, redis: Redis,
+                                                                        keys: Keys) -> None:
+    await store.enqueue(A, tasks("a", 1, at=T0), now=T0)
+    await serve(store, A, 1, T0 + S)
+    await store.requeue(A, [("a0", 1)], count_attempt=False, reason="later", retry_at_ms=T0 + 10 * S,
+                        now=T0 + 2 * S)
+    assert (await store.device_meta(A))["state"] == "idle"
+    assert (await store.rank(now=T0 + 5 * S)).mac is None
+    assert await store.promote_due(now=T0 + 10 * S) == 1
+    meta = await store.device_meta(A)
+    assert (meta["state"], meta["backlog"]) == ("ready", "1")
+    assert await redis.sismember(keys.devices, A)
+    assert (await store.rank(now=T0 + 11 * S)).mac == A
+
+
+async def test_a_requeue_with_a_retry_time_still_dead_letters_at_max_attempts(store: QueueStore,
+                                                                               redis: Redis,
+                                                                               keys: Keys) -> None:
+    await store.enqueue(A, tasks("a", 1), now=T0)
+    await serve(store, A, 1, T0)
+    result = await store.requeue(A, [("a0", 1)], count_attempt=True, reason="bad input", max_attempts=1,
+                                 retry_at_ms=T0 + 60 * S, now=T0)
+    assert [d["task_id"] for d in result.dead_letters] == ["a0"]
+    assert await redis.zcard(keys.delayed) == 0
+
+
+async def test_a_requeue_with_a_retry_time_in_the_past_is_immediate(store: QueueStore, redis: Redis,
+                                                                    keys: Keys) -> None:
+    await store.enqueue(A, tasks("a", 1), now=T0)
+    await serve(store, A, 1, T0)
+    result = await store.requeue(A, [("a0", 1)], count_attempt=True, reason="x", retry_at_ms=T0,
+                                 now=T0 + S)
+    assert result.requeued == 1
+    assert await redis.zcard(keys.delayed) == 0
+    assert await ids(store, A) == ["a0"]
 
 
 # --- cancel --------------------------------------------------------------------------------------
@@ -1068,6 +1143,14 @@ async def test_cancel_of_a_leased_or_unknown_task_returns_false_and_changes_noth
     assert await store.cancel(A, "zzz", now=T0 + S) is False
     assert await store.cancel(B, "a1", now=T0 + S) is False
     assert await snapshot(redis, settings.redis_prefix) == before
+
+
+async def test_remove_queued_returns_the_removed_entry(store: QueueStore) -> None:
+    queued = entry("a0", prio=HIGH, ttl_ms=10 * S)
+    await store.enqueue(A, [queued, entry("a1")], now=T0)
+    assert await store.remove_queued(A, "a0", now=T0 + 20 * S) == queued
+    assert await store.remove_queued(A, "a0", now=T0 + 20 * S) is None
+    assert await ids(store, A) == ["a1"]
 
 
 async def test_cancel_matches_the_whole_task_id(store: QueueStore) -> None:

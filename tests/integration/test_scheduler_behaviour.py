@@ -19,10 +19,9 @@ from sieve import rpc
 from sieve.db.tasks import Outcome, TaskStore
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, scheduler_pb2, types_pb2
-from tests.integration.conftest import Platform, platform_with, text_spec, wait_final
+from tests.integration.conftest import PNG, Platform, platform_with, text_spec, wait_final
 from tests.integration.pull_client import ScriptedWorker
 
-PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32
 
 
 def always_fail(_: scheduler_pb2.Assignment) -> scheduler_pb2.Nack:
@@ -223,8 +222,12 @@ async def test_ocr_with_only_cpu_workers_follows_the_no_gpu_strategy(
                 await eventually(lambda: _is(p, task_id, "DEAD_LETTERED"))
                 assert cpu.received == []
                 detail = "no GPU worker alive (strategy dead_letter)"
-            history = await p.pg.fetchval("SELECT history FROM tasks WHERE id = $1::uuid", task_id)
-            assert any(detail in h["detail"] for h in history), history
+            await eventually(lambda: _noted(p, task_id, detail))
+
+
+async def _noted(p: Platform, task_id: str, detail: str) -> bool:
+    history = await p.pg.fetchval("SELECT history FROM tasks WHERE id = $1::uuid", task_id)
+    return any(detail in h["detail"] for h in history)
 
 
 async def _in_backoff(p: Platform, mac: str) -> bool:

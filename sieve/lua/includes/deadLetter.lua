@@ -5,7 +5,7 @@
 local function deadLetter(deadKey, keep, mac, e, err, now)
   local record = cjson.encode({
     task_id = e.id, device = mac, task_type = tonumber(e.type), priority = e.prio, error = err,
-    attempts = e.attempt, requeue_count = e.defers, enqueued_ms = e.enq, dead_ms = now,
+    attempts = e.failures, handouts = e.attempt, requeue_count = e.defers, enqueued_ms = e.enq, dead_ms = now,
   })
   redis.call("LPUSH", deadKey, record)
   redis.call("LTRIM", deadKey, 0, keep - 1)

@@ -1,17 +1,19 @@
 --[[
   parseEntry(s) -> table
-  Splits a queue entry "task_id|type|prio|enqueued_ms|expires_ms|attempt|defers" into its fields.
+  Splits a queue entry "task_id|type|prio|enqueued_ms|expires_ms|attempt|defers|failures" into its fields.
+  attempt counts hand-outs and never goes down (it is the lease's fencing token); failures counts the
+  attempts that count towards dead-lettering; defers counts put-backs because no worker could take it.
 ]]
 local function parseEntry(s)
-  local id, ty, prio, enq, exp, attempt, defers =
-    string.match(s, "^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$")
+  local id, ty, prio, enq, exp, attempt, defers, failures =
+    string.match(s, "^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$")
   return {
     id = id, type = ty, prio = tonumber(prio), enq = tonumber(enq), exp = tonumber(exp),
-    attempt = tonumber(attempt), defers = tonumber(defers),
+    attempt = tonumber(attempt), defers = tonumber(defers), failures = tonumber(failures),
   }
 end
 
 local function encodeEntry(e)
   return e.id .. "|" .. e.type .. "|" .. e.prio .. "|" .. e.enq .. "|" .. e.exp .. "|" .. e.attempt ..
-    "|" .. e.defers
+    "|" .. e.defers .. "|" .. e.failures
 end

@@ -13,6 +13,7 @@
     KEYS[16]     leases
     KEYS[17]     lease data
     KEYS[18]     dead-letter list
+    KEYS[19]     active devices set
 
     ARGV[1]      now (ms)
     ARGV[2]      lock token
@@ -48,7 +49,6 @@ for i = #ARGV, 9, -1 do
     redis.call("HDEL", KEYS[17], ARGV[i])
     redis.call("ZREM", KEYS[16], ARGV[i])
     local e = parseEntry(string.sub(v, #mac + 2))
-    e.attempt = e.attempt - 1
     e.defers = e.defers + 1
     if e.defers >= tonumber(ARGV[6]) then
       out[#out + 1] = deadLetter(KEYS[18], tonumber(ARGV[8]), mac, e, ARGV[7], now)
@@ -69,6 +69,7 @@ redis.call("HDEL", KEYS[1], "token")
 local oldest = deviceHeads()
 if not oldest then
   scheduleDevice(mac, now)
+  redis.call("SREM", KEYS[19], mac)
   return out
 end
 local n = redis.call("HINCRBY", KEYS[1], "defer_count", 1)

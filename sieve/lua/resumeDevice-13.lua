@@ -4,6 +4,7 @@
   Input:
     KEYS[1..11]  device block
     KEYS[12]     backoff set
+    KEYS[13]     active devices set
 
     ARGV[1]      now (ms)
     ARGV[2]      device (normalised MAC)
@@ -28,5 +29,5 @@ if untilMs > now then
 end
 redis.call("ZREM", KEYS[12], mac)
 redis.call("HDEL", KEYS[1], "unschedulable_until_ms", "defer_reason")
-scheduleDevice(mac, now)
+if scheduleDevice(mac, now) == "idle" then redis.call("SREM", KEYS[13], mac) end
 return 1
