@@ -16,7 +16,6 @@ from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 from tests.integration.conftest import PNG, Platform, text_spec
 
 
-
 async def assert_nothing_recorded(platform: Platform) -> None:
     assert await platform.pg.fetchval("SELECT count(*) FROM tasks") == 0
     assert await platform.queues.pending() == 0

@@ -23,7 +23,6 @@ from tests.integration.conftest import PNG, Platform, platform_with, text_spec, 
 from tests.integration.pull_client import ScriptedWorker
 
 
-
 def always_fail(_: scheduler_pb2.Assignment) -> scheduler_pb2.Nack:
     return scheduler_pb2.Nack(reason="transient failure", count_attempt=True)
 
