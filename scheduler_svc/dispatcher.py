@@ -38,6 +38,7 @@ class Dispatcher:
         self.wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self.dispatched = 0
+        self._last_claim_ms = 0.0
 
     def stop(self) -> None:
         self._stopping.set()
@@ -97,8 +98,12 @@ class Dispatcher:
         mac = rank.mac
         size = self.settings.min_batch_size if rank.starving else self.settings.batch_size
         size = max(1, min(size, self.board.credits))
-        popped, next_rank = await self.queues.pop_and_rank(mac, uuid.uuid4().hex, size,
-                                                           self.router.allowed_types())
+        now = now_ms()
+        carry = self._carry(rank, now)
+        # under starvation the device just served sits out the next claim (seed 3.5)
+        popped, next_rank = await self.queues.pop_and_rank(mac, uuid.uuid4().hex, size, self.router.allowed_types(),
+                                                           exclude=mac if rank.starving else None,
+                                                           carry_ms=carry, now=now)
         if not popped.ready:  # another replica took it first
             return next_rank if next_rank.mac else None
         if popped.expired:
@@ -140,6 +145,16 @@ class Dispatcher:
         elif deferred:  # cannot happen on the main path: popping stops before types nobody may run
             await self.queues.requeue(mac, [(e.task_id, e.attempt) for e in deferred], count_attempt=False,
                                       reason="no worker takes its type")
+
+    def _carry(self, rank: Rank, now: float) -> float:
+        """How much of its wait the device keeps when served: the wait it had beyond the point where it
+        overtook the runner-up of its tier, up to now. Claims come one at a time, so a device is served
+        a little after it overtook; dropping that overshoot every time biases shares against heavy
+        devices. Bounded by two claim intervals (a newcomer loses at most that) and the setting."""
+        gap = max(0.0, now - self._last_claim_ms)
+        self._last_claim_ms = now
+        overshoot = rank.overshoot_ms + max(0.0, now - rank.ranked_at_ms)
+        return min(overshoot, 2 * gap, self.settings.aging_carry_max_ms)
 
     async def _idle_until_work(self, rank: Rank) -> None:
         wait_s = IDLE_POLL_S

@@ -44,7 +44,7 @@ class Watermark:
             overloaded_devices=sorted(overloaded or []), backoff_devices=backoff, dead_letters=dead,
             leased=leased)
         out.at.FromDatetime(datetime.now(UTC))
-        out.oldest_wait.FromMilliseconds(rank.longest_wait_ms or 0)
+        out.oldest_wait.FromMilliseconds(int(rank.longest_wait_ms or 0))
         return out
 
     async def publish(self) -> dict[str, object]:

@@ -36,8 +36,13 @@ class Rank:
 
     mac: str | None
     starving: bool
-    next_backoff_ms: int | None
-    longest_wait_ms: int | None
+    next_backoff_ms: float | None
+    longest_wait_ms: float | None
+    #: how long the device had already waited beyond the point where it overtook the runner-up of its
+    #: tier, when ranked (see Dispatcher: without it, claims made one at a time blur the weights)
+    overshoot_ms: float = 0.0
+    #: when the ranking was made (ms)
+    ranked_at_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,17 +174,20 @@ class QueueStore:
                  *self._class_args])
 
     @staticmethod
-    def _rank(reply: list[Any]) -> Rank:
-        mac, _index, starving, next_backoff, longest = reply
-        return Rank(mac or None, bool(starving), None if next_backoff < 0 else int(next_backoff),
-                    None if longest < 0 else int(longest))
+    def _rank(reply: list[Any], now: float) -> Rank:
+        mac, _index, starving, next_backoff, longest, wait, weight, runner = reply
+        next_backoff, longest, wait, runner = float(next_backoff), float(longest), float(wait), float(runner)
+        overshoot = max(0.0, wait - runner / int(weight)) if mac and runner >= 0 and weight else 0.0
+        return Rank(mac or None, bool(starving), None if next_backoff < 0 else next_backoff,
+                    None if longest < 0 else longest, overshoot, now)
 
     async def rank(self, *, exclude: str | None = None, now: float | None = None) -> Rank:
         """The device with the best aging score that is schedulable (not served, not in backoff)."""
-        return self._rank(await self._call(*self._rank_call(exclude, now or now_ms())))
+        now = now or now_ms()
+        return self._rank(await self._call(*self._rank_call(exclude, now)), now)
 
     def _pop_call(self, mac: str, token: str, count: int, allowed_types: list[int] | None, release: bool,
-                  now: float) -> tuple[str, list[str], list[Any]]:
+                  now: float, carry_ms: float = 0.0) -> tuple[str, list[str], list[Any]]:
         block, lock = self._device(mac)
         k, s = self.keys, self.settings
         return ("popBatch",
@@ -187,7 +195,8 @@ class QueueStore:
                 [now, token, int(s.lock_ttl_s * 1000), count, int(s.aging_max_wait_s * 1000),
                  int(s.lease_ttl_s * 1000), mac, s.max_per_device_pending,
                  # "-" allows no type at all ("" would allow any)
-                 "" if allowed_types is None else (",".join(map(str, allowed_types)) or "-"), int(release)])
+                 "" if allowed_types is None else (",".join(map(str, allowed_types)) or "-"), int(release),
+                 round(carry_ms, 1)])
 
     @staticmethod
     def _popped(reply: list[Any]) -> Popped:
@@ -204,13 +213,15 @@ class QueueStore:
         return self._popped(await self._call(*self._pop_call(mac, token, count, allowed_types, release,
                                                              now or now_ms())))
 
-    async def pop_and_rank(self, mac: str, token: str, count: int, allowed_types: list[int],
-                           *, now: float | None = None) -> tuple[Popped, Rank]:
-        """Pops and releases `mac` and ranks the next device (skipping `mac`) in one round trip."""
+    async def pop_and_rank(self, mac: str, token: str, count: int, allowed_types: list[int], *,
+                           exclude: str | None = None, carry_ms: float = 0.0,
+                           now: float | None = None) -> tuple[Popped, Rank]:
+        """Pops and releases `mac`, then ranks the next device (after the release, so `mac` competes
+        with its wait just restarted), in one round trip."""
         now = now or now_ms()
         popped, ranked = await self._call_pipelined([
-            self._pop_call(mac, token, count, allowed_types, True, now), self._rank_call(mac, now)])
-        return self._popped(popped), self._rank(ranked)
+            self._pop_call(mac, token, count, allowed_types, True, now, carry_ms), self._rank_call(exclude, now)])
+        return self._popped(popped), self._rank(ranked, now)
 
     async def release(self, mac: str, token: str, *, now: float | None = None) -> None:
         """Unlocks a device after a dispatch; it is scheduled again if it has work (wait restarts)."""

@@ -58,6 +58,9 @@ class Settings:
     # --- scheduling -------------------------------------------------------------------------------
     #: Aging: score = min(wait, aging_max_wait_s) x weight.
     aging_max_wait_s: float = 600.0
+    #: A served device keeps the part of its wait beyond the runner-up's score, at most this much, so
+    #: that weighted shares stay exact when claims come one at a time (0 turns it off).
+    aging_carry_max_ms: float = 100.0
     #: Weight of devices without their own entry in device_weights.
     default_weight: int = 1
     #: "AA:BB:CC:DD:EE:FF=3,..." per-device weights (integers 1..100).

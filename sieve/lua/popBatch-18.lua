@@ -32,6 +32,7 @@
     ARGV[8]      per-device pending limit (the overloaded mark is cleared below it)
     ARGV[9]      allowed task types, comma separated ("" for any)
     ARGV[10]     1 to release the device in the same step, 0 to keep it locked for releaseDevice
+    ARGV[11]     wait carried over (ms): the device's wait restarts at now - this (see rankDevices)
 
   Output:
     {1, taken, blocked, e1..e_taken, x1..x_m}
@@ -58,7 +59,8 @@ end
 local class = tonumber(redis.call("HGET", KEYS[1], "class") or "0")
 if class > 0 then redis.call("ZREM", KEYS[6 + class], mac) end
 redis.call("ZADD", KEYS[14], now + tonumber(ARGV[3]), mac)
-redis.call("HSET", KEYS[1], "state", "serving", "class", 0, "token", ARGV[2], "last_served_ms", now)
+redis.call("HSET", KEYS[1], "state", "serving", "class", 0, "token", ARGV[2],
+  "last_served_ms", now - tonumber(ARGV[11] or "0"))
 
 -- the device's non-empty queues, highest priority first
 local sizes = {}

@@ -18,8 +18,9 @@
     ARGV[5..]    for each schedule set, in KEYS order: "priority:weight"
 
   Output:
-    {mac, set index (1-based), starving 0|1, earliest backoff end (ms) or -1, longest wait (ms) or -1}
-    mac is "" when no device is schedulable.
+    {mac, set index (1-based), starving 0|1, earliest backoff end (ms) or -1, longest wait (ms) or -1,
+     the chosen device's wait (ms), its weight, the best score of another device in its tier or -1}
+    mac is "" when no device is schedulable. Numbers are returned as strings (fractions of a ms kept).
 ]]
 local now = tonumber(ARGV[1])
 local maxWait = tonumber(ARGV[2])
@@ -27,8 +28,9 @@ local hint = tonumber(ARGV[3])
 local skip = ARGV[4]
 local k = #KEYS - 1
 
-local best, bestTier, bestScore, bestSince, bestIndex = "", -1, -1, 0, 0
+local best, bestTier, bestScore, bestSince, bestIndex, bestWait, bestWeight = "", -1, -1, 0, 0, 0, 0
 local waits = {}
+local candidates = {}
 for i = 1, k do
   local prio, weight = string.match(ARGV[4 + i], "(%d+):(%d+)")
   prio = tonumber(prio)
@@ -50,9 +52,12 @@ for i = 1, k do
           capped = maxWait
         end
         local score = capped * weight
+        candidates[#candidates + 1] = {mac, tier, score}
+        -- ties go to the heavier device, then to the longer wait
         if tier > bestTier or (tier == bestTier and (score > bestScore or
-            (score == bestScore and since < bestSince))) then
-          best, bestTier, bestScore, bestSince, bestIndex = mac, tier, score, since, i
+            (score == bestScore and (weight > bestWeight or (weight == bestWeight and since < bestSince))))) then
+          best, bestTier, bestScore, bestSince, bestIndex, bestWait, bestWeight =
+            mac, tier, score, since, i, wait, weight
         end
       end
       considered = considered + 1
@@ -71,4 +76,10 @@ local nextBackoff = -1
 local first = redis.call("ZRANGE", KEYS[k + 1], 0, 0, "WITHSCORES")
 if #first == 2 then nextBackoff = tonumber(first[2]) end
 
-return {best, bestIndex, starving, nextBackoff, longest}
+local runner = -1
+for _, c in ipairs(candidates) do
+  if c[1] ~= best and c[2] == bestTier and c[3] > runner then runner = c[3] end
+end
+
+return {best, bestIndex, starving, tostring(nextBackoff), tostring(longest), tostring(bestWait), bestWeight,
+        tostring(runner)}

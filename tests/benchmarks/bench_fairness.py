@@ -1,5 +1,5 @@
 """Fairness benchmark: the real registry, scheduler and intake processes, and a worker whose every task
-takes a fixed time (2 ms, four at a time), recording when each task starts.
+takes a fixed time (2 ms, 32 at a time; BENCH_PARALLEL changes it), recording when each task starts.
 
     .venv/bin/python -m tests.benchmarks.bench_fairness [--only noisy,equal,weights,scale]
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import statistics
 import time
 import uuid
@@ -34,7 +35,7 @@ from worker_svc.puller import Puller
 from worker_svc.resources import ResourceSampler
 
 WORK_S = 0.002
-PARALLEL = 4
+PARALLEL = int(os.environ.get("BENCH_PARALLEL", "32"))
 
 
 @dataclass
@@ -46,7 +47,8 @@ class TimedWorker:
 
     def __post_init__(self) -> None:
         self._slots = asyncio.Semaphore(PARALLEL)
-        self.puller = Puller(self.settings, "bench-worker", [types_pb2.TASK_TYPE_TEXT], False, 40, self.run_batch,
+        self.puller = Puller(self.settings, "bench-worker", [types_pb2.TASK_TYPE_TEXT], False, 4 * PARALLEL,
+                             self.run_batch,
                              Pressure(ResourceSampler(self.settings), self.settings))
         self.stop = asyncio.Event()
 
@@ -118,13 +120,14 @@ def jain(counts: list[int]) -> float:
 
 
 async def equal_share() -> None:
-    async with running_cluster(workers=0, SIEVE_MAX_TOTAL_PENDING="60000") as cluster:
+    limits = {"SIEVE_MAX_TOTAL_PENDING": "60000", "SIEVE_MAX_PER_DEVICE_PENDING": "1000"}
+    async with running_cluster(workers=0, **limits) as cluster:
         s = cluster.settings.replace(cpu_watermark_pct=101)
         devices = [mac(0xCC, d) for d in range(50)]
         worker = TimedWorker(s)
         async with rpc.insecure_channel(s.intake_addr, s) as channel:
             stub = intake_pb2_grpc.IntakeServiceStub(channel)
-            await submit_all(stub, [text(d, i) for i in range(200) for d in devices], chunk=1000)
+            await submit_all(stub, [text(d, i) for i in range(600) for d in devices], chunk=1000)
             async with worker.running():
                 await asyncio.sleep(4.5)
         first = min(start for _, _, start in worker.starts)
@@ -134,9 +137,10 @@ async def equal_share() -> None:
         full = [w for w in sorted(windows) if w < max(windows)]  # drop the last, partial window
         indexes = [jain([windows[w][d] for d in devices]) for w in full]
         served = sum(sum(windows[w].values()) for w in full)
+        spread = [(min(windows[w][d] for d in devices), max(windows[w][d] for d in devices)) for w in full]
         print(f"equal share: 50 backlogged devices, weight 1, {served} tasks in {len(full)} full 1 s windows\n"
               f"  Jain's index per window: min {min(indexes):.4f}, mean {statistics.mean(indexes):.4f} "
-              f"(target >= 0.99)")
+              f"(target >= 0.99); tasks per device per window (min, max): {spread}")
 
 
 async def weights() -> None:
@@ -183,6 +187,7 @@ async def claim_rate(devices: int, rounds: int) -> float:
 
 
 async def scale() -> None:
+    await claim_rate(10, 500)  # warm up: connections, script cache
     small = await claim_rate(10, 3000)
     large = await claim_rate(100_000, 3000)
     print(f"scale: claim-and-dispatch rounds/s with 10 active devices {small:.0f}, with 100 000 {large:.0f}: "

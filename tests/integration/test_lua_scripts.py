@@ -380,12 +380,14 @@ async def test_a_weight_is_capped_by_max_wait_but_still_counts_in_the_top_tier(
     assert (await store.rank(now=T0 + 1000 * S)).mac == A
 
 
-async def test_equal_scores_go_to_the_device_that_waited_longest(redis: Redis, settings: Settings) -> None:
+async def test_equal_scores_go_to_the_heavier_device(redis: Redis,
+                                                                            settings: Settings) -> None:
     store = QueueStore(redis, settings.replace(device_weights=f"{A}=2"))
-    # A (weight 2) waits 10 s, B (weight 1) waits 20 s: equal scores, B waited longer
+    # A (weight 2) waits 10 s, B (weight 1) waits 20 s: equal scores, the heavier A goes first
+    # (breaking ties towards weight keeps weighted shares exact when claims are discrete)
     await store.enqueue(B, [entry("b1", at=T0)], now=T0)
     await store.enqueue(A, [entry("a1", at=T0 + 10 * S)], now=T0 + 10 * S)
-    assert (await store.rank(now=T0 + 20 * S)).mac == B
+    assert (await store.rank(now=T0 + 20 * S)).mac == A
 
 
 async def test_starvation_is_flagged_when_another_device_waited_the_hint(store: QueueStore) -> None:
