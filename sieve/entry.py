@@ -1,7 +1,9 @@
 """Queue entries: the scheduling data of one task as it sits in a device queue or a lease.
 
-An entry is the string `task_id|type|prio|enqueued_ms|expires_ms|attempt|defers|failures`; the Lua
-scripts parse the same layout (`lua/includes/parseEntry.lua`). The payload never enters Redis.
+An entry is the string `task_id|type|prio|enqueued_ms|expires_ms|attempt|defers|failures|trace`; the Lua
+scripts parse the same layout (`lua/includes/parseEntry.lua`). The payload never enters Redis; `trace` is
+the W3C traceparent of the Submit that created the task (empty when not traced), so that the scheduler and
+the worker continue its trace.
 """
 
 from __future__ import annotations
@@ -22,17 +24,19 @@ class Entry:
     defers: int = 0
     #: Attempts that failed and count towards dead-lettering (max_attempts).
     failures: int = 0
+    #: W3C traceparent of the Submit span ("" when none).
+    trace: str = ""
 
     def encode(self) -> str:
         return (f"{self.task_id}|{self.task_type}|{self.priority}|{self.enqueued_ms}|{self.expires_ms}"
-                f"|{self.attempt}|{self.defers}|{self.failures}")
+                f"|{self.attempt}|{self.defers}|{self.failures}|{self.trace}")
 
     @classmethod
     def decode(cls, raw: str | bytes) -> Entry:
         text = raw.decode() if isinstance(raw, bytes) else raw
-        task_id, task_type, priority, enqueued, expires, attempt, defers, failures = text.split("|")
+        task_id, task_type, priority, enqueued, expires, attempt, defers, failures, trace = text.split("|")
         return cls(task_id, int(task_type), int(priority), int(enqueued), int(expires), int(attempt),
-                   int(defers), int(failures))
+                   int(defers), int(failures), trace)
 
     def with_attempt(self, attempt: int) -> Entry:
         return replace(self, attempt=attempt)

@@ -8,7 +8,8 @@ expects as KEYS[1..11]:
     KEYS[2..6]   its queue lists, priority 1..5 (BACKGROUND..CRITICAL)   {p}:q:<mac>:<prio>
     KEYS[7..11]  the schedule sets of its weight, priority 1..5          {p}:sched:<prio>:<weight>
 
-Queue entries are strings `task_id|type|prio|enqueued_ms|expires_ms|attempt|defers|failures` (`entry.py`).
+Queue entries are strings `task_id|type|prio|enqueued_ms|expires_ms|attempt|defers|failures|trace`
+(`entry.py`).
 """
 
 from __future__ import annotations

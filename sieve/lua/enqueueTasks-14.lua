@@ -15,7 +15,7 @@
     ARGV[4]      the device's weight
     ARGV[5]      device (normalised MAC)
     ARGV[6]      wake channel (published to when the device becomes schedulable)
-    ARGV[7..]    entries "task_id|type|prio|enqueued_ms|expires_ms|attempt|defers|failures"
+    ARGV[7..]    entries "task_id|type|prio|enqueued_ms|expires_ms|attempt|defers|failures|trace"
 
   Output:
     {1, backlog, pending}    enqueued

@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from sieve.v1 import types_pb2 as sieve_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sieve/v1/scheduler.proto\x12\x08sieve.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14sieve/v1/types.proto\"U\n\x0bWorkerHello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12&\n\ntask_types\x18\x02 \x03(\x0e\x32\x12.sieve.v1.TaskType\x12\x0b\n\x03gpu\x18\x03 \x01(\x08\"+\n\x03\x41\x63k\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\"\x83\x01\n\x04Nack\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12.\n\x0bretry_after\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\rcount_attempt\x18\x05 \x01(\x08\"\x92\x01\n\x0bPullRequest\x12$\n\x05hello\x18\x01 \x01(\x0b\x32\x15.sieve.v1.WorkerHello\x12\x0f\n\x07\x63redits\x18\x02 \x01(\r\x12\x1b\n\x04\x61\x63ks\x18\x03 \x03(\x0b\x32\r.sieve.v1.Ack\x12\x1d\n\x05nacks\x18\x04 \x03(\x0b\x32\x0e.sieve.v1.Nack\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\"\x80\x02\n\nAssignment\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x11\n\tdevice_id\x18\x02 \x01(\t\x12 \n\x04type\x18\x03 \x01(\x0e\x32\x12.sieve.v1.TaskType\x12$\n\x08priority\x18\x04 \x01(\x0e\x32\x12.sieve.v1.Priority\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12\x13\n\x0blease_token\x18\x06 \x01(\t\x12/\n\x0b\x61ssigned_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65nqueued_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"<\n\x0f\x41ssignmentBatch\x12)\n\x0b\x61ssignments\x18\x01 \x03(\x0b\x32\x14.sieve.v1.Assignment\"B\n\x0cPullResponse\x12*\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x19.sieve.v1.AssignmentBatchH\x00\x42\x06\n\x04kind\"\x15\n\x13GetWatermarkRequest\"\x8e\x02\n\x14GetWatermarkResponse\x12\x15\n\rtotal_pending\x18\x01 \x01(\x04\x12\x16\n\x0e\x61\x63tive_devices\x18\x02 \x01(\r\x12\x14\n\x0clive_workers\x18\x03 \x01(\r\x12&\n\x02\x61t\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1a\n\x12overloaded_devices\x18\x05 \x03(\t\x12\x17\n\x0f\x62\x61\x63koff_devices\x18\x06 \x03(\t\x12\x14\n\x0c\x64\x65\x61\x64_letters\x18\x07 \x01(\x04\x12.\n\x0boldest_wait\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06leased\x18\t \x01(\x04\"\x8e\x02\n\nDeadLetter\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x11\n\tdevice_id\x18\x02 \x01(\t\x12 \n\x04type\x18\x03 \x01(\x0e\x32\x12.sieve.v1.TaskType\x12$\n\x08priority\x18\x04 \x01(\x0e\x32\x12.sieve.v1.Priority\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x06 \x01(\r\x12\x15\n\rrequeue_count\x18\x07 \x01(\r\x12/\n\x0b\x65nqueued_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x07\x64\x65\x61\x64_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"p\n\x10\x44\x65\x61\x64LetterFilter\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x11\n\tdevice_id\x18\x02 \x01(\t\x12 \n\x04type\x18\x03 \x01(\x0e\x32\x12.sieve.v1.TaskType\x12\x16\n\x0e\x65rror_contains\x18\x04 \x01(\t\"S\n\x16ListDeadLettersRequest\x12*\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x1a.sieve.v1.DeadLetterFilter\x12\r\n\x05limit\x18\x02 \x01(\r\"T\n\x17ListDeadLettersResponse\x12*\n\x0c\x64\x65\x61\x64_letters\x18\x01 \x03(\x0b\x32\x14.sieve.v1.DeadLetter\x12\r\n\x05total\x18\x02 \x01(\x04\"T\n\x19RequeueDeadLettersRequest\x12*\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x1a.sieve.v1.DeadLetterFilter\x12\x0b\n\x03\x61ll\x18\x02 \x01(\x08\".\n\x1aRequeueDeadLettersResponse\x12\x10\n\x08task_ids\x18\x01 \x03(\t\"R\n\x17PurgeDeadLettersRequest\x12*\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x1a.sieve.v1.DeadLetterFilter\x12\x0b\n\x03\x61ll\x18\x02 \x01(\x08\"*\n\x18PurgeDeadLettersResponse\x12\x0e\n\x06purged\x18\x01 \x01(\x04\x32\xb0\x03\n\x10SchedulerService\x12\x39\n\x04Pull\x12\x15.sieve.v1.PullRequest\x1a\x16.sieve.v1.PullResponse(\x01\x30\x01\x12M\n\x0cGetWatermark\x12\x1d.sieve.v1.GetWatermarkRequest\x1a\x1e.sieve.v1.GetWatermarkResponse\x12V\n\x0fListDeadLetters\x12 .sieve.v1.ListDeadLettersRequest\x1a!.sieve.v1.ListDeadLettersResponse\x12_\n\x12RequeueDeadLetters\x12#.sieve.v1.RequeueDeadLettersRequest\x1a$.sieve.v1.RequeueDeadLettersResponse\x12Y\n\x10PurgeDeadLetters\x12!.sieve.v1.PurgeDeadLettersRequest\x1a\".sieve.v1.PurgeDeadLettersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sieve/v1/scheduler.proto\x12\x08sieve.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14sieve/v1/types.proto\"U\n\x0bWorkerHello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12&\n\ntask_types\x18\x02 \x03(\x0e\x32\x12.sieve.v1.TaskType\x12\x0b\n\x03gpu\x18\x03 \x01(\x08\"+\n\x03\x41\x63k\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\"\x83\x01\n\x04Nack\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x13\n\x0blease_token\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12.\n\x0bretry_after\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\rcount_attempt\x18\x05 \x01(\x08\"\x92\x01\n\x0bPullRequest\x12$\n\x05hello\x18\x01 \x01(\x0b\x32\x15.sieve.v1.WorkerHello\x12\x0f\n\x07\x63redits\x18\x02 \x01(\r\x12\x1b\n\x04\x61\x63ks\x18\x03 \x03(\x0b\x32\r.sieve.v1.Ack\x12\x1d\n\x05nacks\x18\x04 \x03(\x0b\x32\x0e.sieve.v1.Nack\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\"\x95\x02\n\nAssignment\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x11\n\tdevice_id\x18\x02 \x01(\t\x12 \n\x04type\x18\x03 \x01(\x0e\x32\x12.sieve.v1.TaskType\x12$\n\x08priority\x18\x04 \x01(\x0e\x32\x12.sieve.v1.Priority\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12\x13\n\x0blease_token\x18\x06 \x01(\t\x12/\n\x0b\x61ssigned_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x65nqueued_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0btraceparent\x18\t \x01(\t\"<\n\x0f\x41ssignmentBatch\x12)\n\x0b\x61ssignments\x18\x01 \x03(\x0b\x32\x14.sieve.v1.Assignment\"B\n\x0cPullResponse\x12*\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x19.sieve.v1.AssignmentBatchH\x00\x42\x06\n\x04kind\"\x15\n\x13GetWatermarkRequest\"\x8e\x02\n\x14GetWatermarkResponse\x12\x15\n\rtotal_pending\x18\x01 \x01(\x04\x12\x16\n\x0e\x61\x63tive_devices\x18\x02 \x01(\r\x12\x14\n\x0clive_workers\x18\x03 \x01(\r\x12&\n\x02\x61t\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1a\n\x12overloaded_devices\x18\x05 \x03(\t\x12\x17\n\x0f\x62\x61\x63koff_devices\x18\x06 \x03(\t\x12\x14\n\x0c\x64\x65\x61\x64_letters\x18\x07 \x01(\x04\x12.\n\x0boldest_wait\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06leased\x18\t \x01(\x04\"\x8e\x02\n\nDeadLetter\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x11\n\tdevice_id\x18\x02 \x01(\t\x12 \n\x04type\x18\x03 \x01(\x0e\x32\x12.sieve.v1.TaskType\x12$\n\x08priority\x18\x04 \x01(\x0e\x32\x12.sieve.v1.Priority\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x06 \x01(\r\x12\x15\n\rrequeue_count\x18\x07 \x01(\r\x12/\n\x0b\x65nqueued_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x07\x64\x65\x61\x64_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"p\n\x10\x44\x65\x61\x64LetterFilter\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x11\n\tdevice_id\x18\x02 \x01(\t\x12 \n\x04type\x18\x03 \x01(\x0e\x32\x12.sieve.v1.TaskType\x12\x16\n\x0e\x65rror_contains\x18\x04 \x01(\t\"S\n\x16ListDeadLettersRequest\x12*\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x1a.sieve.v1.DeadLetterFilter\x12\r\n\x05limit\x18\x02 \x01(\r\"T\n\x17ListDeadLettersResponse\x12*\n\x0c\x64\x65\x61\x64_letters\x18\x01 \x03(\x0b\x32\x14.sieve.v1.DeadLetter\x12\r\n\x05total\x18\x02 \x01(\x04\"T\n\x19RequeueDeadLettersRequest\x12*\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x1a.sieve.v1.DeadLetterFilter\x12\x0b\n\x03\x61ll\x18\x02 \x01(\x08\".\n\x1aRequeueDeadLettersResponse\x12\x10\n\x08task_ids\x18\x01 \x03(\t\"R\n\x17PurgeDeadLettersRequest\x12*\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x1a.sieve.v1.DeadLetterFilter\x12\x0b\n\x03\x61ll\x18\x02 \x01(\x08\"*\n\x18PurgeDeadLettersResponse\x12\x0e\n\x06purged\x18\x01 \x01(\x04\x32\xb0\x03\n\x10SchedulerService\x12\x39\n\x04Pull\x12\x15.sieve.v1.PullRequest\x1a\x16.sieve.v1.PullResponse(\x01\x30\x01\x12M\n\x0cGetWatermark\x12\x1d.sieve.v1.GetWatermarkRequest\x1a\x1e.sieve.v1.GetWatermarkResponse\x12V\n\x0fListDeadLetters\x12 .sieve.v1.ListDeadLettersRequest\x1a!.sieve.v1.ListDeadLettersResponse\x12_\n\x12RequeueDeadLetters\x12#.sieve.v1.RequeueDeadLettersRequest\x1a$.sieve.v1.RequeueDeadLettersResponse\x12Y\n\x10PurgeDeadLetters\x12!.sieve.v1.PurgeDeadLettersRequest\x1a\".sieve.v1.PurgeDeadLettersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,31 +43,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PULLREQUEST']._serialized_start=392
   _globals['_PULLREQUEST']._serialized_end=538
   _globals['_ASSIGNMENT']._serialized_start=541
-  _globals['_ASSIGNMENT']._serialized_end=797
-  _globals['_ASSIGNMENTBATCH']._serialized_start=799
-  _globals['_ASSIGNMENTBATCH']._serialized_end=859
-  _globals['_PULLRESPONSE']._serialized_start=861
-  _globals['_PULLRESPONSE']._serialized_end=927
-  _globals['_GETWATERMARKREQUEST']._serialized_start=929
-  _globals['_GETWATERMARKREQUEST']._serialized_end=950
-  _globals['_GETWATERMARKRESPONSE']._serialized_start=953
-  _globals['_GETWATERMARKRESPONSE']._serialized_end=1223
-  _globals['_DEADLETTER']._serialized_start=1226
-  _globals['_DEADLETTER']._serialized_end=1496
-  _globals['_DEADLETTERFILTER']._serialized_start=1498
-  _globals['_DEADLETTERFILTER']._serialized_end=1610
-  _globals['_LISTDEADLETTERSREQUEST']._serialized_start=1612
-  _globals['_LISTDEADLETTERSREQUEST']._serialized_end=1695
-  _globals['_LISTDEADLETTERSRESPONSE']._serialized_start=1697
-  _globals['_LISTDEADLETTERSRESPONSE']._serialized_end=1781
-  _globals['_REQUEUEDEADLETTERSREQUEST']._serialized_start=1783
-  _globals['_REQUEUEDEADLETTERSREQUEST']._serialized_end=1867
-  _globals['_REQUEUEDEADLETTERSRESPONSE']._serialized_start=1869
-  _globals['_REQUEUEDEADLETTERSRESPONSE']._serialized_end=1915
-  _globals['_PURGEDEADLETTERSREQUEST']._serialized_start=1917
-  _globals['_PURGEDEADLETTERSREQUEST']._serialized_end=1999
-  _globals['_PURGEDEADLETTERSRESPONSE']._serialized_start=2001
-  _globals['_PURGEDEADLETTERSRESPONSE']._serialized_end=2043
-  _globals['_SCHEDULERSERVICE']._serialized_start=2046
-  _globals['_SCHEDULERSERVICE']._serialized_end=2478
+  _globals['_ASSIGNMENT']._serialized_end=818
+  _globals['_ASSIGNMENTBATCH']._serialized_start=820
+  _globals['_ASSIGNMENTBATCH']._serialized_end=880
+  _globals['_PULLRESPONSE']._serialized_start=882
+  _globals['_PULLRESPONSE']._serialized_end=948
+  _globals['_GETWATERMARKREQUEST']._serialized_start=950
+  _globals['_GETWATERMARKREQUEST']._serialized_end=971
+  _globals['_GETWATERMARKRESPONSE']._serialized_start=974
+  _globals['_GETWATERMARKRESPONSE']._serialized_end=1244
+  _globals['_DEADLETTER']._serialized_start=1247
+  _globals['_DEADLETTER']._serialized_end=1517
+  _globals['_DEADLETTERFILTER']._serialized_start=1519
+  _globals['_DEADLETTERFILTER']._serialized_end=1631
+  _globals['_LISTDEADLETTERSREQUEST']._serialized_start=1633
+  _globals['_LISTDEADLETTERSREQUEST']._serialized_end=1716
+  _globals['_LISTDEADLETTERSRESPONSE']._serialized_start=1718
+  _globals['_LISTDEADLETTERSRESPONSE']._serialized_end=1802
+  _globals['_REQUEUEDEADLETTERSREQUEST']._serialized_start=1804
+  _globals['_REQUEUEDEADLETTERSREQUEST']._serialized_end=1888
+  _globals['_REQUEUEDEADLETTERSRESPONSE']._serialized_start=1890
+  _globals['_REQUEUEDEADLETTERSRESPONSE']._serialized_end=1936
+  _globals['_PURGEDEADLETTERSREQUEST']._serialized_start=1938
+  _globals['_PURGEDEADLETTERSREQUEST']._serialized_end=2020
+  _globals['_PURGEDEADLETTERSRESPONSE']._serialized_start=2022
+  _globals['_PURGEDEADLETTERSRESPONSE']._serialized_end=2064
+  _globals['_SCHEDULERSERVICE']._serialized_start=2067
+  _globals['_SCHEDULERSERVICE']._serialized_end=2499
 # @@protoc_insertion_point(module_scope)

@@ -58,7 +58,7 @@ class PullRequest(_message.Message):
     def __init__(self, hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., credits: _Optional[int] = ..., acks: _Optional[_Iterable[_Union[Ack, _Mapping]]] = ..., nacks: _Optional[_Iterable[_Union[Nack, _Mapping]]] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("task_id", "device_id", "type", "priority", "attempt", "lease_token", "assigned_at", "enqueued_at")
+    __slots__ = ("task_id", "device_id", "type", "priority", "attempt", "lease_token", "assigned_at", "enqueued_at", "traceparent")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,7 @@ class Assignment(_message.Message):
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ASSIGNED_AT_FIELD_NUMBER: _ClassVar[int]
     ENQUEUED_AT_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     device_id: str
     type: _types_pb2.TaskType
@@ -75,7 +76,8 @@ class Assignment(_message.Message):
     lease_token: str
     assigned_at: _timestamp_pb2.Timestamp
     enqueued_at: _timestamp_pb2.Timestamp
-    def __init__(self, task_id: _Optional[str] = ..., device_id: _Optional[str] = ..., type: _Optional[_Union[_types_pb2.TaskType, str]] = ..., priority: _Optional[_Union[_types_pb2.Priority, str]] = ..., attempt: _Optional[int] = ..., lease_token: _Optional[str] = ..., assigned_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., enqueued_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    traceparent: str
+    def __init__(self, task_id: _Optional[str] = ..., device_id: _Optional[str] = ..., type: _Optional[_Union[_types_pb2.TaskType, str]] = ..., priority: _Optional[_Union[_types_pb2.Priority, str]] = ..., attempt: _Optional[int] = ..., lease_token: _Optional[str] = ..., assigned_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., enqueued_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class AssignmentBatch(_message.Message):
     __slots__ = ("assignments",)

@@ -1,19 +1,20 @@
 --[[
   parseEntry(s) -> table
-  Splits a queue entry "task_id|type|prio|enqueued_ms|expires_ms|attempt|defers|failures" into its fields.
+  Splits a queue entry "task_id|type|prio|enqueued_ms|expires_ms|attempt|defers|failures|trace" into its
+  fields (trace: the W3C traceparent of the Submit that created the task, or empty).
   attempt counts hand-outs and never goes down (it is the lease's fencing token); failures counts the
   attempts that count towards dead-lettering; defers counts put-backs because no worker could take it.
 ]]
 local function parseEntry(s)
-  local id, ty, prio, enq, exp, attempt, defers, failures =
-    string.match(s, "^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$")
+  local id, ty, prio, enq, exp, attempt, defers, failures, trace =
+    string.match(s, "^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$")
   return {
     id = id, type = ty, prio = tonumber(prio), enq = tonumber(enq), exp = tonumber(exp),
-    attempt = tonumber(attempt), defers = tonumber(defers), failures = tonumber(failures),
+    attempt = tonumber(attempt), defers = tonumber(defers), failures = tonumber(failures), trace = trace,
   }
 end
 
 local function encodeEntry(e)
   return e.id .. "|" .. e.type .. "|" .. e.prio .. "|" .. e.enq .. "|" .. e.exp .. "|" .. e.attempt ..
-    "|" .. e.defers .. "|" .. e.failures
+    "|" .. e.defers .. "|" .. e.failures .. "|" .. e.trace
 end
