@@ -106,7 +106,7 @@ class Board:
         batch = scheduler_pb2.AssignmentBatch()
         for e in entries:
             a = batch.assignments.add(task_id=e.task_id, device_id=mac, type=e.task_type, priority=e.priority,
-                                      attempt=e.attempt, lease_token=str(e.attempt), traceparent=e.trace)
+                                      attempt=e.failures + 1, lease_token=str(e.attempt), traceparent=e.trace)
             a.assigned_at.FromDatetime(now)
             a.enqueued_at.FromMilliseconds(e.enqueued_ms)
         session.outbound.put_nowait(scheduler_pb2.PullResponse(batch=batch))

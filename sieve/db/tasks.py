@@ -65,10 +65,11 @@ class Recorded:
 
 @dataclass(frozen=True, slots=True)
 class Started:
-    """A task a worker may run now (its attempt is the current one), with its payload."""
+    """A task a worker may run now (its hand-out is the current one), with its payload."""
 
     task_id: uuid.UUID
     task_type: str
+    #: the lease (hand-out) number: the fencing token its Outcome must carry
     attempt: int
     text: str | None
     image: bytes | None
@@ -81,6 +82,7 @@ class Outcome:
     """What a worker stores for one attempt."""
 
     task_id: uuid.UUID
+    #: the lease (hand-out) number of the attempt (Started.attempt): only the current one is stored
     attempt: int
     worker_id: str
     #: None when the task failed
@@ -199,24 +201,26 @@ class TaskStore:
 
     # --- worker -------------------------------------------------------------------------------------
     async def start(self, worker_id: str,
-                    attempts: Sequence[tuple[uuid.UUID, int, datetime]]) -> list[Started]:
-        """Marks assigned tasks RUNNING for their attempt (recording ASSIGNED and RUNNING) and returns
-        their payloads. Tasks already final, cancelled or owned by a newer attempt are left out."""
+                    hand_outs: Sequence[tuple[uuid.UUID, int, int, datetime]]) -> list[Started]:
+        """Marks assigned tasks RUNNING for their hand-out (task id, lease, attempt, assigned at),
+        recording ASSIGNED and RUNNING, and returns their payloads. Tasks already final, cancelled or
+        handed out again since are left out. Safe to repeat for the same lease."""
         rows = await self.pool.fetch(
             """
-            UPDATE tasks t SET status = 'RUNNING', attempts = u.attempt, worker_id = $4, updated_at = now(),
+            UPDATE tasks t SET status = 'RUNNING', lease = u.lease, attempts = u.attempt, worker_id = $5,
+                   updated_at = now(),
                    history = t.history || jsonb_build_array(
                        jsonb_build_object('status', 'ASSIGNED', 'at', u.assigned, 'attempt', u.attempt,
-                                          'detail', $4::text),
+                                          'detail', $5::text),
                        jsonb_build_object('status', 'RUNNING', 'at', now(), 'attempt', u.attempt,
-                                          'detail', $4::text))
-            FROM unnest($1::uuid[], $2::int[], $3::timestamptz[]) AS u(id, attempt, assigned)
-            WHERE t.id = u.id AND t.status = ANY($5::text[]) AND t.attempts <= u.attempt
-            RETURNING t.id, t.type, u.attempt, t.payload_text, t.payload_bytes, t.payload_url, t.trace_context
+                                          'detail', $5::text))
+            FROM unnest($1::uuid[], $2::int[], $3::int[], $4::timestamptz[]) AS u(id, lease, attempt, assigned)
+            WHERE t.id = u.id AND t.status = ANY($6::text[]) AND t.lease <= u.lease
+            RETURNING t.id, t.type, u.lease, t.payload_text, t.payload_bytes, t.payload_url, t.trace_context
             """,
-            [a[0] for a in attempts], [a[1] for a in attempts], [a[2] for a in attempts], worker_id,
-            list(OPEN_STATUSES))
-        return [Started(r["id"], r["type"], r["attempt"], r["payload_text"], r["payload_bytes"],
+            [h[0] for h in hand_outs], [h[1] for h in hand_outs], [h[2] for h in hand_outs],
+            [h[3] for h in hand_outs], worker_id, list(OPEN_STATUSES))
+        return [Started(r["id"], r["type"], r["lease"], r["payload_text"], r["payload_bytes"],
                         r["payload_url"], r["trace_context"]) for r in rows]
 
     async def finish(self, outcomes: Sequence[Outcome]) -> set[uuid.UUID]:
@@ -238,9 +242,9 @@ class TaskStore:
                         error = u.error, updated_at = now(),
                         history = t.history || jsonb_build_array(jsonb_build_object(
                             'status', CASE WHEN u.verdict IS NULL THEN 'FAILED' ELSE 'SUCCEEDED' END,
-                            'at', now(), 'attempt', u.attempt, 'detail', COALESCE(u.error, u.worker)))
+                            'at', now(), 'attempt', t.attempts, 'detail', COALESCE(u.error, u.worker)))
                     FROM u
-                    WHERE t.id = u.id AND t.status = 'RUNNING' AND t.attempts = u.attempt
+                    WHERE t.id = u.id AND t.status = 'RUNNING' AND t.lease = u.attempt
                     RETURNING t.id
                 ), stored AS (
                     INSERT INTO results (task_id, verdict, hits, text, details, worker_id, attempt)

@@ -140,7 +140,7 @@ async def test_the_result_of_a_task_cancelled_while_running_is_discarded(platfor
     task_id = await submit(p, text_spec("AA-BB-CC-DD-EE-01", "running"))
     store = TaskStore(p.pg)
     from datetime import UTC, datetime
-    [started] = await store.start("w1", [(uuid.UUID(task_id), 1, datetime.now(UTC))])
+    [started] = await store.start("w1", [(uuid.UUID(task_id), 1, 1, datetime.now(UTC))])
     await p.intake.CancelTask(intake_pb2.CancelTaskRequest(task_id=task_id))
     stored = await store.finish([Outcome(started.task_id, 1, "w1", "PASS", "[]", "running")])
     assert stored == set()
