@@ -96,6 +96,8 @@ class Settings:
     # --- workers and registry ---------------------------------------------------------------------
     heartbeat_interval_s: float = 15.0
     worker_ttl_s: float = 60.0
+    #: A task a worker receives while over a watermark goes back to wait this long (seed: countdown=30).
+    pressure_retry_s: float = 30.0
     cpu_watermark_pct: float = 75.0
     memory_watermark_pct: float = 75.0
     gpu_memory_watermark_pct: float = 75.0

@@ -27,8 +27,6 @@ log = logging.getLogger("sieve.worker.pull")
 
 #: how often withheld credits are reconsidered while the worker is under pressure
 PRESSURE_RECHECK_S = 0.5
-#: a nack for pressure asks for the task to wait this long (seed: self.retry(countdown=30))
-PRESSURE_RETRY_S = 30.0
 
 BatchRunner = Callable[[list[scheduler_pb2.Assignment]], Awaitable[tuple[list[scheduler_pb2.Ack],
                                                                           list[scheduler_pb2.Nack]]]]
@@ -147,7 +145,7 @@ class Puller:
             reasons = self.pressure.reasons(self.in_use)
             if reasons:
                 acks: list[scheduler_pb2.Ack] = []
-                nacks = [self._pressure_nack(a, reasons) for a in assignments]
+                nacks = [self._pressure_nack(a, reasons, self.settings.pressure_retry_s) for a in assignments]
             else:
                 acks, nacks = await self.run_batch(assignments)
         except Exception as exc:
@@ -160,10 +158,11 @@ class Puller:
         self._send(self._grant(scheduler_pb2.PullRequest(acks=acks, nacks=nacks)))
 
     @staticmethod
-    def _pressure_nack(assignment: scheduler_pb2.Assignment, reasons: list[str]) -> scheduler_pb2.Nack:
+    def _pressure_nack(assignment: scheduler_pb2.Assignment, reasons: list[str],
+                       retry_s: float) -> scheduler_pb2.Nack:
         nack = scheduler_pb2.Nack(task_id=assignment.task_id, lease_token=assignment.lease_token,
                                   reason="worker over watermark: " + "; ".join(reasons), count_attempt=False)
-        nack.retry_after.FromMilliseconds(int(PRESSURE_RETRY_S * 1000))
+        nack.retry_after.FromMilliseconds(int(retry_s * 1000))
         return nack
 
 

@@ -1,0 +1,147 @@
+"""Resource-aware dispatch with real worker processes whose readings are fixed through a file
+(SIEVE_FIXED_RESOURCES=file:...): backpressure, recovery within a heartbeat, execution-time nacks, and
+a worker that stops heartbeating."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import asyncpg
+import pytest
+from redis.asyncio import Redis
+
+from sieve import rpc
+from sieve.queue_store import QueueStore
+from sieve.v1 import intake_pb2, intake_pb2_grpc, registry_pb2, registry_pb2_grpc, types_pb2
+from tests.e2e.conftest import Cluster, free_port
+
+pytestmark = pytest.mark.e2e
+
+FAST = {"SIEVE_HEARTBEAT_INTERVAL_S": "1", "SIEVE_WORKER_TTL_S": "3", "SIEVE_PRESSURE_RETRY_S": "1"}
+
+
+async def start_core(c: Cluster) -> None:
+    c.env.update(FAST)
+    c.start("registry", "registry_svc")
+    await c.wait_healthy(c.settings.registry_addr, "registry")
+    c.start("scheduler", "scheduler_svc")
+    await c.wait_healthy(c.settings.scheduler_addr, "scheduler")
+    c.start("intake", "intake_svc")
+    await c.wait_healthy(c.settings.intake_addr, "intake")
+
+
+async def start_worker(c: Cluster, name: str, readings: Path) -> None:
+    port = free_port()
+    c.start(name, "worker_svc", SIEVE_WORKER_ID=name, SIEVE_WORKER_HEALTH_ADDR=f"127.0.0.1:{port}",
+            SIEVE_FIXED_RESOURCES=f"file:{readings}")
+    await c.wait_healthy(f"127.0.0.1:{port}", name)
+
+
+def readings(tmp_path: Path, name: str, memory: int) -> Path:
+    path = tmp_path / f"{name}.readings"
+    path.write_text(f"cpu=10,memory={memory},gpu_memory=0")
+    return path
+
+
+async def submit(c: Cluster, count: int, tag: str) -> list[str]:
+    async with rpc.insecure_channel(c.settings.intake_addr, c.settings) as channel:
+        stub = intake_pb2_grpc.IntakeServiceStub(channel)
+        specs = [intake_pb2.TaskSpec(device_id=f"0C:00:00:00:{i % 40:02x}:01", type=types_pb2.TASK_TYPE_TEXT,
+                                     text=f"{tag} {i}") for i in range(count)]
+        reply = await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=specs))
+        return [item.task.task_id for item in reply.items]
+
+
+async def workers_of(pg: asyncpg.Pool, ids: list[str], timeout_s: float = 30) -> list[str]:
+    """The worker that stored each task's result, once all of them are stored."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = await pg.fetch("SELECT worker_id FROM results WHERE task_id = ANY($1::uuid[])", ids)
+        if len(rows) == len(ids):
+            return [r["worker_id"] for r in rows]
+        assert time.monotonic() < deadline, f"{len(rows)} of {len(ids)} results"
+        await asyncio.sleep(0.1)
+
+
+async def listed(c: Cluster) -> dict[str, registry_pb2.WorkerInfo]:
+    async with rpc.insecure_channel(c.settings.registry_addr, c.settings) as channel:
+        reply = await registry_pb2_grpc.RegistryServiceStub(channel).ListWorkers(registry_pb2.ListWorkersRequest())
+    return {w.worker_id: w for w in reply.workers}
+
+
+async def test_a_worker_over_its_memory_watermark_gets_nothing_until_it_drops_below_it(
+        cluster_env: Cluster, pg: asyncpg.Pool, redis: Redis, tmp_path: Path) -> None:
+    c = cluster_env
+    await start_core(c)
+    hot, cool = readings(tmp_path, "hot", 90), readings(tmp_path, "cool", 20)
+    await start_worker(c, "worker-hot", hot)
+    await start_worker(c, "worker-cool", cool)
+    # Given one worker at 90 % memory and one at 20 %
+    workers = await listed(c)
+    assert not workers["worker-hot"].available and workers["worker-cool"].available
+    assert "memory 90.0% >= 75.0%" in workers["worker-hot"].unavailable_reasons
+    # When tasks come, Then the cool worker does all of them
+    assert set(await workers_of(pg, await submit(c, 200, "first"))) == {"worker-cool"}
+    # When the hot worker drops to 20 %
+    hot.write_text("cpu=10,memory=20,gpu_memory=0")
+    dropped = time.monotonic()
+    while not (await listed(c))["worker-hot"].available:
+        assert time.monotonic() - dropped < 2.5, "still unavailable after a heartbeat"
+        await asyncio.sleep(0.1)
+    # Then within a heartbeat it takes work again
+    assert "worker-hot" in set(await workers_of(pg, await submit(c, 400, "second")))
+
+
+async def test_a_task_received_over_the_watermark_is_nacked_and_done_later_by_another_worker(
+        cluster_env: Cluster, pg: asyncpg.Pool, redis: Redis, tmp_path: Path) -> None:
+    c = cluster_env
+    await start_core(c)
+    # Given a worker that sent its credits while cool and then got hot
+    first = readings(tmp_path, "first", 20)
+    await start_worker(c, "worker-a", first)
+    await asyncio.sleep(0.5)
+    first.write_text("cpu=10,memory=95,gpu_memory=0")
+    await asyncio.sleep(0.6)
+    # When tasks arrive, it still receives them (credits already given) but nacks them
+    ids = await submit(c, 5, "nacked")
+    queues = QueueStore(redis, c.settings)
+    deadline = time.monotonic() + 5
+    while await redis.zcard(queues.keys.delayed) < 5:
+        assert time.monotonic() < deadline, "the hot worker did not nack"
+        await asyncio.sleep(0.05)
+    # Then another worker does them after the retry delay, and the attempt did not count
+    await start_worker(c, "worker-b", readings(tmp_path, "second", 20))
+    assert set(await workers_of(pg, ids)) == {"worker-b"}
+    assert {r["attempts"] for r in await pg.fetch("SELECT attempts FROM tasks WHERE id = ANY($1::uuid[])", ids)} \
+        == {1}
+
+
+async def test_a_worker_that_stops_heartbeating_is_dropped_and_its_tasks_are_done_by_another(
+        cluster_env: Cluster, pg: asyncpg.Pool, redis: Redis, tmp_path: Path) -> None:
+    c = cluster_env
+    await start_core(c)
+    await start_worker(c, "worker-1", readings(tmp_path, "one", 20))
+    # Given worker-1 frozen while it holds tasks
+    ids = await submit(c, 300, "frozen")
+    os.kill(c.procs["worker-1"].pid, signal.SIGSTOP)
+    try:
+        await start_worker(c, "worker-2", readings(tmp_path, "two", 20))
+        # Then it leaves the registry after the TTL
+        frozen_at = time.monotonic()
+        while "worker-1" in await listed(c):
+            assert time.monotonic() - frozen_at < 10, "worker-1 still listed"
+            await asyncio.sleep(0.2)
+        # and every task is done, what worker-1 held by worker-2
+        done_by = await workers_of(pg, ids)
+        assert "worker-2" in done_by
+    finally:
+        os.kill(c.procs["worker-1"].pid, signal.SIGCONT)
+    # When worker-1 comes back, its late results are refused: each task has exactly one result
+    await asyncio.sleep(1.5)
+    assert await pg.fetchval("SELECT count(*) FROM results WHERE task_id = ANY($1::uuid[])", ids) == 300
+    assert await pg.fetchval("SELECT count(*) FROM tasks WHERE id = ANY($1::uuid[]) AND status = 'SUCCEEDED'",
+                             ids) == 300
