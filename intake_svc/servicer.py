@@ -23,7 +23,7 @@ from intake_svc.task_view import task_message
 from intake_svc.validation import parse_task_id, validate_batch, validate_spec
 from sieve import rpc
 from sieve.db.tasks import TaskStore
-from sieve.errors import InvalidInput
+from sieve.errors import InvalidInput, RedisNotReady
 from sieve.queue_store import QueueStore
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
@@ -32,7 +32,7 @@ log = logging.getLogger("sieve.intake")
 T = TypeVar("T")
 
 _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, RedisConnectionError,
-                RedisTimeoutError)
+                RedisTimeoutError, RedisNotReady)
 
 
 class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from scheduler_svc.board import Board, Session
 from scheduler_svc.dispatcher import Dispatcher
 from scheduler_svc.outcomes import Outcomes
+from scheduler_svc.rebuild import Rebuilder
 from scheduler_svc.routing import OCR
 from scheduler_svc.watermark import Watermark
 from sieve.db.tasks import TaskStore
@@ -24,8 +25,9 @@ log = logging.getLogger("sieve.scheduler.housekeeping")
 class Housekeeping:
     def __init__(self, queues: QueueStore, tasks: TaskStore, board: Board, outcomes: Outcomes,
                  watermark: Watermark, dispatcher: Dispatcher, records: WorkerRecords,
-                 end_session: Callable[[Session, str], Awaitable[None]]) -> None:
+                 end_session: Callable[[Session, str], Awaitable[None]], rebuilder: Rebuilder) -> None:
         self.queues = queues
+        self.rebuilder = rebuilder
         self.tasks = tasks
         self.records = records
         self.end_session = end_session
@@ -51,6 +53,8 @@ class Housekeeping:
             await asyncio.sleep(self.settings.housekeeping_interval_s)
 
     async def tick(self) -> None:
+        if await self.rebuilder.ensure():
+            self.dispatcher.wake.set()
         now = now_ms()
         if await self.queues.resume_due(now=now) or await self.queues.promote_due(now=now):
             self.dispatcher.wake.set()

@@ -17,17 +17,21 @@ from scheduler_svc.board import Board
 from scheduler_svc.dead_letters import DeadLetters
 from scheduler_svc.dispatcher import Dispatcher
 from scheduler_svc.housekeeping import Housekeeping
+from scheduler_svc.metrics import SchedulerCollector
 from scheduler_svc.outcomes import Outcomes
 from scheduler_svc.pull import SchedulerServicer
+from scheduler_svc.rebuild import Rebuilder
 from scheduler_svc.routing import Router
 from scheduler_svc.watermark import Watermark
 from sieve import rpc
 from sieve.db import create_pool
 from sieve.db.tasks import TaskStore
 from sieve.logs import setup_logging
+from sieve.metrics import start_metrics_server
 from sieve.queue_store import QueueStore
 from sieve.redis_conn import create_redis
 from sieve.settings import Settings
+from sieve.telemetry import setup_telemetry
 from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc
 from sieve.workers import WorkerRecords
 
@@ -65,7 +69,7 @@ def build_scheduler(settings: Settings, redis: Redis, tasks: TaskStore) -> tuple
     dispatcher = Dispatcher(redis, queues, outcomes, board, Router(board, settings), settings)
     servicer = SchedulerServicer(queues, board, outcomes, watermark, DeadLetters(queues, tasks))
     housekeeping = Housekeeping(queues, tasks, board, outcomes, watermark, dispatcher, records,
-                                servicer.end_session)
+                                servicer.end_session, Rebuilder(queues, tasks))
     scheduler = Scheduler(queues, board, dispatcher, housekeeping, servicer, settings)
     service = rpc.Service(
         name="sieve-scheduler",
@@ -80,9 +84,13 @@ def build_scheduler(settings: Settings, redis: Redis, tasks: TaskStore) -> tuple
 async def main() -> None:
     settings = Settings.from_env()
     setup_logging("sieve-scheduler", settings.log_level)
+    setup_telemetry("sieve-scheduler", settings)
     redis = await create_redis(settings)
     pool = await create_pool(settings)
-    _, service = build_scheduler(settings, redis, TaskStore(pool))
+    scheduler, service = build_scheduler(settings, redis, TaskStore(pool))
+    start_metrics_server(settings.scheduler_metrics_addr, SchedulerCollector(scheduler))
+    # Redis must hold every unfinished task before anything is dispatched or accepted
+    await scheduler.housekeeping.rebuilder.ensure()
     running = await rpc.create_server(service, settings.scheduler_addr, settings)
     try:
         await rpc.serve(running, settings)

@@ -15,6 +15,7 @@ class ScriptCode(IntEnum):
     GLOBAL_LIMIT = -1
     DEVICE_LIMIT = -2
     DEVICE_NOT_READY = -3
+    REDIS_NOT_READY = -4
     LOCK_NOT_OWNED = -6
 
 
@@ -31,6 +32,10 @@ class AdmissionRefused(SieveError):
     @property
     def is_global(self) -> bool:
         return self.code is ScriptCode.GLOBAL_LIMIT
+
+
+class RedisNotReady(SieveError):
+    """Redis lost its memory and the queues have not been rebuilt from PostgreSQL yet: try again soon."""
 
 
 class LockNotOwned(SieveError):

@@ -61,6 +61,8 @@ class Keys:
         self.watermark = f"{self.base}:watermark"
         #: Changes when Redis is rebuilt from PostgreSQL; a missing key means Redis lost its memory.
         self.generation = f"{self.base}:generation"
+        #: Held (SET NX EX) by the scheduler replica that rebuilds Redis from PostgreSQL.
+        self.rebuild_lock = f"{self.base}:rebuild"
         #: Pub/sub channel: a device became schedulable.
         self.wake_channel = f"{self.base}:wake"
         #: Registry: ids of registered workers (the records themselves expire).

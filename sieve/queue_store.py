@@ -17,7 +17,7 @@ from redis.exceptions import NoScriptError
 
 from sieve import lua
 from sieve.entry import Entry
-from sieve.errors import AdmissionRefused, LockNotOwned, ScriptCode
+from sieve.errors import AdmissionRefused, LockNotOwned, RedisNotReady, ScriptCode
 from sieve.keys import PRIORITIES, Keys
 from sieve.settings import Settings
 
@@ -112,29 +112,27 @@ class QueueStore:
         """Queues a device's tasks; returns (device backlog, global pending) or raises AdmissionRefused."""
         if not entries:
             raise ValueError("nothing to enqueue")
-        block, _ = self._device(mac)
-        k = self.keys
-        code, backlog, pending = await self._call(
-            "enqueueTasks",
-            [*block, k.pending, k.overloaded, k.devices],
-            [now or now_ms(), self.settings.max_total_pending, self.settings.max_per_device_pending,
-             self.settings.weight_of(mac), mac, k.wake_channel, *(e.encode() for e in entries)],
-        )
-        if code < 0:
-            raise AdmissionRefused(ScriptCode(code), backlog, pending)
-        return backlog, pending
+        outcome = (await self.enqueue_many({mac: entries}, now=now))[mac]
+        if isinstance(outcome, AdmissionRefused):
+            raise outcome
+        return outcome
 
-    async def enqueue_many(self, groups: dict[str, list[Entry]], *, now: float | None = None,
-                           admit: bool = True) -> dict[str, tuple[int, int] | AdmissionRefused]:
+    async def enqueue_many(self, groups: dict[str, list[Entry]], *, now: float | None = None, admit: bool = True,
+                           rebuilding: bool = False) -> dict[str, tuple[int, int] | AdmissionRefused]:
         """Queues several devices' tasks in one pipelined round trip; each device is admitted alone
-        (`admit=False` skips the limits: an operator's requeue of dead letters)."""
+        (`admit=False` skips the limits: an operator's requeue of dead letters, a rebuild). Raises
+        RedisNotReady while Redis has lost its memory and is not rebuilt (`rebuilding=True` is the
+        rebuild itself)."""
         now = now or now_ms()
         k, s = self.keys, self.settings
         total, per_device = (s.max_total_pending, s.max_per_device_pending) if admit else (NO_LIMIT, NO_LIMIT)
         replies = await self._call_pipelined([
-            ("enqueueTasks", [*self._device(mac)[0], k.pending, k.overloaded, k.devices],
-             [now, total, per_device, s.weight_of(mac), mac, k.wake_channel, *(e.encode() for e in entries)])
+            ("enqueueTasks", [*self._device(mac)[0], k.pending, k.overloaded, k.devices, k.generation],
+             [now, total, per_device, s.weight_of(mac), mac, k.wake_channel, int(not rebuilding),
+              *(e.encode() for e in entries)])
             for mac, entries in groups.items()])
+        if any(code == ScriptCode.REDIS_NOT_READY for code, _, _ in replies):
+            raise RedisNotReady("Redis lost its queues; they are being rebuilt from PostgreSQL")
         out: dict[str, tuple[int, int] | AdmissionRefused] = {}
         for mac, (code, backlog, pending) in zip(groups, replies, strict=True):
             refused = code < 0
@@ -336,6 +334,15 @@ class QueueStore:
             return
         deadline = (now or now_ms()) + int(self.settings.lease_ttl_s * 1000)
         await self.redis.zadd(self.keys.leases, dict.fromkeys(task_ids, deadline), xx=True)
+
+    # --- generation ---------------------------------------------------------------------------------
+    async def generation(self) -> str | None:
+        """The id of the current rebuild of Redis from PostgreSQL; None when Redis lost its memory."""
+        return await self.redis.get(self.keys.generation)
+
+    async def mark_rebuilt(self, generation: str) -> None:
+        """Redis holds every unfinished task again: intake may enqueue."""
+        await self.redis.set(self.keys.generation, generation)
 
     # --- reading ----------------------------------------------------------------------------------
     async def pending(self) -> int:

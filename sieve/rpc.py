@@ -21,6 +21,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
+from sieve import reflection as method_reflection
+from sieve import telemetry
+from sieve.rpc_metrics import RpcMetricsInterceptor
 from sieve.settings import Settings
 
 log = logging.getLogger("sieve.rpc")
@@ -42,7 +45,8 @@ def channel_options(settings: Settings) -> list[tuple[str, int]]:
 
 
 def insecure_channel(address: str, settings: Settings) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=channel_options(settings))
+    return grpc.aio.insecure_channel(address, options=channel_options(settings),
+                                     interceptors=telemetry.client_interceptors())
 
 
 @dataclass
@@ -87,11 +91,12 @@ class RunningServer:
 
 async def create_server(service: Service, address: str, settings: Settings) -> RunningServer:
     """Builds and starts a server for `service` on `address` (port 0 picks one); returns it with its port."""
-    server = grpc.aio.server(interceptors=list(service.interceptors), options=channel_options(settings))
+    interceptors = [*telemetry.server_interceptors(), RpcMetricsInterceptor(), *service.interceptors]
+    server = grpc.aio.server(interceptors=interceptors, options=channel_options(settings))
     service.register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
+    method_reflection.enable_server_reflection(
         [*service.service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
          reflection.SERVICE_NAME], server)
     port = server.add_insecure_port(address)
@@ -125,12 +130,15 @@ def run_main(main: Callable[[], Awaitable[None]]) -> None:
     """Runs a service's main coroutine on uvloop (the event loop is most of a service's overhead)."""
     import os
 
-    if os.environ.get("SIEVE_UVLOOP", "0") == "1":
-        import uvloop
+    try:
+        if os.environ.get("SIEVE_UVLOOP", "0") == "1":
+            import uvloop
 
-        uvloop.run(main())
-    else:
-        asyncio.run(main())
+            uvloop.run(main())
+        else:
+            asyncio.run(main())
+    finally:
+        telemetry.shutdown_telemetry()  # the spans of the drained work still go out
 
 
 # --- rich errors -----------------------------------------------------------------------------------

@@ -114,6 +114,15 @@ class Settings:
     #: Tests only: "cpu=10,memory=20,gpu_memory=0" fixes the worker's resource readings.
     fixed_resources: str = ""
 
+    # --- telemetry --------------------------------------------------------------------------------
+    # Tracing follows the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_EXPORTER, ...):
+    # see sieve/telemetry.py. Each service serves Prometheus metrics at http://<addr>/metrics; "host:0" picks
+    # a free port, an empty address serves none.
+    intake_metrics_addr: str = "127.0.0.1:9101"
+    scheduler_metrics_addr: str = "127.0.0.1:9102"
+    registry_metrics_addr: str = "127.0.0.1:9103"
+    worker_metrics_addr: str = "127.0.0.1:9104"
+
     # --- logs -------------------------------------------------------------------------------------
     log_level: str = "INFO"
 

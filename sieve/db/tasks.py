@@ -7,7 +7,7 @@ Writes come in batches (`unnest` arrays), so one round trip serves many tasks.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -154,6 +154,12 @@ class TaskStore:
         result = await self.pool.fetchrow("SELECT * FROM results WHERE task_id = $1", task_id)
         return row, result
 
+    async def pending_by_class(self) -> list[tuple[int, str, int]]:
+        """(priority, type, count) of PENDING tasks (metrics; the partial index on PENDING keeps it cheap)."""
+        rows = await self.pool.fetch(
+            "SELECT priority, type, count(*) AS n FROM tasks WHERE status = 'PENDING' GROUP BY priority, type")
+        return [(r["priority"], r["type"], r["n"]) for r in rows]
+
     # --- status changes -----------------------------------------------------------------------------
     async def transition(self, task_ids: Sequence[uuid.UUID], status: str, detail: str,
                          *, error: str | None = None, only_from: Sequence[str] = OPEN_STATUSES,
@@ -198,6 +204,29 @@ class TaskStore:
             WHERE id = ANY($1::uuid[]) AND status = 'DEAD_LETTERED'
             RETURNING id, device, type, priority, expires_at
             """, list(task_ids), detail, ttl_s)
+
+    # --- rebuilding Redis --------------------------------------------------------------------------
+    async def open_tasks(self, chunk: int = 5000) -> AsyncIterator[list[asyncpg.Record]]:
+        """Every unfinished task, in the order it entered its queue, in chunks (a rebuild of Redis)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            cursor = conn.cursor(
+                "SELECT id, device, type, priority, enqueued_at, expires_at, lease, attempts, trace_context "
+                "FROM tasks WHERE status = ANY($1::text[]) ORDER BY enqueued_at, created_at, id",
+                list(OPEN_STATUSES), prefetch=chunk)
+            rows: list[asyncpg.Record] = []
+            async for row in cursor:
+                rows.append(row)
+                if len(rows) >= chunk:
+                    yield rows
+                    rows = []
+            if rows:
+                yield rows
+
+    async def recent_dead_letters(self, limit: int) -> list[asyncpg.Record]:
+        """The newest DEAD_LETTERED tasks (to refill the dead-letter list after Redis lost it)."""
+        return await self.pool.fetch(
+            "SELECT id, device, type, priority, error, attempts, enqueued_at, updated_at FROM tasks "
+            "WHERE status = 'DEAD_LETTERED' ORDER BY updated_at DESC LIMIT $1", limit)
 
     # --- worker -------------------------------------------------------------------------------------
     async def start(self, worker_id: str,

@@ -33,6 +33,8 @@ class Cluster:
     env: dict[str, str]
     log_dir: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    #: service name -> its Prometheus address (host:port), for the services started by `cluster`
+    metrics: dict[str, str] = field(default_factory=dict)
 
     def start(self, name: str, module: str, **extra_env: str) -> subprocess.Popen[bytes]:
         log = (self.log_dir / f"{name}.log").open("wb")
@@ -96,8 +98,13 @@ def cluster_env(settings: Settings, tmp_path: Path) -> Iterator[Cluster]:
         "SIEVE_INTAKE_ADDR": settings.intake_addr, "SIEVE_SCHEDULER_ADDR": settings.scheduler_addr,
         "SIEVE_REGISTRY_ADDR": settings.registry_addr, "SIEVE_SHUTDOWN_GRACE_S": "10",
         "SIEVE_HOUSEKEEPING_INTERVAL_S": "0.5", "SIEVE_LOG_LEVEL": "INFO", "PYTHONPATH": str(ROOT),
+        # the services share this machine's two cores: host CPU is not a worker's own load
+        "SIEVE_CPU_WATERMARK_PCT": "101",
     })
-    cluster = Cluster(settings, env, tmp_path)
+    metrics = {name: f"127.0.0.1:{free_port()}" for name in ("intake", "scheduler", "registry")}
+    env.update({f"SIEVE_{name.upper()}_METRICS_ADDR": addr for name, addr in metrics.items()})
+    env["SIEVE_WORKER_METRICS_ADDR"] = "127.0.0.1:0"  # `cluster` gives each worker its own port
+    cluster = Cluster(settings, env, tmp_path, metrics=metrics)
     yield cluster
     cluster.kill_all()
 
@@ -115,7 +122,8 @@ async def cluster(cluster_env: Cluster, pg: object, redis: object) -> AsyncItera
     await c.wait_healthy(s.intake_addr, "intake")
     for i in (1, 2):
         port = free_port()
+        c.metrics[f"worker-{i}"] = f"127.0.0.1:{free_port()}"
         c.start(f"worker-{i}", "worker_svc", SIEVE_WORKER_ID=f"worker-{i}",
-                SIEVE_WORKER_HEALTH_ADDR=f"127.0.0.1:{port}")
+                SIEVE_WORKER_HEALTH_ADDR=f"127.0.0.1:{port}", SIEVE_WORKER_METRICS_ADDR=c.metrics[f"worker-{i}"])
         await c.wait_healthy(f"127.0.0.1:{port}", f"worker-{i}")
     yield c

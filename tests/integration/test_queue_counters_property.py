@@ -184,6 +184,7 @@ async def run(redis_url: str, n_devices: int, ops: list[Op]) -> None:
         device_weights=f"{MACS[1]}=2")
     redis = Redis.from_url(redis_url, decode_responses=True)
     store = QueueStore(redis, settings)
+    await store.mark_rebuilt("property-test")
     macs = MACS[:n_devices]
     model = Model()
     now = T0

@@ -79,7 +79,9 @@ async def _list(registry: Registry, task_type: int = 0, available_only: bool = F
 
 
 async def _keys_of_this_test(redis: Redis, settings: Settings) -> list[str]:
-    return [k async for k in redis.scan_iter(match="{" + settings.redis_prefix + "}*")]
+    """Keys the registry wrote (the generation key is set by the fixture, as a scheduler would)."""
+    generation = "{" + settings.redis_prefix + "}:generation"
+    return [k async for k in redis.scan_iter(match="{" + settings.redis_prefix + "}*") if k != generation]
 
 
 async def _has_heartbeat(client: RegistryClient) -> bool:

@@ -8,6 +8,7 @@
     KEYS[12]     global pending counter
     KEYS[13]     overloaded devices set
     KEYS[14]     active devices set
+    KEYS[15]     generation (exists while Redis holds the queues rebuilt from PostgreSQL)
 
     ARGV[1]      now (ms)
     ARGV[2]      global pending limit
@@ -15,12 +16,15 @@
     ARGV[4]      the device's weight
     ARGV[5]      device (normalised MAC)
     ARGV[6]      wake channel (published to when the device becomes schedulable)
-    ARGV[7..]    entries "task_id|type|prio|enqueued_ms|expires_ms|attempt|defers|failures|trace"
+    ARGV[7]      1 to refuse when the generation key is missing (Redis lost its memory and has not been
+                 rebuilt yet), 0 for the rebuild itself
+    ARGV[8..]    entries "task_id|type|prio|enqueued_ms|expires_ms|attempt|defers|failures|trace"
 
   Output:
     {1, backlog, pending}    enqueued
     {-1, backlog, pending}   refused: the global pending limit would be exceeded
     {-2, backlog, pending}   refused: the device's limit would be exceeded (device marked overloaded)
+    {-4, 0, 0}               refused: Redis lost its memory and the queues are not rebuilt yet
 ]]
 --- @include "parseEntry"
 --- @include "deviceHeads"
@@ -28,7 +32,10 @@
 
 local now = tonumber(ARGV[1])
 local mac = ARGV[5]
-local n = #ARGV - 6
+local n = #ARGV - 7
+if ARGV[7] == "1" and redis.call("EXISTS", KEYS[15]) == 0 then
+  return {-4, 0, 0}
+end
 local pending = tonumber(redis.call("GET", KEYS[12]) or "0")
 local backlog = tonumber(redis.call("HGET", KEYS[1], "backlog") or "0")
 
@@ -40,7 +47,7 @@ if backlog + n > tonumber(ARGV[3]) then
   return {-2, backlog, pending}
 end
 
-for i = 7, #ARGV do
+for i = 8, #ARGV do
   local e = parseEntry(ARGV[i])
   redis.call("RPUSH", KEYS[1 + e.prio], ARGV[i])
 end

@@ -1,0 +1,78 @@
+"""Redis is not the record: when it comes back empty, its queues are rebuilt from PostgreSQL.
+
+Redis holds a generation key while its queues match PostgreSQL. Intake refuses to enqueue without it
+(UNAVAILABLE: clients retry), so a Redis that lost its memory takes no half-state. One scheduler replica
+takes the rebuild lock and re-queues every unfinished task in the order it entered its queue, with its
+attempt counts and lease numbers (so fencing still tells old hand-outs from new ones), refills the
+dead-letter list, and writes a new generation. Tasks that were running are queued again: their workers'
+late results or acks are refused if the new hand-out overtook them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections import defaultdict
+
+from sieve.db.tasks import TaskStore, type_value
+from sieve.entry import Entry
+from sieve.queue_store import QueueStore, now_ms
+
+log = logging.getLogger("sieve.scheduler.rebuild")
+
+#: the rebuild lock expires if its holder dies mid-way, so another replica can take over
+REBUILD_LOCK_S = 120
+
+
+def _ms(moment: object) -> int:
+    return int(moment.timestamp() * 1000)  # type: ignore[attr-defined]
+
+
+class Rebuilder:
+    def __init__(self, queues: QueueStore, tasks: TaskStore) -> None:
+        self.queues = queues
+        self.tasks = tasks
+        self.rebuilds = 0
+
+    async def ensure(self) -> bool:
+        """Rebuilds Redis from PostgreSQL if it lost its memory; True when this call rebuilt it."""
+        if await self.queues.generation() is not None:
+            return False
+        redis, keys = self.queues.redis, self.queues.keys
+        token = uuid.uuid4().hex
+        if not await redis.set(keys.rebuild_lock, token, nx=True, ex=REBUILD_LOCK_S):
+            return False  # another replica is rebuilding
+        try:
+            if await self.queues.generation() is not None:
+                return False
+            queued, dead = await self.rebuild()
+            generation = uuid.uuid4().hex
+            await self.queues.mark_rebuilt(generation)
+            self.rebuilds += 1
+            log.warning("Redis rebuilt from PostgreSQL: %d unfinished tasks queued, %d dead letters, "
+                        "generation %s", queued, dead, generation)
+            return True
+        finally:
+            if await redis.get(keys.rebuild_lock) == token:
+                await redis.delete(keys.rebuild_lock)
+
+    async def rebuild(self) -> tuple[int, int]:
+        queued = 0
+        async for rows in self.tasks.open_tasks():
+            groups: dict[str, list[Entry]] = defaultdict(list)
+            for r in rows:
+                groups[r["device"]].append(Entry(
+                    str(r["id"]), type_value(r["type"]), r["priority"], _ms(r["enqueued_at"]), _ms(r["expires_at"]),
+                    attempt=r["lease"], failures=max(0, r["attempts"] - 1), trace=r["trace_context"] or ""))
+            await self.queues.enqueue_many(dict(groups), admit=False, rebuilding=True)
+            queued += len(rows)
+        dead = await self.tasks.recent_dead_letters(self.queues.settings.dead_letter_keep)
+        if dead:
+            now = now_ms()
+            records = [json.dumps({
+                "task_id": str(r["id"]), "device": r["device"], "task_type": type_value(r["type"]),
+                "priority": r["priority"], "error": r["error"] or "", "attempts": r["attempts"], "requeue_count": 0,
+                "enqueued_ms": _ms(r["enqueued_at"]), "dead_ms": _ms(r["updated_at"]) or int(now)}) for r in dead]
+            await self.queues.redis.rpush(self.queues.keys.dead_letters, *records)
+        return queued, len(dead)
