@@ -7,6 +7,7 @@ credit per task; tasks no connected worker takes, or no worker has room for, com
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ class Session:
     held: dict[str, tuple[str, int]] = field(default_factory=dict)
     outbound: asyncio.Queue[scheduler_pb2.PullResponse | None] = field(default_factory=asyncio.Queue)
     closed: bool = False
+    #: when the worker last said anything (monotonic s): its leases are renewed only while it talks
+    last_seen: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +124,11 @@ class Board:
         while self.held_task_ids():
             self.changed.clear()
             await self.changed.wait()
+
+    def live_held_task_ids(self, within_s: float) -> list[str]:
+        """Tasks held by workers heard from within `within_s` (a frozen worker's leases run out)."""
+        now = time.monotonic()
+        return [task_id for s in self.sessions if now - s.last_seen < within_s for task_id in s.held]
 
     def held_task_ids(self) -> list[str]:
         return [task_id for s in self.sessions for task_id in s.held]

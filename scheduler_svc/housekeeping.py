@@ -59,7 +59,7 @@ class Housekeeping:
         if await self.queues.resume_due(now=now) or await self.queues.promote_due(now=now):
             self.dispatcher.wake.set()
         # leases held by this replica's live workers stay alive; the rest may run out
-        await self.queues.renew_leases(self.board.held_task_ids(), now=now)
+        await self.queues.renew_leases(self.board.live_held_task_ids(self.settings.lease_ttl_s / 2), now=now)
         await self.reclaim_expired_leases(now)
         await self.free_abandoned_devices(now)
         await self.check_workers()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
@@ -19,7 +20,7 @@ from scheduler_svc.board import Board, Session
 from scheduler_svc.dead_letters import DeadLetters, Filter, to_proto
 from scheduler_svc.outcomes import Outcomes
 from scheduler_svc.watermark import Watermark
-from sieve import rpc
+from sieve import rpc, telemetry
 from sieve.backoff import compute_backoff
 from sieve.errors import InvalidInput
 from sieve.queue_store import QueueStore, now_ms
@@ -54,7 +55,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         session = self.board.open(first.hello)
         log.info("worker %s connected", session.worker_id, extra={"worker": session.worker_id})
         await self._handle(session, first)
-        reader = asyncio.create_task(self._read(session, context))
+        # acks and nacks are handled outside the stream's span (it lasts as long as the worker is connected)
+        reader = asyncio.create_task(self._read(session, context), context=telemetry.detached_context())
         try:
             while True:
                 message = await session.outbound.get()
@@ -82,10 +84,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             session.outbound.put_nowait(None)
 
     async def _handle(self, session: Session, request: scheduler_pb2.PullRequest) -> None:
+        session.last_seen = time.monotonic()
         if request.acks:
             pairs = [(a.task_id, int(a.lease_token or 0)) for a in request.acks]
             results = await self.queues.ack(pairs)
-            self.fencing_refusals += results.count(False)
+            stale = results.count(False)
+            if stale:
+                self.fencing_refusals += stale
+                log.info("%d acks refused: stale lease (the task was handed out again)", stale,
+                         extra={"worker": session.worker_id})
             self.board.forget(session, [a.task_id for a in request.acks])
         if request.nacks:
             await self._nack(session, list(request.nacks))

@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from sieve import rpc
+from sieve import rpc, telemetry
 from sieve.backoff import Backoff
 from sieve.settings import Settings
 from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -49,8 +50,14 @@ class Puller:
         self.draining = False
         self.connected = asyncio.Event()
         self.completed = 0
+        self._last_sent = 0.0
 
     # --- credits ----------------------------------------------------------------------------------
+    @property
+    def credits_granted(self) -> int:
+        """Credits the current stream granted and the scheduler has not used yet."""
+        return self._granted
+
     def _free_credits(self) -> int:
         if self.draining or self.pressure.reasons(self.in_use):
             return 0
@@ -59,6 +66,7 @@ class Puller:
     def _send(self, request: scheduler_pb2.PullRequest) -> None:
         if self._outbox is not None:
             self._outbox.put_nowait(request)
+            self._last_sent = time.monotonic()
 
     def _grant(self, request: scheduler_pb2.PullRequest) -> scheduler_pb2.PullRequest:
         credits = self._free_credits()
@@ -116,14 +124,20 @@ class Puller:
                 self._outbox = None
 
     async def _watch(self, stop: asyncio.Event, outbox: asyncio.Queue[scheduler_pb2.PullRequest | None]) -> None:
-        """Grants withheld credits when pressure clears; on stop, drains and closes the stream."""
+        """Grants withheld credits when pressure clears, says "still working" often enough that the
+        scheduler keeps renewing this worker's leases, and on stop drains and closes the stream."""
+        keepalive_s = self.settings.lease_ttl_s / 3
         while True:
             if stop.is_set():
                 break
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=PRESSURE_RECHECK_S)
-            if not stop.is_set() and self._free_credits():
-                outbox.put_nowait(self._grant(scheduler_pb2.PullRequest()))
+                await asyncio.wait_for(stop.wait(), timeout=min(PRESSURE_RECHECK_S, keepalive_s))
+            if stop.is_set():
+                break
+            if self._free_credits():
+                self._send(self._grant(scheduler_pb2.PullRequest()))
+            elif time.monotonic() - self._last_sent >= keepalive_s:
+                self._send(scheduler_pb2.PullRequest())
         # ordered shutdown: no new credits, finish what is in flight (acks go out), then close
         self.draining = True
         outbox.put_nowait(scheduler_pb2.PullRequest(draining=True))
@@ -136,7 +150,8 @@ class Puller:
         n = len(assignments)
         self._granted = max(0, self._granted - n)
         self.in_use += n
-        task = asyncio.create_task(self._batch(assignments))
+        # each task's spans hang off its own trace, not off this long-lived stream's
+        task = asyncio.create_task(self._batch(assignments), context=telemetry.detached_context())
         self._running.add(task)
         task.add_done_callback(self._running.discard)
 
@@ -149,7 +164,8 @@ class Puller:
             else:
                 acks, nacks = await self.run_batch(assignments)
         except Exception as exc:
-            log.exception("batch of %d failed", len(assignments))
+            log.exception("batch of %d failed", len(assignments),
+                          extra={"task_ids": [a.task_id for a in assignments], "worker_id": self.worker_id})
             acks, nacks = [], [scheduler_pb2.Nack(task_id=a.task_id, lease_token=a.lease_token,
                                                   reason=f"worker error: {exc}", count_attempt=False)
                                for a in assignments]

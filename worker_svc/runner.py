@@ -24,6 +24,7 @@ from sieve.db.payloads import RETENTION_DELETE, PayloadStore
 from sieve.db.tasks import Outcome, Started, TaskStore
 from sieve.settings import Settings
 from sieve.v1 import scheduler_pb2
+from worker_svc import task_trace
 from worker_svc.detection import detect_text, failed
 from worker_svc.group_commit import GroupCommit, GroupWriteError
 from worker_svc.lexicon import Lexicon
@@ -71,13 +72,20 @@ class BatchRunner:
         except GroupWriteError as exc:  # PostgreSQL away: give the batch back, uncounted
             return [], [self._nack(a, f"database unavailable: {exc}") for a in assignments]
         self.skipped += len(assignments) - len(started)
+        task_trace.started(started)
 
         outcomes = await self.detect_all(started)
+        task_trace.detected(outcomes)
         try:
             stored = await self.results.submit(outcomes)
         except GroupWriteError as exc:
             return [], [self._nack(a, f"result not stored: {exc}") for a in assignments]
-        self.refused += stored.count(False)
+        refused = stored.count(False)
+        if refused:
+            self.refused += refused
+            log.info("%d results refused: their task was cancelled, finished, or handed out again since", refused,
+                     extra={"refused": refused})
+        task_trace.stored(stored)
         if self.drop_images:
             await self._drop_images(started, outcomes, stored)
         acks = [scheduler_pb2.Ack(task_id=a.task_id, lease_token=a.lease_token) for a in assignments]

@@ -50,7 +50,8 @@ async def create_pool(settings: Settings, *, attempts: int = 30, delay_s: float 
                 settings.database_url,
                 min_size=settings.db_pool_min,
                 max_size=settings.db_pool_max,
-                server_settings={"search_path": settings.database_schema, "application_name": "sieve"},
+                server_settings={"search_path": settings.database_schema,
+                                 "application_name": f"sieve:{settings.database_schema}"[:63]},
                 init=_init_connection,
             )
             assert pool is not None
