@@ -46,7 +46,7 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
         try:
             return await call()
         except InvalidInput as exc:
-            await rpc.abort(context, rpc.invalid_argument(exc.field, str(exc).split(": ", 1)[-1]))
+            await rpc.abort(context, rpc.invalid_argument(exc.field, exc.description))
         except _UNAVAILABLE as exc:
             log.warning("dependency unavailable: %s", exc)
             await rpc.abort(context, rpc.plain_status(grpc.StatusCode.UNAVAILABLE,

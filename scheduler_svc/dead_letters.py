@@ -85,9 +85,8 @@ class DeadLetters:
         total = await self.queues.redis.llen(self.key)
         return [rec for _, rec in await self._matching(flt)][:limit], total
 
-    async def requeue(self, flt: Filter, everything: bool) -> list[str]:
-        if flt.empty and not everything:
-            raise InvalidInput("all", "must be true to requeue every dead letter with an empty filter")
+    async def requeue(self, flt: Filter) -> list[str]:
+        """Requeues the matching dead letters (an empty filter: all of them)."""
         matching = await self._matching(flt)
         if not matching:
             return []
@@ -109,9 +108,8 @@ class DeadLetters:
         log.info("requeued %d dead letters", len(revived))
         return [str(row["id"]) for row in revived]
 
-    async def purge(self, flt: Filter, everything: bool) -> int:
-        if flt.empty and not everything:
-            raise InvalidInput("all", "must be true to purge every dead letter with an empty filter")
+    async def purge(self, flt: Filter) -> int:
+        """Forgets the matching dead letters (an empty filter: all of them)."""
         if flt.empty:
             count = await self.queues.redis.llen(self.key)
             await self.queues.redis.delete(self.key)

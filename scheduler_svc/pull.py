@@ -145,11 +145,16 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         return await self.watermark.read()
 
     # --- dead letters ----------------------------------------------------------------------------
-    async def _filter(self, f: scheduler_pb2.DeadLetterFilter, context: grpc.aio.ServicerContext) -> Filter:
+    async def _filter(self, f: scheduler_pb2.DeadLetterFilter, context: grpc.aio.ServicerContext,
+                      *, everything: bool | None = None) -> Filter:
+        """The request's filter; with `everything` given, an empty filter needs it to be true."""
         try:
-            return Filter.from_proto(f)
+            flt = Filter.from_proto(f)
+            if everything is False and flt.empty:
+                raise InvalidInput("all", "must be true to act on every dead letter with an empty filter")
+            return flt
         except InvalidInput as exc:
-            await rpc.abort(context, rpc.invalid_argument(exc.field, str(exc).split(": ", 1)[-1]))
+            await rpc.abort(context, rpc.invalid_argument(exc.field, exc.description))
             raise
 
     async def ListDeadLetters(self, request: scheduler_pb2.ListDeadLettersRequest,
@@ -159,18 +164,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     async def RequeueDeadLetters(self, request: scheduler_pb2.RequeueDeadLettersRequest,
                                  context: grpc.aio.ServicerContext) -> scheduler_pb2.RequeueDeadLettersResponse:
-        flt = await self._filter(request.filter, context)
-        try:
-            task_ids = await self.dead_letters.requeue(flt, request.all)
-        except InvalidInput as exc:
-            await rpc.abort(context, rpc.invalid_argument(exc.field, str(exc).split(": ", 1)[-1]))
-        return scheduler_pb2.RequeueDeadLettersResponse(task_ids=task_ids)
+        flt = await self._filter(request.filter, context, everything=request.all)
+        return scheduler_pb2.RequeueDeadLettersResponse(task_ids=await self.dead_letters.requeue(flt))
 
     async def PurgeDeadLetters(self, request: scheduler_pb2.PurgeDeadLettersRequest,
                                context: grpc.aio.ServicerContext) -> scheduler_pb2.PurgeDeadLettersResponse:
-        flt = await self._filter(request.filter, context)
-        try:
-            purged = await self.dead_letters.purge(flt, request.all)
-        except InvalidInput as exc:
-            await rpc.abort(context, rpc.invalid_argument(exc.field, str(exc).split(": ", 1)[-1]))
+        purged = await self.dead_letters.purge(await self._filter(request.filter, context, everything=request.all))
         return scheduler_pb2.PurgeDeadLettersResponse(purged=purged)

@@ -47,6 +47,7 @@ class InvalidInput(SieveError):
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
+        self.description = message
         super().__init__(f"{field}: {message}")
 
 

@@ -33,22 +33,21 @@
 --- @include "deviceHeads"
 --- @include "scheduleDevice"
 --- @include "deadLetter"
+--- @include "takeLease"
+--- @include "ownsLock"
 
 local now = tonumber(ARGV[1])
 local mac = ARGV[3]
-local holder = redis.call("GET", KEYS[12])
-if holder ~= ARGV[2] and not (holder == false and redis.call("HGET", KEYS[1], "token") == ARGV[2]) then
+local holder, owned = ownsLock(KEYS[12], ARGV[2])
+if not owned then
   return {-6}
 end
 
 local out = {0}
 local back = 0
 for i = #ARGV, 9, -1 do
-  local v = redis.call("HGET", KEYS[17], ARGV[i])
-  if v then
-    redis.call("HDEL", KEYS[17], ARGV[i])
-    redis.call("ZREM", KEYS[16], ARGV[i])
-    local e = parseEntry(string.sub(v, #mac + 2))
+  local e = takeLease(KEYS[16], KEYS[17], mac, ARGV[i], "*")
+  if e then
     e.defers = e.defers + 1
     if e.defers >= tonumber(ARGV[6]) then
       out[#out + 1] = deadLetter(KEYS[18], tonumber(ARGV[8]), mac, e, ARGV[7], now)

@@ -18,6 +18,7 @@
 --- @include "parseEntry"
 --- @include "deviceHeads"
 --- @include "scheduleDevice"
+--- @include "settleReturned"
 
 local now = tonumber(ARGV[1])
 local mac = ARGV[2]
@@ -31,13 +32,5 @@ for i = #ARGV, 3, -1 do
     back = back + 1
   end
 end
-if back > 0 then
-  redis.call("HINCRBY", KEYS[1], "backlog", back)
-  redis.call("INCRBY", KEYS[12], back)
-  redis.call("SADD", KEYS[14], mac)
-  local state = redis.call("HGET", KEYS[1], "state")
-  if state == false or state == "idle" or state == "ready" then
-    scheduleDevice(mac, now)
-  end
-end
+settleReturned(mac, back, KEYS[12], KEYS[14], now)
 return back

@@ -20,12 +20,11 @@
 --- @include "parseEntry"
 --- @include "deviceHeads"
 --- @include "scheduleDevice"
+--- @include "ownsLock"
 
 local mac = ARGV[3]
-local holder = redis.call("GET", KEYS[12])
-local mine = ARGV[2] == "*" or holder == ARGV[2] or
-  (holder == false and redis.call("HGET", KEYS[1], "token") == ARGV[2])
-if not mine then
+local holder, owned = ownsLock(KEYS[12], ARGV[2])
+if ARGV[2] ~= "*" and not owned then
   return -6
 end
 if holder then redis.call("DEL", KEYS[12]) end

@@ -30,6 +30,8 @@
 --- @include "deviceHeads"
 --- @include "scheduleDevice"
 --- @include "deadLetter"
+--- @include "takeLease"
+--- @include "settleReturned"
 
 local now = tonumber(ARGV[1])
 local mac = ARGV[2]
@@ -38,33 +40,19 @@ local out = {0}
 local back = 0
 local retryAt = tonumber(ARGV[7])
 for i = #ARGV - 1, 8, -2 do
-  local id, token = ARGV[i], ARGV[i + 1]
-  local v = redis.call("HGET", KEYS[14], id)
-  if v then
-    local e = parseEntry(string.sub(v, #mac + 2))
-    if token == "*" or tostring(e.attempt) == token then
-      redis.call("HDEL", KEYS[14], id)
-      redis.call("ZREM", KEYS[13], id)
-      if counts then e.failures = e.failures + 1 end
-      if counts and e.failures >= tonumber(ARGV[4]) then
-        out[#out + 1] = deadLetter(KEYS[15], tonumber(ARGV[6]), mac, e, ARGV[5], now)
-      elseif retryAt > now then
-        redis.call("ZADD", KEYS[17], retryAt, mac .. "|" .. encodeEntry(e))
-      else
-        redis.call("LPUSH", KEYS[1 + e.prio], encodeEntry(e))
-        back = back + 1
-      end
+  local e = takeLease(KEYS[13], KEYS[14], mac, ARGV[i], ARGV[i + 1])
+  if e then
+    if counts then e.failures = e.failures + 1 end
+    if counts and e.failures >= tonumber(ARGV[4]) then
+      out[#out + 1] = deadLetter(KEYS[15], tonumber(ARGV[6]), mac, e, ARGV[5], now)
+    elseif retryAt > now then
+      redis.call("ZADD", KEYS[17], retryAt, mac .. "|" .. encodeEntry(e))
+    else
+      redis.call("LPUSH", KEYS[1 + e.prio], encodeEntry(e))
+      back = back + 1
     end
   end
 end
-if back > 0 then
-  redis.call("HINCRBY", KEYS[1], "backlog", back)
-  redis.call("INCRBY", KEYS[12], back)
-  redis.call("SADD", KEYS[16], mac)
-  local state = redis.call("HGET", KEYS[1], "state")
-  if state == false or state == "idle" or state == "ready" then
-    scheduleDevice(mac, now)
-  end
-end
+settleReturned(mac, back, KEYS[12], KEYS[16], now)
 out[1] = back
 return out

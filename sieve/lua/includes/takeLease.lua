@@ -1,0 +1,15 @@
+--[[
+  takeLease(leases_key, lease_data_key, mac, task_id, token) -> entry table | nil
+  Removes the lease of a task of this device and returns its entry, when the token ("*" for any) is the
+  lease's attempt. A lease of another device, another attempt, or none at all is left alone (nil).
+  Needs: parseEntry.
+]]
+local function takeLease(leasesKey, dataKey, mac, id, token)
+  local v = redis.call("HGET", dataKey, id)
+  if not v or string.sub(v, 1, #mac + 1) ~= mac .. "|" then return nil end
+  local e = parseEntry(string.sub(v, #mac + 2))
+  if token ~= "*" and tostring(e.attempt) ~= token then return nil end
+  redis.call("HDEL", dataKey, id)
+  redis.call("ZREM", leasesKey, id)
+  return e
+end
