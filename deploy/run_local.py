@@ -108,6 +108,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def worker_metrics_addr(base: str, index: int) -> str:
+    """Worker `index`'s metrics address: the configured one with its port moved up by index (0 stays 0)."""
+    host, _, port = base.rpartition(":")
+    if not port.isdigit() or int(port) == 0:
+        return base
+    return f"{host}:{int(port) + index}"
+
+
 def child_env(redis_url: str, database_url: str) -> dict[str, str]:
     """The environment every service gets: ours plus the chosen Redis/PostgreSQL and the demo API key."""
     env = dict(os.environ)
@@ -253,17 +261,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         for i in range(args.workers):
             worker_id = f"worker-{i}"
             health_addr = f"127.0.0.1:{free_port()}"
+            metrics_addr = worker_metrics_addr(settings.worker_metrics_addr, i)
             child = Child(worker_id, "worker_svc",
-                          {**env, "SIEVE_WORKER_ID": worker_id, "SIEVE_WORKER_HEALTH_ADDR": health_addr},
+                          {**env, "SIEVE_WORKER_ID": worker_id, "SIEVE_WORKER_HEALTH_ADDR": health_addr,
+                           "SIEVE_WORKER_METRICS_ADDR": metrics_addr},
                           LOG_DIR / f"{worker_id}.log")
             children.append(child)
             workers.append((child, health_addr))
-            print(f"starting {worker_id:<10} (worker_svc), health on {health_addr}")
+            print(f"starting {worker_id:<10} (worker_svc), health on {health_addr}, metrics on {metrics_addr}")
             child.start()
         for child, health_addr in workers:
             wait_serving(child, health_addr)
             wait_registered(child, child.name, settings.registry_addr)
         print(f"all services ready: {len(servers)} servers, {args.workers} workers")
+        print(f"metrics: intake {settings.intake_metrics_addr}, scheduler {settings.scheduler_metrics_addr}, "
+              f"registry {settings.registry_metrics_addr} (/metrics)")
+        if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_TRACES_EXPORTER"):
+            print(f"traces: {env.get('OTEL_EXPORTER_OTLP_ENDPOINT') or env.get('OTEL_TRACES_EXPORTER')}")
 
         ok = True
         if args.demo_tasks > 0:

@@ -5,14 +5,17 @@ from __future__ import annotations
 from redis.asyncio import Redis
 
 from intake_svc.auth import AuthInterceptor
+from intake_svc.rejections import RejectionCounter
 from intake_svc.servicer import IntakeServicer
 from sieve import rpc
 from sieve.db import create_pool
 from sieve.db.tasks import TaskStore
 from sieve.logs import setup_logging
+from sieve.metrics import start_metrics_server
 from sieve.queue_store import QueueStore
 from sieve.redis_conn import create_redis
 from sieve.settings import Settings
+from sieve.telemetry import setup_telemetry
 from sieve.v1 import intake_pb2, intake_pb2_grpc
 
 SERVICE_NAME = intake_pb2.DESCRIPTOR.services_by_name["IntakeService"].full_name
@@ -24,13 +27,15 @@ def build_service(settings: Settings, redis: Redis, tasks: TaskStore) -> rpc.Ser
         name="sieve-intake",
         service_names=[SERVICE_NAME],
         register=lambda server: intake_pb2_grpc.add_IntakeServiceServicer_to_server(servicer, server),
-        interceptors=[AuthInterceptor(settings.callers_by_token)],
+        interceptors=[RejectionCounter(), AuthInterceptor(settings.callers_by_token)],
     )
 
 
 async def main() -> None:
     settings = Settings.from_env()
     setup_logging("sieve-intake", settings.log_level)
+    setup_telemetry("sieve-intake", settings)
+    start_metrics_server(settings.intake_metrics_addr)
     redis = await create_redis(settings)
     pool = await create_pool(settings)
     running = await rpc.create_server(build_service(settings, redis, TaskStore(pool)),

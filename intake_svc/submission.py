@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from intake_svc.admission import retry_after_s
+from intake_svc.observe import count_decisions, enqueue_span, stamp_trace
 from sieve.db.tasks import NewTask, TaskStore
 from sieve.entry import Entry
 from sieve.errors import AdmissionRefused, ScriptCode
@@ -41,7 +42,7 @@ Decision = Accepted | Refused
 
 def _entry(task: NewTask, enqueued_ms: int) -> Entry:
     return Entry(str(task.task_id), task.task_type, task.priority, enqueued_ms,
-                 int(task.expires_at.timestamp() * 1000))
+                 int(task.expires_at.timestamp() * 1000), trace=task.trace_context or "")
 
 
 class Submitter:
@@ -55,6 +56,7 @@ class Submitter:
     async def submit(self, batch: list[NewTask]) -> list[Decision]:
         """Decides every task of the batch, in order. Raises when PostgreSQL or Redis is unreachable
         (then nothing of the batch was accepted)."""
+        batch = stamp_trace(batch)  # the Submit's trace goes with each task (row and queue entry)
         decisions: list[Decision | None] = [None] * len(batch)
 
         # 1. cheap check before writing anything: refuse devices (or all) that are already full
@@ -74,7 +76,7 @@ class Submitter:
             else:
                 admitted.append(i)
         if not admitted:
-            return [d for d in decisions if d is not None]
+            return count_decisions([d for d in decisions if d is not None])
 
         # 2. the record first
         recorded = await self.tasks.insert([batch[i] for i in admitted])
@@ -90,7 +92,8 @@ class Submitter:
             now_ms = int(time.time() * 1000)
             groups = {mac: [_entry(batch[i], now_ms) for i in idx] for mac, idx in fresh.items()}
             try:
-                results = await self.queues.enqueue_many(groups, now=now_ms)
+                with enqueue_span(groups):
+                    results = await self.queues.enqueue_many(groups, now=now_ms)
             except Exception:
                 await self._withdraw([batch[i].task_id for idx in fresh.values() for i in idx])
                 raise
@@ -106,7 +109,7 @@ class Submitter:
                         decisions[i] = Accepted(batch[i].task_id, deduplicated=False)
             if withdrawn:
                 await self._withdraw(withdrawn)
-        return [d for d in decisions if d is not None]
+        return count_decisions([d for d in decisions if d is not None])
 
     async def _refusal(self, refusal: AdmissionRefused, task: NewTask, incoming: int) -> Refused:
         meta: dict[str, str] = {}

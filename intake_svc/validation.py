@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 from sieve.db.tasks import NewTask
 from sieve.errors import InvalidInput
+from sieve.images import ImageError, check_pixels, inspect_image
 from sieve.mac import normalize_mac
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, types_pb2
@@ -60,6 +61,11 @@ def validate_spec(spec: intake_pb2.TaskSpec, field: str, caller: str, settings: 
                 raise InvalidInput(f"{field}.image", f"is larger than {settings.max_image_bytes} bytes")
             if not looks_like_image(spec.image):
                 raise InvalidInput(f"{field}.image", "is not a JPEG, PNG, WebP or BMP image")
+            # what the header tells: readable, non-zero dimensions, within the pixel limit (a bomb stops here)
+            try:
+                check_pixels(inspect_image(spec.image), settings.ocr_max_image_pixels)
+            except ImageError as exc:
+                raise InvalidInput(f"{field}.image", str(exc)) from None
             image = spec.image
         elif payload == "image_url":
             parts = urlsplit(spec.image_url)

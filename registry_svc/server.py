@@ -7,12 +7,16 @@ import logging
 import grpc
 from redis.asyncio import Redis
 
+from registry_svc.metrics import RegistryCollector
 from registry_svc.servicer import RegistryServicer
 from sieve.logs import setup_logging
+from sieve.metrics import start_metrics_server
 from sieve.redis_conn import create_redis
 from sieve.rpc import Service, create_server, serve
 from sieve.settings import Settings
+from sieve.telemetry import setup_telemetry
 from sieve.v1 import registry_pb2, registry_pb2_grpc
+from sieve.workers import WorkerRecords
 
 log = logging.getLogger("sieve.registry")
 
@@ -32,7 +36,9 @@ def build_service(settings: Settings, redis: Redis) -> Service:
 async def main() -> None:
     settings = Settings.from_env()
     setup_logging("sieve-registry", settings.log_level)
+    setup_telemetry("sieve-registry", settings)
     redis = await create_redis(settings)
+    start_metrics_server(settings.registry_metrics_addr, RegistryCollector(WorkerRecords(redis, settings)))
     try:
         running = await create_server(build_service(settings, redis), settings.registry_addr, settings)
         await serve(running, settings)

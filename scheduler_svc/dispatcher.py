@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 from scheduler_svc.board import Board
 from scheduler_svc.outcomes import Outcomes
 from scheduler_svc.routing import Action, Router
+from scheduler_svc.task_trace import DispatchObserver
 from sieve.entry import Entry
 from sieve.queue_store import QueueStore, Rank, now_ms
 from sieve.settings import Settings
@@ -39,6 +40,8 @@ class Dispatcher:
         self._stopping = asyncio.Event()
         self.dispatched = 0
         self._last_claim_ms = 0.0
+        #: claim / assign spans of each task and the dispatch metrics
+        self.observer = DispatchObserver()
 
     def stop(self) -> None:
         self._stopping.set()
@@ -101,6 +104,7 @@ class Dispatcher:
         now = now_ms()
         carry = self._carry(rank, now)
         # under starvation the device just served sits out the next claim (seed 3.5)
+        claim_ns = self.observer.claim_started()
         popped, next_rank = await self.queues.pop_and_rank(mac, uuid.uuid4().hex, size, self.router.allowed_types(),
                                                            exclude=mac if rank.starving else None,
                                                            carry_ms=carry, now=now)
@@ -108,7 +112,7 @@ class Dispatcher:
             return next_rank if next_rank.mac else None
         if popped.expired:
             await self.outcomes.expired(popped.expired)
-        await self._hand_out(mac, popped.taken)
+        await self._hand_out(mac, self.observer.claimed(mac, popped.taken, claim_ns, rank.starving))
         if popped.blocked and not popped.taken:
             await self._blocked(mac)
             if next_rank.mac is None:  # nothing else to serve: wait for credits rather than spin
@@ -123,7 +127,9 @@ class Dispatcher:
         placement = self.board.place(mac, entries, self.router.route)
         for session, batch in placement.placed.items():
             self.board.send(session, mac, batch)
+            self.observer.sent(session, mac, batch)
             self.dispatched += len(batch)
+        self.observer.unplaced(placement)
         for reason, task_ids in placement.notes.items():
             await self.outcomes.noted(task_ids, reason)
         waiting = placement.unplaced.get(Action.WAIT.value, [])
@@ -169,12 +175,13 @@ class Dispatcher:
         """The device's next task is of a type no eligible worker has room for: take it alone, with the
         device locked, and let routing decide (wait for credits, back off, or dead-letter)."""
         token = uuid.uuid4().hex
+        claim_ns = self.observer.claim_started()
         popped = await self.queues.pop(mac, token, 1)
         if not popped.ready:
             return
         if popped.expired:
             await self.outcomes.expired(popped.expired)
-        await self._hand_out(mac, popped.taken, token)
+        await self._hand_out(mac, self.observer.claimed(mac, popped.taken, claim_ns), token)
 
     async def _defer(self, mac: str, token: str, entries: list[Entry], reason: str) -> None:
         deferred = await self.queues.defer(mac, token, [e.task_id for e in entries], reason)

@@ -6,12 +6,15 @@ shorter period). NOT_FOUND means the record expired (the worker was silent longe
 lost it) and the worker registers again at once. Any other failure (registry down, Redis down, a timeout)
 is logged and retried with jittered exponential backoff, 0.2 s doubling up to 5 s; the loop never ends
 on an error. There is no Deregister RPC: a stopped worker's record simply expires.
+
+`gpu_available`, when given, says whether this worker runs on a GPU (an OCR worker: its engine's mode)
+instead of NVML's "a GPU is present"; `register_again` makes the next beat, at once, a Register with fresh
+readings (after the OCR engine fell back from GPU to CPU mode).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -19,6 +22,7 @@ from collections.abc import Callable
 
 import grpc
 
+from sieve import telemetry
 from sieve.backoff import Backoff
 from sieve.rpc import channel_options
 from sieve.settings import Settings
@@ -42,8 +46,11 @@ class RegistryClient:
         sampler: ResourceSampler,
         task_types: list[int],
         active_tasks: Callable[[], int],
+        gpu_available: Callable[[], bool] | None = None,
     ) -> None:
         self._settings = settings
+        self._gpu_available = gpu_available
+        self._wake = asyncio.Event()
         self._sampler = sampler
         self._task_types = list(task_types)
         self._active_tasks = active_tasks
@@ -69,7 +76,8 @@ class RegistryClient:
             ("grpc.min_reconnect_backoff_ms", int(BACKOFF_INITIAL_S * 1000)),
             ("grpc.max_reconnect_backoff_ms", int(BACKOFF_MAX_S * 1000)),
         ]
-        return grpc.aio.insecure_channel(self._settings.registry_addr, options=options)
+        return grpc.aio.insecure_channel(self._settings.registry_addr, options=options,
+                                         interceptors=telemetry.client_interceptors())
 
     async def run(self, stop: asyncio.Event) -> None:
         """Registers and heartbeats until `stop` is set; never raises for a failed call."""
@@ -97,13 +105,32 @@ class RegistryClient:
                     log.exception("heartbeat failed; retrying in %.2fs", delay,
                                   extra={"worker_id": self.worker_id})
                 if delay > 0:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), timeout=delay)
+                    await self._sleep(stop, delay)
         finally:
             await channel.close()
 
+    def register_again(self) -> None:
+        """Register (not just heartbeat) with fresh readings now, e.g. after the worker's mode changed."""
+        self.registered = False
+        self._wake.set()
+
+    async def _sleep(self, stop: asyncio.Event, delay: float) -> None:
+        """Waits `delay` seconds, or less when stopping or asked to register again."""
+        if self._wake.is_set():
+            self._wake.clear()
+            return
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+        try:
+            await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waits:
+                waiter.cancel()
+        self._wake.clear()
+
     async def _beat(self, stub: registry_pb2_grpc.RegistryServiceStub) -> None:
         resources = self._sampler.sample(self._active_tasks())
+        if self._gpu_available is not None:
+            resources.gpu_available = self._gpu_available()
         self.last_resources = resources
         if not self.registered:
             answer = await stub.Register(

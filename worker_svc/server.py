@@ -1,7 +1,9 @@
 """Entry point of a worker: `python -m worker_svc`.
 
-Start-up: database pool and lexicon, registry registration and heartbeats, the Pull stream to the
-scheduler, gRPC health on worker_health_addr. SIGTERM: no new credits, in-flight tasks finish and are
+Start-up: database pool and lexicon, the OCR engine when the worker takes OCR_IMAGE tasks (its mode decides
+`gpu_available` and the default concurrency), registry registration and heartbeats, the Pull stream to the
+scheduler, gRPC health on worker_health_addr. When OCR falls back from GPU to CPU mode, the worker stops
+announcing a GPU and registers its resources again. SIGTERM: no new credits, in-flight tasks finish and are
 acked, the stream closes, then the process exits.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import TYPE_CHECKING
 
 import asyncpg
 
@@ -17,13 +20,21 @@ from sieve import rpc
 from sieve.db import create_pool
 from sieve.db.tasks import TaskStore, type_value
 from sieve.logs import setup_logging
+from sieve.metrics import start_metrics_server
 from sieve.settings import Settings
+from sieve.telemetry import setup_telemetry
 from worker_svc.lexicon import Lexicon
+from worker_svc.metrics import WorkerCollector
 from worker_svc.pressure import Pressure
 from worker_svc.puller import Puller
 from worker_svc.registration import RegistryClient
 from worker_svc.resources import ResourceSampler
 from worker_svc.runner import BatchRunner
+from worker_svc.task_trace import ObservedRunner
+
+if TYPE_CHECKING:  # the OCR modules need the `ocr` extra: imported only by workers that take OCR_IMAGE
+    from worker_svc.ocr.mode import EngineMode
+    from worker_svc.ocr.runtime import ModeSwitch, OcrRuntime
 
 log = logging.getLogger("sieve.worker")
 
@@ -39,24 +50,46 @@ class Worker:
         self.worker_id = settings.effective_worker_id
         self.task_types = [type_value(t) for t in settings.worker_types]
         self.lexicon = Lexicon(pool, settings)
-        self.runner = BatchRunner(TaskStore(pool), self.lexicon, self.worker_id, settings)
+        #: OCR engine and pipeline, only on a worker that takes OCR_IMAGE tasks (loaded in start)
+        self.ocr = _ocr_runtime(settings) if "OCR_IMAGE" in settings.worker_types else None
+        self.runner = BatchRunner(TaskStore(pool), self.lexicon, self.worker_id, settings, ocr=self.ocr)
         self.sampler = ResourceSampler(settings)
         self.concurrency = settings.worker_concurrency or DEFAULT_TEXT_CONCURRENCY
         self.puller = Puller(settings, self.worker_id, self.task_types, self.sampler.gpu_present,
-                             self.concurrency, self.runner, Pressure(self.sampler, settings))
-        self.registry = RegistryClient(settings, self.sampler, self.task_types, lambda: self.puller.in_use)
+                             self.concurrency, ObservedRunner(self.runner, self.worker_id),
+                             Pressure(self.sampler, settings))
+        self.registry = RegistryClient(settings, self.sampler, self.task_types, lambda: self.puller.in_use,
+                                       gpu_available=self._ocr_gpu if self.ocr else None)
         self.stop_event = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
         self._pulling: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.lexicon.start()
+        if self.ocr is not None:
+            await self._start_ocr(self.ocr)
         self._background = [asyncio.create_task(c) for c in
                             (self.runner.starts.run(), self.runner.results.run(), self.lexicon.watch(),
                              self.registry.run(self.stop_event))]
         self._pulling = asyncio.create_task(self.puller.run(self.stop_event))
         log.info("worker %s ready: types %s, %d slots", self.worker_id, self.settings.worker_types,
                  self.concurrency)
+
+    async def _start_ocr(self, ocr: OcrRuntime) -> None:
+        """Loads the engine (off the event loop); its mode sets the GPU flag and the default slots."""
+        await ocr.start()
+        self.puller.gpu = ocr.gpu
+        if not self.settings.worker_concurrency:
+            self.concurrency = self.puller.concurrency = ocr.default_concurrency()
+        ocr.add_mode_listener(self._ocr_mode_changed)
+
+    def _ocr_gpu(self) -> bool:
+        return self.ocr is not None and self.ocr.gpu
+
+    def _ocr_mode_changed(self, switch: ModeSwitch, mode: EngineMode) -> None:
+        log.warning("worker %s: OCR now in %s mode; registering again", self.worker_id, mode.name)
+        self.puller.gpu = mode.gpu  # announced on the next Pull stream
+        self.registry.register_again()
 
     async def drain(self) -> None:
         """No new credits; in-flight tasks finish and are acked; the stream closes."""
@@ -72,14 +105,24 @@ class Worker:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self.ocr is not None:
+            await self.ocr.close()
+
+
+def _ocr_runtime(settings: Settings) -> OcrRuntime:
+    from worker_svc.ocr.runtime import OcrRuntime
+
+    return OcrRuntime(settings)
 
 
 async def main() -> None:
     settings = Settings.from_env()
     setup_logging("sieve-worker", settings.log_level)
+    setup_telemetry("sieve-worker", settings)
     pool = await create_pool(settings)
     worker = Worker(settings, pool)
     await worker.start()
+    start_metrics_server(settings.worker_metrics_addr, WorkerCollector(worker))
     service = rpc.Service(name="sieve-worker", service_names=[], register=lambda server: None,
                           before_stop=worker.drain)
     running = await rpc.create_server(service, settings.worker_health_addr, settings)

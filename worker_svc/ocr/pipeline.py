@@ -1,0 +1,96 @@
+"""One OCR_IMAGE task, from its payload to the `Outcome` the worker stores.
+
+`run_ocr`: payload bytes (or the image fetched from `image_url`) -> header checks and decode on the decode
+pool -> detection and recognition on the engine thread (GPU -> CPU fallback inside `OcrRuntime`) -> the
+lines joined and matched against the lexicon with the worker's `Matcher` -> hits mapped back to their
+lines -> verdict. Nothing blocking runs on the event loop; many tasks of a batch run at once, so one is
+decoded while another is recognised.
+
+Stored with the result: the joined text; hits with their offsets in it plus `line`, `line_start`,
+`line_end`, `spans`; in `details`: the lines (text, confidence, box), image format and size, the mode and
+models, a mode switch if this task caused or met one, and `timings_ms` (fetch, decode, queue — waiting
+for the engine —, detect, recognise, match, total).
+
+A payload that is not a usable image, a URL that gives none, or an engine error (after the one retry in
+CPU mode for a GPU failure) FAILS the task with a clear error: it is never handed back to be retried.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict
+from typing import Any
+
+from sieve.db.tasks import Outcome, Started
+from worker_svc.ocr.fetch import FetchError
+from worker_svc.ocr.images import BadImage
+from worker_svc.ocr.lines import join_lines
+from worker_svc.ocr.runtime import OcrRuntime
+from worker_svc.text import Matcher
+
+log = logging.getLogger("sieve.worker.ocr")
+
+
+def _ms(value: float) -> float:
+    return round(value, 3)
+
+
+def _failed(task: Started, worker_id: str, error: str) -> Outcome:
+    return Outcome(task_id=task.task_id, attempt=task.attempt, worker_id=worker_id, verdict=None,
+                   hits_json="[]", text="", error=error)
+
+
+async def run_ocr(task: Started, runtime: OcrRuntime, matcher: Matcher, worker_id: str) -> Outcome:
+    """OCR one task and match its text; never raises for a bad payload or an engine error."""
+    began = time.perf_counter()
+    timings: dict[str, float] = {}
+    try:
+        if task.image:
+            data, source = task.image, "bytes"
+        elif task.image_url:
+            data, fetch_ms = await runtime.fetch(task.image_url)
+            timings["fetch"] = _ms(fetch_ms)
+            source = "url"
+        else:
+            return _failed(task, worker_id, "OCR_IMAGE task has neither image bytes nor an image_url")
+        decoded = await runtime.decode(data)
+        timings["decode"] = _ms(decoded.decode_ms)
+        inference = await runtime.recognise(decoded.pixels)
+    except (BadImage, FetchError) as exc:
+        return _failed(task, worker_id, str(exc))
+    except Exception as exc:
+        log.exception("OCR of task %s failed", task.task_id)
+        switched = f" (after switching to {runtime.mode.name} mode)" if runtime.switches else ""
+        return _failed(task, worker_id, f"OCR failed{switched}: {type(exc).__name__}: {exc}")
+
+    recognised = inference.result
+    timings["queue"] = _ms(inference.wait_ms)
+    timings["detect"] = _ms(recognised.detect_ms)
+    timings["recognise"] = _ms(recognised.recognise_ms)
+
+    matched_at = time.perf_counter()
+    joined = join_lines([line.text for line in recognised.lines])
+    result = matcher.match(joined.text)
+    hits = [{**asdict(hit), **joined.locate(hit.start, hit.end)} for hit in result.hits]
+    timings["match"] = _ms((time.perf_counter() - matched_at) * 1000)
+    timings["total"] = _ms((time.perf_counter() - began) * 1000)
+
+    ocr: dict[str, Any] = {
+        "engine": "paddleocr-3 paddle_static",
+        **inference.mode.describe(),
+        "models": runtime.models.describe() if runtime.models else {},
+        "source": source,
+        "image": decoded.describe(),
+        "boxes_found": recognised.boxes_found,
+        "lines": [line.as_json() for line in recognised.lines],
+    }
+    if inference.switch is not None:
+        ocr["mode_switch"] = inference.switch.as_json()
+    details = {"ocr": ocr, "timings_ms": timings}
+    return Outcome(
+        task_id=task.task_id, attempt=task.attempt, worker_id=worker_id, verdict=result.verdict.name,
+        hits_json=json.dumps(hits, ensure_ascii=False), text=joined.text,
+        details_json=json.dumps(details, ensure_ascii=False),
+    )

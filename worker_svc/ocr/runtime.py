@@ -1,0 +1,199 @@
+"""The worker's OCR state: the current engine and mode, the executors, and the GPU -> CPU fallback.
+
+`OcrRuntime.start` prepares the environment and the models, detects the mode and loads the engine, all off
+the event loop. Afterwards the event loop only awaits: `decode` runs on a small decode pool (so images
+of a batch are decoded while another is recognised), `recognise` on the engine's own thread, `fetch`
+is asynchronous I/O.
+
+Fallback (seed 4.4): when an inference in GPU mode fails with a GPU failure (`faults.is_gpu_failure`:
+CUDA out of memory or another CUDA error), the runtime switches to CPU mode once — builds the CPU engine,
+drops the GPU one, records a `ModeSwitch`, logs it, and tells its listeners (the worker re-registers its
+resources with the registry and stops announcing a GPU) — then the failed inference is retried once in
+CPU mode. Tasks that failed concurrently on the GPU find the switch done and just retry. A failure of
+the retry is the task's failure: nothing is retried twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sieve.settings import Settings
+from worker_svc.ocr.config import cache_dir, check_settings, cpu_count, prepare_environment
+from worker_svc.ocr.engine import EngineOptions, LoadedEngine, Recognised, load_engine, release_engine
+from worker_svc.ocr.faults import FaultHook, is_gpu_failure
+from worker_svc.ocr.fetch import Fetcher
+from worker_svc.ocr.images import Decoded, decode_image
+from worker_svc.ocr.mode import EngineMode, cpu_mode, default_concurrency, detect_mode
+from worker_svc.ocr.models import ModelDirs, prepare_models
+
+log = logging.getLogger("sieve.worker.ocr")
+
+
+@dataclass(frozen=True, slots=True)
+class ModeSwitch:
+    """One switch of the engine from GPU to CPU mode."""
+
+    from_mode: str
+    to_mode: str
+    reason: str
+    at: str
+    rebuild_s: float
+
+    def as_json(self) -> dict[str, Any]:
+        return {"from": self.from_mode, "to": self.to_mode, "reason": self.reason, "at": self.at,
+                "rebuild_s": round(self.rebuild_s, 3)}
+
+
+@dataclass(frozen=True, slots=True)
+class Inference:
+    """An image's recognition, the mode it ran in, the wait for the engine, and the switch it caused."""
+
+    result: Recognised
+    mode: EngineMode
+    wait_ms: float
+    switch: ModeSwitch | None = None
+    #: the error of the failed GPU attempt when the result comes from the CPU retry
+    first_error: str | None = None
+
+
+ModeListener = Callable[[ModeSwitch, EngineMode], None]
+
+
+class OcrRuntime:
+    """One worker's OCR: build with the settings, `await start()`, then `decode`/`fetch`/`recognise`."""
+
+    def __init__(self, settings: Settings) -> None:
+        check_settings(settings)
+        self.settings = settings
+        self.fault = FaultHook(settings.ocr_fault)
+        self.fetcher = Fetcher(settings)
+        self.options = EngineOptions.from_settings(settings)
+        self.models: ModelDirs | None = None
+        self._mode: EngineMode | None = None
+        self._loaded: LoadedEngine | None = None
+        self.mode_reason = ""
+        self.generation = 0
+        self.switches: list[ModeSwitch] = []
+        self._listeners: list[ModeListener] = []
+        self._switch_lock = asyncio.Lock()
+        threads = settings.ocr_decode_threads or max(1, min(2, cpu_count()))
+        self._decode_pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sieve-ocr-decode")
+
+    # --- state --------------------------------------------------------------------------------------
+    @property
+    def mode(self) -> EngineMode:
+        if self._mode is None:
+            raise RuntimeError("OcrRuntime.start() has not run")
+        return self._mode
+
+    @property
+    def started(self) -> bool:
+        return self._loaded is not None
+
+    @property
+    def gpu(self) -> bool:
+        """Whether the worker runs OCR on a GPU now (what it registers as gpu_available)."""
+        return self._mode is not None and self._mode.gpu
+
+    def default_concurrency(self) -> int:
+        return default_concurrency(self.mode)
+
+    def add_mode_listener(self, listener: ModeListener) -> None:
+        """`listener(switch, new_mode)` is called on the event loop after each switch to CPU mode."""
+        self._listeners.append(listener)
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"engine": "paddleocr-3 paddle_static", **self.mode.describe()}
+        if self.models is not None:
+            out["models"] = self.models.describe()
+        return out
+
+    # --- life ---------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Environment, models, mode and engine; seconds of work, none of it on the event loop."""
+        if self.started:
+            return
+        settings = self.settings
+        cache = await asyncio.to_thread(cache_dir, settings)
+        prepare_environment(settings, cache)
+        self.models = await asyncio.to_thread(prepare_models, settings, cache)
+        mode, self.mode_reason = await asyncio.to_thread(detect_mode, settings)
+        self._loaded = await asyncio.to_thread(load_engine, self.models, mode, self.options)
+        self._mode = mode
+        log.info("OCR ready in %s mode (%s): %s", mode.name, self.mode_reason, self.describe())
+
+    async def close(self) -> None:
+        """Stops the decode pool and the fetcher; the engine stays loaded for the process."""
+        await self.fetcher.close()
+        self._decode_pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- work ---------------------------------------------------------------------------------------
+    async def decode(self, data: bytes) -> Decoded:
+        """Header checks and decode on the decode pool; BadImage when unusable."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._decode_pool, decode_image, data,
+                                          self.settings.ocr_max_image_pixels)
+
+    async def fetch(self, url: str) -> tuple[bytes, float]:
+        return await self.fetcher.fetch(url)
+
+    async def recognise(self, pixels: Any) -> Inference:
+        """Text lines of decoded pixels, on the engine thread; falls back to CPU once on a GPU failure."""
+        loaded, mode, generation = self._loaded, self.mode, self.generation
+        assert loaded is not None
+        try:
+            result, wait_ms = await self._run(loaded, mode, pixels)
+            return Inference(result, mode, wait_ms)
+        except Exception as exc:
+            if not (mode.gpu and is_gpu_failure(exc)):
+                raise
+            first_error = f"{type(exc).__name__}: {exc}"
+            switch = await self._fall_back(first_error, generation)
+        loaded, mode = self._loaded, self.mode
+        assert loaded is not None
+        result, wait_ms = await self._run(loaded, mode, pixels)  # the one retry; a failure is final
+        return Inference(result, mode, wait_ms, switch, first_error)
+
+    async def _run(self, loaded: LoadedEngine, mode: EngineMode, pixels: Any) -> tuple[Recognised, float]:
+        submitted = time.perf_counter()
+
+        def infer() -> tuple[Recognised, float]:
+            wait_ms = (time.perf_counter() - submitted) * 1000
+            self.fault.before_inference(mode)
+            return loaded.engine.recognise(pixels), wait_ms
+
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(loaded.executor, infer)
+
+    async def _fall_back(self, reason: str, generation: int) -> ModeSwitch:
+        async with self._switch_lock:
+            if self.generation != generation and self.switches:  # another task switched meanwhile
+                return self.switches[-1]
+            old_loaded, old_mode = self._loaded, self.mode
+            assert old_loaded is not None and self.models is not None
+            new_mode = cpu_mode(self.settings)
+            log.warning("OCR: GPU failure in %s mode (%s); rebuilding the engine in CPU mode", old_mode.name, reason)
+            began = time.perf_counter()
+            loaded = await asyncio.to_thread(load_engine, self.models, new_mode, self.options)
+            self._loaded, self._mode = loaded, new_mode
+            self.generation += 1
+            if old_loaded is not loaded:
+                release_engine(old_loaded)
+            switch = ModeSwitch(old_mode.name, new_mode.name, reason, datetime.now(UTC).isoformat(),
+                                time.perf_counter() - began)
+            self.switches.append(switch)
+            log.warning("OCR engine switched from %s to %s mode in %.1fs after: %s", switch.from_mode,
+                        switch.to_mode, switch.rebuild_s, reason)
+            for listener in self._listeners:
+                try:
+                    listener(switch, new_mode)
+                except Exception:
+                    log.exception("OCR mode listener failed")
+            return switch
