@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from dataclasses import asdict
 
 from sieve.db.tasks import Outcome, Started
@@ -32,5 +31,3 @@ def failed(task: Started, worker_id: str, error: str) -> Outcome:
                    hits_json="[]", text="", error=error)
 
 
-def task_uuid(task_id: str) -> uuid.UUID:
-    return uuid.UUID(task_id)
