@@ -19,7 +19,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from intake_svc.auth import current_caller
 from intake_svc.submission import Accepted, Refused, Submitter
-from intake_svc.task_view import task_message
+from intake_svc.task_view import new_task_message, task_message
 from intake_svc.validation import parse_task_id, validate_batch, validate_spec
 from sieve import rpc
 from sieve.db.tasks import TaskStore
@@ -67,7 +67,8 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
             (decision,) = await self.submitter.submit([task])
             if isinstance(decision, Refused):
                 return decision
-            view = await self._task(str(decision.task_id))
+            # a new task is answered from what was recorded; only an earlier one is read back
+            view = await self._task(str(decision.task_id)) if decision.deduplicated else new_task_message(task)
             return intake_pb2.SubmitResponse(task=view, deduplicated=decision.deduplicated)
 
         outcome = await self._guard(context, run)
@@ -83,12 +84,13 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
             decisions = await self.submitter.submit(batch)
             items = []
             for task, decision in zip(batch, decisions, strict=True):
-                if isinstance(decision, Accepted):
+                if isinstance(decision, Accepted) and not decision.deduplicated:
+                    items.append(intake_pb2.SubmitBatchItem(task=new_task_message(task)))
+                elif isinstance(decision, Accepted):  # the earlier task: GetTask tells its state
                     items.append(intake_pb2.SubmitBatchItem(
                         task=types_pb2.Task(task_id=str(decision.task_id), device_id=task.device,
-                                            type=task.task_type, priority=task.priority,
-                                            status=types_pb2.TASK_STATUS_PENDING),
-                        deduplicated=decision.deduplicated))
+                                            type=task.task_type, priority=task.priority),
+                        deduplicated=True))
                 else:
                     retry = duration_pb2.Duration()
                     retry.FromMilliseconds(int(decision.retry_after_s * 1000))

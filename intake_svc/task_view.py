@@ -8,7 +8,7 @@ from typing import Any
 import asyncpg
 from google.protobuf import timestamp_pb2
 
-from sieve.db.tasks import status_value, type_value
+from sieve.db.tasks import NewTask, status_value, type_value
 from sieve.v1 import types_pb2
 
 
@@ -35,6 +35,18 @@ def result_message(result: asyncpg.Record) -> types_pb2.DetectionResult:
         text=result["text"],
         worker_id=result["worker_id"],
         created_at=_ts(result["created_at"]),
+    )
+
+
+def new_task_message(task: NewTask) -> types_pb2.Task:
+    """The message of a task just accepted, built from what was recorded (no read back)."""
+    return types_pb2.Task(
+        task_id=str(task.task_id), device_id=task.device, type=task.task_type, priority=task.priority,
+        status=types_pb2.TASK_STATUS_PENDING, attempts=0, created_at=_ts(task.created_at),
+        updated_at=_ts(task.created_at), expires_at=_ts(task.expires_at),
+        history=[types_pb2.StatusChange(status=types_pb2.TASK_STATUS_PENDING, at=_ts(task.created_at),
+                                        detail=f"accepted from {task.caller}")],
+        idempotency_key=task.idempotency_key or "",
     )
 
 
