@@ -31,8 +31,9 @@ from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 log = logging.getLogger("sieve.intake")
 T = TypeVar("T")
 
-_UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, RedisConnectionError,
-                RedisTimeoutError, RedisNotReady)
+# a connection PostgreSQL terminated can surface as InternalClientError on its next use: transient too
+_UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.InternalClientError,
+                RedisConnectionError, RedisTimeoutError, RedisNotReady)
 
 
 class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):

@@ -13,7 +13,7 @@ import asyncpg
 from redis.asyncio import Redis
 
 from sieve.settings import Settings
-from tests.e2e.conftest import Cluster, free_port
+from tests.e2e.conftest import Cluster, free_port, service_env
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("SIEVE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -31,12 +31,7 @@ async def running_cluster(workers: int = 2, log_dir: Path | None = None,
                                  intake_addr=f"127.0.0.1:{ports['intake']}",
                                  scheduler_addr=f"127.0.0.1:{ports['scheduler']}",
                                  registry_addr=f"127.0.0.1:{ports['registry']}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SIEVE_")}
-    env.update({"SIEVE_REDIS_URL": settings.redis_url, "SIEVE_REDIS_PREFIX": settings.redis_prefix,
-                "SIEVE_DATABASE_URL": settings.database_url, "SIEVE_DATABASE_SCHEMA": settings.database_schema,
-                "SIEVE_INTAKE_ADDR": settings.intake_addr, "SIEVE_SCHEDULER_ADDR": settings.scheduler_addr,
-                "SIEVE_REGISTRY_ADDR": settings.registry_addr, "SIEVE_LOG_LEVEL": "WARNING",
-                "PYTHONPATH": str(ROOT)})
+    env = service_env(settings, SIEVE_LOG_LEVEL="WARNING")
     env.update(overrides)
     log_dir = log_dir or Path(f"/tmp/sieve-bench-{unique}")
     os.makedirs(log_dir, exist_ok=True)

@@ -85,22 +85,29 @@ class Cluster:
                 proc.wait()
 
 
+def service_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """The environment of every service process of a test: this process's own, without its SIEVE_*
+    variables, plus the test's Redis, schema and addresses (and `extra`)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIEVE_")}
+    env.update({
+        "SIEVE_REDIS_URL": settings.redis_url, "SIEVE_REDIS_PREFIX": settings.redis_prefix,
+        "SIEVE_DATABASE_URL": settings.database_url, "SIEVE_DATABASE_SCHEMA": settings.database_schema,
+        "SIEVE_INTAKE_ADDR": settings.intake_addr, "SIEVE_SCHEDULER_ADDR": settings.scheduler_addr,
+        "SIEVE_REGISTRY_ADDR": settings.registry_addr, "SIEVE_LOG_LEVEL": "INFO", "PYTHONPATH": str(ROOT),
+        # the services share this machine's two cores: host CPU is not a worker's own load
+        "SIEVE_CPU_WATERMARK_PCT": "101",
+    })
+    env.update(extra)
+    return env
+
+
 @pytest.fixture
 def cluster_env(settings: Settings, tmp_path: Path) -> Iterator[Cluster]:
     ports = {name: free_port() for name in ("intake", "scheduler", "registry")}
     settings = settings.replace(intake_addr=f"127.0.0.1:{ports['intake']}",
                                 scheduler_addr=f"127.0.0.1:{ports['scheduler']}",
                                 registry_addr=f"127.0.0.1:{ports['registry']}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SIEVE_")}
-    env.update({
-        "SIEVE_REDIS_URL": settings.redis_url, "SIEVE_REDIS_PREFIX": settings.redis_prefix,
-        "SIEVE_DATABASE_URL": settings.database_url, "SIEVE_DATABASE_SCHEMA": settings.database_schema,
-        "SIEVE_INTAKE_ADDR": settings.intake_addr, "SIEVE_SCHEDULER_ADDR": settings.scheduler_addr,
-        "SIEVE_REGISTRY_ADDR": settings.registry_addr, "SIEVE_SHUTDOWN_GRACE_S": "10",
-        "SIEVE_HOUSEKEEPING_INTERVAL_S": "0.5", "SIEVE_LOG_LEVEL": "INFO", "PYTHONPATH": str(ROOT),
-        # the services share this machine's two cores: host CPU is not a worker's own load
-        "SIEVE_CPU_WATERMARK_PCT": "101",
-    })
+    env = service_env(settings, SIEVE_SHUTDOWN_GRACE_S="10", SIEVE_HOUSEKEEPING_INTERVAL_S="0.5")
     metrics = {name: f"127.0.0.1:{free_port()}" for name in ("intake", "scheduler", "registry")}
     env.update({f"SIEVE_{name.upper()}_METRICS_ADDR": addr for name, addr in metrics.items()})
     env["SIEVE_WORKER_METRICS_ADDR"] = "127.0.0.1:0"  # `cluster` gives each worker its own port

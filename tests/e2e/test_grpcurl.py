@@ -13,10 +13,8 @@ import asyncio
 import json
 import os
 import shlex
-import struct
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ import pytest
 from sieve import rpc
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 from tests.e2e.conftest import ROOT, Cluster
+from tests.integration.conftest import tiny_png
 
 pytestmark = pytest.mark.e2e
 
@@ -49,15 +48,6 @@ def grpcurl_binary() -> str:
             pytest.fail(message)
         pytest.skip(message)
     return str(path)
-
-
-def tiny_png(width: int = 8, height: int = 8) -> bytes:
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    rows = b"".join(b"\x00" + b"\x80" * width for _ in range(height))
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
 
 
 @pytest.fixture

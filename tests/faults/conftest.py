@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 from redis.asyncio import Redis
 
 from sieve.settings import Settings
-from tests.e2e.conftest import Cluster, free_port
+from tests.e2e.conftest import Cluster, free_port, service_env
 from tests.faults.harness import AUDITS, Audit, RedisServer
 
 
@@ -36,14 +35,7 @@ def fault_cluster(settings: Settings, redis_server: RedisServer, pg: object, tmp
     settings = settings.replace(redis_url=redis_server.url, intake_addr=f"127.0.0.1:{ports['intake']}",
                                 scheduler_addr=f"127.0.0.1:{ports['scheduler']}",
                                 registry_addr=f"127.0.0.1:{ports['registry']}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SIEVE_")}
-    env.update({
-        "SIEVE_REDIS_URL": settings.redis_url, "SIEVE_REDIS_PREFIX": settings.redis_prefix,
-        "SIEVE_DATABASE_URL": settings.database_url, "SIEVE_DATABASE_SCHEMA": settings.database_schema,
-        "SIEVE_INTAKE_ADDR": settings.intake_addr, "SIEVE_SCHEDULER_ADDR": settings.scheduler_addr,
-        "SIEVE_REGISTRY_ADDR": settings.registry_addr, "SIEVE_LOG_LEVEL": "INFO",
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-    })
+    env = service_env(settings)
     cluster = Cluster(settings, env, tmp_path)
     yield cluster
     cluster.kill_all()
