@@ -248,8 +248,8 @@ def test_gpu_readings_come_from_nvml_and_the_fullest_gpu_decides(monkeypatch: py
     nvml = _FakeNvml()
     nvml.install(monkeypatch)
 
-    # When the sampler samples
-    sampler = ResourceSampler(Settings())
+    # When the sampler samples (CPU and memory fixed low: this host's own load must not decide)
+    sampler = ResourceSampler(Settings(fixed_resources="cpu=10,memory=10"))
     resources = sampler.sample(0)
 
     # Then both GPUs are reported and the worker is over the GPU-memory watermark
