@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import TypeVar
 
 import asyncpg
 import grpc
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -84,9 +85,10 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
             batch = validate_batch(request, current_caller.get(), self.settings)
             decisions = await self.submitter.submit(batch)
             items = []
+            stamps: dict[datetime, timestamp_pb2.Timestamp] = {}
             for task, decision in zip(batch, decisions, strict=True):
                 if isinstance(decision, Accepted) and not decision.deduplicated:
-                    items.append(intake_pb2.SubmitBatchItem(task=new_task_message(task)))
+                    items.append(intake_pb2.SubmitBatchItem(task=new_task_message(task, stamps)))
                 elif isinstance(decision, Accepted):  # the earlier task: GetTask tells its state
                     items.append(intake_pb2.SubmitBatchItem(
                         task=types_pb2.Task(task_id=str(decision.task_id), device_id=task.device,

@@ -38,13 +38,20 @@ def result_message(result: asyncpg.Record) -> types_pb2.DetectionResult:
     )
 
 
-def new_task_message(task: NewTask) -> types_pb2.Task:
-    """The message of a task just accepted, built from what was recorded (no read back)."""
+def new_task_message(task: NewTask, stamps: dict[datetime, timestamp_pb2.Timestamp] | None = None
+                     ) -> types_pb2.Task:
+    """The message of a task just accepted, built from what was recorded (no read back).
+
+    `stamps` caches converted times across one batch, whose tasks share their creation (and mostly their
+    expiry) time."""
+    stamps = {} if stamps is None else stamps
+    created = stamps.get(task.created_at) or stamps.setdefault(task.created_at, _ts(task.created_at))
+    expires = stamps.get(task.expires_at) or stamps.setdefault(task.expires_at, _ts(task.expires_at))
     return types_pb2.Task(
         task_id=str(task.task_id), device_id=task.device, type=task.task_type, priority=task.priority,
-        status=types_pb2.TASK_STATUS_PENDING, attempts=0, created_at=_ts(task.created_at),
-        updated_at=_ts(task.created_at), expires_at=_ts(task.expires_at),
-        history=[types_pb2.StatusChange(status=types_pb2.TASK_STATUS_PENDING, at=_ts(task.created_at),
+        status=types_pb2.TASK_STATUS_PENDING, attempts=0, created_at=created, updated_at=created,
+        expires_at=expires,
+        history=[types_pb2.StatusChange(status=types_pb2.TASK_STATUS_PENDING, at=created,
                                         detail=f"accepted from {task.caller}")],
         idempotency_key=task.idempotency_key or "",
     )

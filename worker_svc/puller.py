@@ -107,7 +107,17 @@ class Puller:
                 item = await outbox.get()
                 if item is None:
                     return
+                # what queued up while the previous message was being written goes as one message
+                closing = False
+                while not outbox.empty():
+                    later = outbox.get_nowait()
+                    if later is None:
+                        closing = True
+                        break
+                    merge_into(item, later)
                 yield item
+                if closing:
+                    return
 
         async with rpc.insecure_channel(self.settings.scheduler_addr, self.settings) as channel:
             call = scheduler_pb2_grpc.SchedulerServiceStub(channel).Pull(requests())
@@ -180,6 +190,14 @@ class Puller:
                                   reason="worker over watermark: " + "; ".join(reasons), count_attempt=False)
         nack.retry_after.FromMilliseconds(int(retry_s * 1000))
         return nack
+
+
+def merge_into(first: scheduler_pb2.PullRequest, later: scheduler_pb2.PullRequest) -> None:
+    """Folds a later request into the first: acks and nacks appended, credits added, draining kept."""
+    first.acks.extend(later.acks)
+    first.nacks.extend(later.nacks)
+    first.credits += later.credits
+    first.draining = first.draining or later.draining
 
 
 def new_worker_id() -> str:

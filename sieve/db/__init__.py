@@ -23,6 +23,12 @@ def _quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Pool release without asyncpg's reset query (advisory unlock, CLOSE ALL, UNLISTEN, RESET ALL): no
+    pooled connection changes session state (LISTEN has its own connection; locks are per transaction),
+    and the query costs a round trip per release. An open transaction is still rolled back by asyncpg."""
+
+
 async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("jsonb", encoder=_json_dumps, decoder=_json_loads, schema="pg_catalog")
 
@@ -53,6 +59,7 @@ async def create_pool(settings: Settings, *, attempts: int = 30, delay_s: float 
                 server_settings={"search_path": settings.database_schema,
                                  "application_name": f"sieve:{settings.database_schema}"[:63]},
                 init=_init_connection,
+                reset=_keep_session,
             )
             assert pool is not None
             return pool

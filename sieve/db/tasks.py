@@ -257,35 +257,36 @@ class TaskStore:
 
         Only the current attempt of a RUNNING task is stored (fencing): returns the ids stored; the
         others were refused (a newer attempt owns the task, or it was cancelled or already finished).
+        One statement (status update and result insert in one CTE), hence one implicit transaction: no
+        BEGIN/COMMIT round trips.
         """
-        async with self.pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(
-                """
-                WITH u AS (
-                    SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[],
-                                         $6::text[], $7::text[], $8::text[])
-                         AS u(id, attempt, worker, verdict, hits, text, details, error)
-                ), done AS (
-                    UPDATE tasks t SET
-                        status = CASE WHEN u.verdict IS NULL THEN 'FAILED' ELSE 'SUCCEEDED' END,
-                        error = u.error, updated_at = now(),
-                        history = t.history || jsonb_build_array(jsonb_build_object(
-                            'status', CASE WHEN u.verdict IS NULL THEN 'FAILED' ELSE 'SUCCEEDED' END,
-                            'at', now(), 'attempt', t.attempts, 'detail', COALESCE(u.error, u.worker)))
-                    FROM u
-                    WHERE t.id = u.id AND t.status = 'RUNNING' AND t.lease = u.attempt
-                    RETURNING t.id
-                ), stored AS (
-                    INSERT INTO results (task_id, verdict, hits, text, details, worker_id, attempt)
-                    SELECT u.id, u.verdict, u.hits::jsonb, u.text, u.details::jsonb, u.worker, u.attempt
-                    FROM u JOIN done ON done.id = u.id
-                    WHERE u.verdict IS NOT NULL
-                    ON CONFLICT (task_id) DO NOTHING
-                )
-                SELECT id FROM done
-                """,
-                [o.task_id for o in outcomes], [o.attempt for o in outcomes],
-                [o.worker_id for o in outcomes], [o.verdict for o in outcomes],
-                [o.hits_json for o in outcomes], [o.text for o in outcomes],
-                [o.details_json for o in outcomes], [o.error for o in outcomes])
+        rows = await self.pool.fetch(
+            """
+            WITH u AS (
+                SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[],
+                                     $6::text[], $7::text[], $8::text[])
+                     AS u(id, attempt, worker, verdict, hits, text, details, error)
+            ), done AS (
+                UPDATE tasks t SET
+                    status = CASE WHEN u.verdict IS NULL THEN 'FAILED' ELSE 'SUCCEEDED' END,
+                    error = u.error, updated_at = now(),
+                    history = t.history || jsonb_build_array(jsonb_build_object(
+                        'status', CASE WHEN u.verdict IS NULL THEN 'FAILED' ELSE 'SUCCEEDED' END,
+                        'at', now(), 'attempt', t.attempts, 'detail', COALESCE(u.error, u.worker)))
+                FROM u
+                WHERE t.id = u.id AND t.status = 'RUNNING' AND t.lease = u.attempt
+                RETURNING t.id
+            ), stored AS (
+                INSERT INTO results (task_id, verdict, hits, text, details, worker_id, attempt)
+                SELECT u.id, u.verdict, u.hits::jsonb, u.text, u.details::jsonb, u.worker, u.attempt
+                FROM u JOIN done ON done.id = u.id
+                WHERE u.verdict IS NOT NULL
+                ON CONFLICT (task_id) DO NOTHING
+            )
+            SELECT id FROM done
+            """,
+            [o.task_id for o in outcomes], [o.attempt for o in outcomes],
+            [o.worker_id for o in outcomes], [o.verdict for o in outcomes],
+            [o.hits_json for o in outcomes], [o.text for o in outcomes],
+            [o.details_json for o in outcomes], [o.error for o in outcomes])
         return {r["id"] for r in rows}
