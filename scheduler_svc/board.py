@@ -59,6 +59,16 @@ class Board:
         self.changed.set()
         return session
 
+    def update(self, session: Session, hello: scheduler_pb2.WorkerHello) -> bool:
+        """A later hello on the stream: the worker's GPU mode (and task types, when given) now; True when
+        something changed."""
+        types = frozenset(hello.task_types) or session.task_types
+        if (types, hello.gpu) == (session.task_types, session.gpu):
+            return False
+        session.task_types, session.gpu = types, hello.gpu
+        self.changed.set()
+        return True
+
     def close(self, session: Session) -> dict[str, list[tuple[str, int]]]:
         """Removes a session; returns what it still held, grouped by device."""
         session.closed = True

@@ -85,6 +85,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     async def _handle(self, session: Session, request: scheduler_pb2.PullRequest) -> None:
         session.last_seen = time.monotonic()
+        if request.HasField("hello") and self.board.update(session, request.hello):
+            log.info("worker %s now: gpu=%s, task types %s", session.worker_id, session.gpu,
+                     sorted(session.task_types), extra={"worker": session.worker_id})
         if request.acks:
             pairs = [(a.task_id, int(a.lease_token or 0)) for a in request.acks]
             results = await self.queues.ack(pairs)

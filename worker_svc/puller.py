@@ -75,6 +75,14 @@ class Puller:
             self._granted += credits
         return request
 
+    def _hello(self) -> scheduler_pb2.WorkerHello:
+        return scheduler_pb2.WorkerHello(worker_id=self.worker_id, task_types=self.task_types, gpu=self.gpu)
+
+    def announce(self) -> None:
+        """Tells the scheduler this worker's capabilities again (its GPU mode changed) on the open stream;
+        a stream opened later starts with them anyway."""
+        self._send(scheduler_pb2.PullRequest(hello=self._hello()))
+
     # --- the stream -------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         """Keeps a Pull stream open until `stop` is set and the in-flight work is done."""
@@ -99,8 +107,7 @@ class Puller:
         outbox: asyncio.Queue[scheduler_pb2.PullRequest | None] = asyncio.Queue()
         self._outbox = outbox
         self._granted = 0
-        hello = scheduler_pb2.WorkerHello(worker_id=self.worker_id, task_types=self.task_types, gpu=self.gpu)
-        outbox.put_nowait(self._grant(scheduler_pb2.PullRequest(hello=hello)))
+        outbox.put_nowait(self._grant(scheduler_pb2.PullRequest(hello=self._hello())))
 
         async def requests() -> AsyncIterator[scheduler_pb2.PullRequest]:
             while True:
@@ -193,7 +200,10 @@ class Puller:
 
 
 def merge_into(first: scheduler_pb2.PullRequest, later: scheduler_pb2.PullRequest) -> None:
-    """Folds a later request into the first: acks and nacks appended, credits added, draining kept."""
+    """Folds a later request into the first: acks and nacks appended, credits added, draining kept, the
+    later hello wins."""
+    if later.HasField("hello"):
+        first.hello.CopyFrom(later.hello)
     first.acks.extend(later.acks)
     first.nacks.extend(later.nacks)
     first.credits += later.credits

@@ -88,7 +88,8 @@ class Worker:
 
     def _ocr_mode_changed(self, switch: ModeSwitch, mode: EngineMode) -> None:
         log.warning("worker %s: OCR now in %s mode; registering again", self.worker_id, mode.name)
-        self.puller.gpu = mode.gpu  # announced on the next Pull stream
+        self.puller.gpu = mode.gpu
+        self.puller.announce()  # the scheduler routes GPU work elsewhere from now on
         self.registry.register_again()
 
     async def drain(self) -> None:

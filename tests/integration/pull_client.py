@@ -71,6 +71,12 @@ class ScriptedWorker:
             except grpc.aio.AioRpcError as exc:
                 self.error = exc
 
+    def announce(self, *, gpu: bool) -> None:
+        """Sends a later hello on the open stream: the worker's GPU mode changed."""
+        self.gpu = gpu
+        hello = scheduler_pb2.WorkerHello(worker_id=self.worker_id, task_types=list(self.task_types), gpu=gpu)
+        self._outbox.put_nowait(scheduler_pb2.PullRequest(hello=hello))
+
     async def wait_for(self, count: int, timeout_s: float = 10) -> list[scheduler_pb2.Assignment]:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while len(self.received) < count:

@@ -169,6 +169,8 @@ async def test_an_injected_gpu_out_of_memory_switches_the_worker_to_cpu_and_the_
     assert worker.puller.gpu
     record = await _wait_record(records, "ocr-gpu", lambda r: r.gpu_available)
     assert record.gpu_available
+    (stream,) = [s for s in platform.scheduler.board.sessions if s.worker_id == "ocr-gpu"]
+    assert stream.gpu
 
     # When an image is submitted
     task = await wait_final(platform.intake, await submit(platform, image_spec(render(SAMPLES[6], font))),
@@ -190,6 +192,12 @@ async def test_an_injected_gpu_out_of_memory_switches_the_worker_to_cpu_and_the_
     record = await _wait_record(records, "ocr-gpu", lambda r: not r.gpu_available)
     assert not record.gpu_available
     assert worker.registry.registrations >= 2
+    # And the scheduler heard it on the same stream: no GPU work is routed to this worker any more
+    for _ in range(100):
+        if not stream.gpu:
+            break
+        await asyncio.sleep(0.05)
+    assert not stream.closed and not stream.gpu
 
     # And the next image runs in CPU mode directly
     task = await wait_final(platform.intake, await submit(platform, image_spec(render(SAMPLES[0], font))),

@@ -224,6 +224,34 @@ async def test_ocr_with_only_cpu_workers_follows_the_no_gpu_strategy(
             await eventually(lambda: _noted(p, task_id, detail))
 
 
+async def test_a_worker_that_says_mid_stream_it_lost_its_gpu_gets_no_more_gpu_routed_work(
+        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    async with platform_with(settings, redis, pg, no_gpu_strategy="dead_letter") as p:
+        ocr = (types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE)
+        async with ScriptedWorker(p.settings, worker_id="gpu-1", gpu=True, task_types=ocr) as worker:
+            # Given a GPU worker that took an image
+            first = await submit(p, intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-08",
+                                                        type=types_pb2.TASK_TYPE_OCR_IMAGE, image=PNG))
+            await worker.wait_for(1)
+            assert worker.received[0].task_id == first
+            # When it says on the same stream that it now runs on the CPU
+            worker.announce(gpu=False)
+            await eventually(lambda: _session_gpu(p, "gpu-1", False))
+            # Then the next image meets "no GPU worker alive" (here: dead-lettered), and text still flows
+            second = await submit(p, intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-08",
+                                                         type=types_pb2.TASK_TYPE_OCR_IMAGE, image=PNG))
+            await eventually(lambda: _is(p, second, "DEAD_LETTERED"))
+            await eventually(lambda: _noted(p, second, "no GPU worker alive (strategy dead_letter)"))
+            text = await submit(p, text_spec("AA-BB-CC-DD-EE-09", "hello"))
+            await worker.wait_for(2)
+            assert [a.task_id for a in worker.received] == [first, text]
+            assert worker.error is None  # the stream was never reopened
+
+
+async def _session_gpu(p: Platform, worker_id: str, gpu: bool) -> bool:
+    return any(s.worker_id == worker_id and s.gpu == gpu for s in p.scheduler.board.sessions)
+
+
 async def _noted(p: Platform, task_id: str, detail: str) -> bool:
     history = await p.pg.fetchval("SELECT history FROM tasks WHERE id = $1::uuid", task_id)
     return any(detail in h["detail"] for h in history)

@@ -1,0 +1,36 @@
+"""Unit tests of how the worker folds Pull messages that queued up while the stream was busy
+(worker_svc.puller.merge_into): nothing is lost, credits add up, draining and the latest hello win."""
+
+from __future__ import annotations
+
+from sieve.v1 import scheduler_pb2, types_pb2
+from worker_svc.puller import merge_into
+
+
+def test_acks_nacks_and_credits_of_later_messages_are_added_to_the_first() -> None:
+    # Given two messages that queued up behind each other
+    first = scheduler_pb2.PullRequest(credits=3, acks=[scheduler_pb2.Ack(task_id="a", lease_token=1)])
+    later = scheduler_pb2.PullRequest(credits=2, acks=[scheduler_pb2.Ack(task_id="b", lease_token=4)],
+                                      nacks=[scheduler_pb2.Nack(task_id="c", lease_token=2, reason="busy")])
+
+    # When the later one is folded into the first
+    merge_into(first, later)
+
+    # Then one message carries both, in order
+    assert [a.task_id for a in first.acks] == ["a", "b"]
+    assert [(n.task_id, n.reason) for n in first.nacks] == [("c", "busy")]
+    assert first.credits == 5
+    assert not first.draining and not first.HasField("hello")
+
+
+def test_draining_sticks_and_the_latest_hello_wins() -> None:
+    first = scheduler_pb2.PullRequest(hello=scheduler_pb2.WorkerHello(
+        worker_id="w1", task_types=[types_pb2.TASK_TYPE_OCR_IMAGE], gpu=True))
+
+    merge_into(first, scheduler_pb2.PullRequest(draining=True))
+    merge_into(first, scheduler_pb2.PullRequest(hello=scheduler_pb2.WorkerHello(
+        worker_id="w1", task_types=[types_pb2.TASK_TYPE_OCR_IMAGE], gpu=False)))
+    merge_into(first, scheduler_pb2.PullRequest())
+
+    assert first.draining
+    assert first.hello.worker_id == "w1" and not first.hello.gpu
