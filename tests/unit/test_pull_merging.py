@@ -9,9 +9,9 @@ from worker_svc.puller import merge_into
 
 def test_acks_nacks_and_credits_of_later_messages_are_added_to_the_first() -> None:
     # Given two messages that queued up behind each other
-    first = scheduler_pb2.PullRequest(credits=3, acks=[scheduler_pb2.Ack(task_id="a", lease_token=1)])
-    later = scheduler_pb2.PullRequest(credits=2, acks=[scheduler_pb2.Ack(task_id="b", lease_token=4)],
-                                      nacks=[scheduler_pb2.Nack(task_id="c", lease_token=2, reason="busy")])
+    first = scheduler_pb2.PullRequest(credits=3, acks=[scheduler_pb2.Ack(task_id="a", lease_token="1")])
+    later = scheduler_pb2.PullRequest(credits=2, acks=[scheduler_pb2.Ack(task_id="b", lease_token="4")],
+                                      nacks=[scheduler_pb2.Nack(task_id="c", lease_token="2", reason="busy")])
 
     # When the later one is folded into the first
     merge_into(first, later)
