@@ -62,7 +62,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 message = await session.outbound.get()
                 if message is None:
                     break
+                # batches that queued up while the previous message was being written go as one message
+                closing = False
+                while not session.outbound.empty():
+                    later = session.outbound.get_nowait()
+                    if later is None:
+                        closing = True
+                        break
+                    message.batch.assignments.extend(later.batch.assignments)
                 yield message
+                if closing:
+                    break
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
