@@ -142,6 +142,9 @@ WORKER_CONNECTED = _g("sieve_worker_connected", "1 while the Pull stream to the 
 WORKER_COMPLETED = _c("sieve_worker_acked_tasks", "Tasks this worker finished and acked")
 WORKER_SKIPPED = _c("sieve_worker_skipped_tasks", "Assigned tasks not run: already final, cancelled or stale")
 WORKER_REFUSED = _c("sieve_worker_refused_results", "Results not stored: a newer attempt owned the task")
+WORKER_DB_WRITES = _c("sieve_worker_db_writes", "Group commits of this worker (one statement each), by writer",
+                      "writer")
+WORKER_DB_ROWS = _c("sieve_worker_db_rows", "Rows written by this worker's group commits, by writer", "writer")
 WORKER_RESOURCES = _g("sieve_worker_resource_percent", "This worker's last resource readings (percent)",
                       "resource")
 WORKER_OVER_WATERMARK = _g("sieve_worker_over_watermark", "1 when the last readings were over a watermark "

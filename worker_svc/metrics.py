@@ -37,6 +37,10 @@ class WorkerCollector(ScrapeCollector):
         yield m.WORKER_COMPLETED.family(puller.completed)
         yield m.WORKER_SKIPPED.family(runner.skipped)
         yield m.WORKER_REFUSED.family(runner.refused)
+        # rows per write is the group commit's gain: how many tasks shared one statement and one commit
+        writers = (runner.starts, runner.results)
+        yield m.WORKER_DB_WRITES.family([((w.name,), w.groups) for w in writers])
+        yield m.WORKER_DB_ROWS.family([((w.name,), w.rows) for w in writers])
         readings = self.worker.registry.last_resources
         if readings is not None:
             yield m.WORKER_RESOURCES.family([

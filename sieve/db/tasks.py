@@ -233,7 +233,12 @@ class TaskStore:
                     hand_outs: Sequence[tuple[uuid.UUID, int, int, datetime]]) -> list[Started]:
         """Marks assigned tasks RUNNING for their hand-out (task id, lease, attempt, assigned at),
         recording ASSIGNED and RUNNING, and returns their payloads. Tasks already final, cancelled or
-        handed out again since are left out. Safe to repeat for the same lease."""
+        handed out again since are left out. Safe to repeat for the same lease.
+
+        Committed without waiting for the WAL flush (synchronous_commit off for this statement's own
+        transaction): a RUNNING mark lost in a PostgreSQL crash leaves the task open, so it is queued
+        again and the result of this hand-out is refused, never half-stored; and the result's commit,
+        which does wait, flushes this earlier WAL with it."""
         rows = await self.pool.fetch(
             """
             UPDATE tasks t SET status = 'RUNNING', lease = u.lease, attempts = u.attempt, worker_id = $5,
@@ -243,7 +248,8 @@ class TaskStore:
                                           'detail', $5::text),
                        jsonb_build_object('status', 'RUNNING', 'at', now(), 'attempt', u.attempt,
                                           'detail', $5::text))
-            FROM unnest($1::uuid[], $2::int[], $3::int[], $4::timestamptz[]) AS u(id, lease, attempt, assigned)
+            FROM unnest($1::uuid[], $2::int[], $3::int[], $4::timestamptz[]) AS u(id, lease, attempt, assigned),
+                 (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
             WHERE t.id = u.id AND t.status = ANY($6::text[]) AND t.lease <= u.lease
             RETURNING t.id, t.type, u.lease, t.payload_text, t.payload_bytes, t.payload_url, t.trace_context
             """,

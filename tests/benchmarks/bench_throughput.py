@@ -13,12 +13,15 @@ import asyncio
 import random
 import statistics
 import time
+import urllib.request
 
 import asyncpg
+from prometheus_client.parser import text_string_to_metric_families
 
 from sieve import rpc
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 from tests.benchmarks.cluster import running_cluster
+from tests.e2e.conftest import Cluster
 
 TEXTS = ["今天天气很好", "欢迎加 微 信领取优惠", "这里有 赌.博 网站", "ｃａｓｉｎｏ night", "hello world",
          "免费领取 free money", "正常的产品评论", "cocaine is bad", "六合彩开奖", "nothing to see here"]
@@ -73,7 +76,26 @@ async def main(args: argparse.Namespace) -> None:
             print(f"{args.tasks} tasks over {args.devices} devices, {args.workers} workers: "
                   f"submitted in {submitted:.2f}s ({args.tasks / submitted:.0f}/s), "
                   f"all stored in {total:.2f}s -> {args.tasks / total:.0f} tasks/s end to end")
+            print("group commits (rows per statement, all workers): " + ", ".join(
+                f"{writer} {rows / writes:.1f}" for writer, (writes, rows) in sorted(group_commits(cluster).items())
+                if writes))
         await pg.close()
+
+
+def group_commits(cluster: Cluster) -> dict[str, tuple[float, float]]:
+    """(statements, rows) per group-commit writer, summed over the workers' /metrics."""
+    sums: dict[str, list[float]] = {}
+    for name, address in cluster.metrics.items():
+        if not name.startswith("worker"):
+            continue
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in ("sieve_worker_db_writes_total", "sieve_worker_db_rows_total"):
+                    pair = sums.setdefault(sample.labels["writer"], [0.0, 0.0])
+                    pair[sample.name.endswith("rows_total")] += sample.value
+    return {writer: (writes, rows) for writer, (writes, rows) in sums.items()}
 
 
 if __name__ == "__main__":

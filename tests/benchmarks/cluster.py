@@ -45,8 +45,10 @@ async def running_cluster(workers: int = 2, log_dir: Path | None = None,
         await cluster.wait_healthy(settings.intake_addr, "intake")
         for i in range(workers):
             port = free_port()
+            cluster.metrics[f"worker-{i + 1}"] = f"127.0.0.1:{free_port()}"
             cluster.start(f"worker-{i + 1}", "worker_svc", SIEVE_WORKER_ID=f"worker-{i + 1}",
-                          SIEVE_WORKER_HEALTH_ADDR=f"127.0.0.1:{port}", **(worker_env or {}))
+                          SIEVE_WORKER_HEALTH_ADDR=f"127.0.0.1:{port}",
+                          SIEVE_WORKER_METRICS_ADDR=cluster.metrics[f"worker-{i + 1}"], **(worker_env or {}))
             await cluster.wait_healthy(f"127.0.0.1:{port}", f"worker-{i + 1}")
         await asyncio.sleep(0.5)  # let the workers open their Pull streams
         yield cluster
