@@ -1,8 +1,9 @@
 """The intake's telemetry hooks: the Submit trace stored with each task, the enqueue span, submit counts.
 
-`stamp_trace` puts the traceparent of the current span (the Submit / SubmitBatch server span) on the new
-tasks, so that it is stored in `tasks.trace_context` and travels in the queue entry (`Entry.trace`); the
-scheduler and the worker continue that trace. With tracing off it returns the batch untouched.
+`stamp_trace` puts a traceparent on the new tasks — the Submit server span's, or for each task of a
+SubmitBatch its own root span's, linked to the batch — so that it is stored in `tasks.trace_context` and
+travels in the queue entry (`Entry.trace`); the scheduler and the worker continue that trace. With tracing
+off it returns the batch untouched.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from sieve import metrics, telemetry
-from sieve.db.tasks import NewTask
+from sieve.db.tasks import NewTask, type_name
 
 if TYPE_CHECKING:
     from intake_svc.submission import Decision
@@ -25,13 +27,32 @@ D = TypeVar("D", bound="Decision")
 
 
 def stamp_trace(batch: list[NewTask]) -> list[NewTask]:
-    """The batch with the current span's traceparent as each task's trace_context (when one is recorded)."""
+    """The batch with a trace context on each task (when the current span is recorded).
+
+    One task (Submit) continues the Submit's own trace. Each task of a larger batch (SubmitBatch) gets a
+    trace of its own, so that one trace is one task's life: its root span "submit task" carries the task's
+    attributes and links to the SubmitBatch span that accepted it."""
     if not telemetry.enabled():
         return batch
-    traceparent = telemetry.current_traceparent()
+    current = trace.get_current_span()
+    traceparent = telemetry.traceparent_of(current) if current.is_recording() else ""
     if not traceparent:
         return batch
-    return [t if t.trace_context else dataclasses.replace(t, trace_context=traceparent) for t in batch]
+    if len(batch) == 1:
+        return [t if t.trace_context else dataclasses.replace(t, trace_context=traceparent) for t in batch]
+    tracer = telemetry.tracer()
+    accepted_by = [trace.Link(current.get_span_context())]
+    stamped = []
+    for t in batch:
+        if t.trace_context:
+            stamped.append(t)
+            continue
+        span = tracer.start_span("submit task", context=otel_context.Context(), kind=trace.SpanKind.INTERNAL,
+                                 links=accepted_by, attributes={"task.id": str(t.task_id), "device": t.device,
+                                                                "task.type": type_name(t.task_type)})
+        span.end()
+        stamped.append(dataclasses.replace(t, trace_context=telemetry.traceparent_of(span)))
+    return stamped
 
 
 @contextlib.contextmanager

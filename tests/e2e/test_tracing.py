@@ -4,8 +4,9 @@ An OTLP trace receiver (the `opentelemetry.proto.collector.trace.v1.TraceService
 server on loopback) runs inside the test; every service gets OTEL_EXPORTER_OTLP_ENDPOINT pointing at it and
 a short batch delay. One submitted task must show up as one trace: Submit (intake) -> enqueue -> claim ->
 assign (scheduler) -> run -> match, result write, ack (worker), with Redis and PostgreSQL spans under the
-Submit, and the task's attributes on the scheduler's and the worker's spans. The registry's own spans
-(Register, Heartbeat) are in their own traces; they must arrive too.
+Submit, and the task's attributes on the scheduler's and the worker's spans. Each task of a SubmitBatch
+is a trace of its own, linked to the batch. The registry's own spans (Register, Heartbeat) are in their
+own traces; they must arrive too.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class ReceivedSpan:
     span_id: str
     parent_id: str
     attributes: dict[str, Any]
+    #: (trace id, span id) of each linked span
+    links: tuple[tuple[str, str], ...] = ()
 
 
 def _value(v: common_pb2.AnyValue) -> Any:
@@ -60,7 +63,8 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
                 for s in scope_spans.spans:
                     self.spans.append(ReceivedSpan(
                         str(resource.get("service.name")), s.name, s.kind, s.trace_id.hex(), s.span_id.hex(),
-                        s.parent_span_id.hex(), {a.key: _value(a.value) for a in s.attributes}))
+                        s.parent_span_id.hex(), {a.key: _value(a.value) for a in s.attributes},
+                        tuple((link.trace_id.hex(), link.span_id.hex()) for link in s.links)))
         return trace_service_pb2.ExportTraceServiceResponse()
 
     def of_task(self, task_id: str) -> dict[str, ReceivedSpan]:
@@ -151,3 +155,42 @@ async def test_one_task_is_one_trace_from_submit_to_the_workers_ack(
     assert mine["assign"].attributes["worker.id"] == worker
     # and the registry sent spans of its own
     assert any(s.service == "sieve-registry" and s.kind == SERVER for s in spans.spans)
+
+
+async def test_each_task_of_a_batch_is_a_trace_of_its_own_linked_to_the_batch(
+        cluster: Cluster, receiver: tuple[Receiver, int]) -> None:
+    spans = receiver[0]
+    # Given the four services exporting to the receiver
+    # When three texts of three devices are submitted in one SubmitBatch and done
+    async with rpc.insecure_channel(cluster.settings.intake_addr, cluster.settings) as channel:
+        stub = intake_pb2_grpc.IntakeServiceStub(channel)
+        reply = await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=[
+            intake_pb2.TaskSpec(device_id=f"AA-BB-CC-DD-EE-1{i}", type=types_pb2.TASK_TYPE_TEXT, text=f"text {i}")
+            for i in range(3)]))
+        task_ids = [item.task.task_id for item in reply.items]
+        for _ in range(200):
+            tasks = [(await stub.GetTask(intake_pb2.GetTaskRequest(task_id=t))).task for t in task_ids]
+            if all(t.status == types_pb2.TASK_STATUS_SUCCEEDED for t in tasks):
+                break
+            await asyncio.sleep(0.05)
+        assert all(t.status == types_pb2.TASK_STATUS_SUCCEEDED for t in tasks)
+
+    # Then each task's spans arrive
+    wanted = {"submit task", "claim", "assign", "run"}
+    for _ in range(100):
+        if all(wanted <= set(spans.of_task(t)) for t in task_ids):
+            break
+        await asyncio.sleep(0.1)
+    batch = next(s for s in spans.spans if s.name.endswith("IntakeService/SubmitBatch") and s.kind == SERVER)
+    traces = set()
+    for task_id in task_ids:
+        mine = spans.of_task(task_id)
+        assert wanted <= set(mine), sorted(mine)
+        root = mine["submit task"]
+        # one trace per task: its root span, linked to the batch, parent of the scheduler's claim
+        assert root.service == "sieve-intake" and root.parent_id == ""
+        assert root.links == ((batch.trace_id, batch.span_id),)
+        assert mine["claim"].trace_id == mine["run"].trace_id == root.trace_id
+        assert mine["claim"].parent_id == root.span_id
+        traces.add(root.trace_id)
+    assert len(traces) == 3 and batch.trace_id not in traces
