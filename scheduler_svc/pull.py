@@ -22,11 +22,16 @@ from scheduler_svc.outcomes import Outcomes
 from scheduler_svc.watermark import Watermark
 from sieve import rpc, telemetry
 from sieve.backoff import compute_backoff
+from sieve.coalesce import coalesce
 from sieve.errors import InvalidInput
 from sieve.queue_store import QueueStore, now_ms
 from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger("sieve.scheduler.pull")
+
+
+def _append_batch(first: scheduler_pb2.PullResponse, later: scheduler_pb2.PullResponse) -> None:
+    first.batch.assignments.extend(later.batch.assignments)
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
@@ -62,14 +67,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 message = await session.outbound.get()
                 if message is None:
                     break
-                # batches that queued up while the previous message was being written go as one message
-                closing = False
-                while not session.outbound.empty():
-                    later = session.outbound.get_nowait()
-                    if later is None:
-                        closing = True
-                        break
-                    message.batch.assignments.extend(later.batch.assignments)
+                closing = coalesce(session.outbound, message, _append_batch)
                 yield message
                 if closing:
                     break

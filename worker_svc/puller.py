@@ -20,6 +20,7 @@ import grpc
 
 from sieve import rpc, telemetry
 from sieve.backoff import Backoff
+from sieve.coalesce import coalesce
 from sieve.settings import Settings
 from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc
 from worker_svc.pressure import Pressure
@@ -114,14 +115,7 @@ class Puller:
                 item = await outbox.get()
                 if item is None:
                     return
-                # what queued up while the previous message was being written goes as one message
-                closing = False
-                while not outbox.empty():
-                    later = outbox.get_nowait()
-                    if later is None:
-                        closing = True
-                        break
-                    merge_into(item, later)
+                closing = coalesce(outbox, item, merge_into)
                 yield item
                 if closing:
                     return

@@ -1,8 +1,12 @@
 """Unit tests of how the worker folds Pull messages that queued up while the stream was busy
-(worker_svc.puller.merge_into): nothing is lost, credits add up, draining and the latest hello win."""
+(worker_svc.puller.merge_into, sieve.coalesce): nothing is lost, credits add up, draining and the latest
+hello win, and the close ends the folding."""
 
 from __future__ import annotations
 
+import asyncio
+
+from sieve.coalesce import coalesce
 from sieve.v1 import scheduler_pb2, types_pb2
 from worker_svc.puller import merge_into
 
@@ -34,3 +38,22 @@ def test_draining_sticks_and_the_latest_hello_wins() -> None:
 
     assert first.draining
     assert first.hello.worker_id == "w1" and not first.hello.gpu
+
+
+def test_coalescing_folds_what_waits_in_order_and_stops_at_the_close() -> None:
+    # Given two messages waiting behind the one about to be sent, then the close, then one more
+    queue: asyncio.Queue[scheduler_pb2.PullRequest | None] = asyncio.Queue()
+    for item in (scheduler_pb2.PullRequest(credits=2), scheduler_pb2.PullRequest(credits=3), None,
+                 scheduler_pb2.PullRequest(credits=7)):
+        queue.put_nowait(item)
+    first = scheduler_pb2.PullRequest(credits=1)
+
+    # When they are coalesced
+    closing = coalesce(queue, first, merge_into)
+
+    # Then the two before the close are folded in, the close is met, and what came after it is left
+    assert closing and first.credits == 6
+    assert queue.qsize() == 1
+
+    # And with nothing waiting, nothing changes and the stream stays open
+    assert not coalesce(asyncio.Queue(), first, merge_into) and first.credits == 6
