@@ -134,7 +134,7 @@ def child_env(redis_url: str, database_url: str) -> dict[str, str]:
 
 
 def _health_once(address: str) -> bool:
-    with grpc.insecure_channel(address) as channel:
+    with grpc.channel(address) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
                                                              timeout=1.0)
@@ -161,7 +161,7 @@ def wait_registered(child: Child, worker_id: str, registry_addr: str,
                     timeout_s: float = READY_TIMEOUT_S) -> None:
     """Waits until the registry lists `worker_id` (a worker serves no gRPC of its own)."""
     deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(registry_addr) as channel:
+    with grpc.channel(registry_addr) as channel:
         stub = registry_pb2_grpc.RegistryServiceStub(channel)
         while time.monotonic() < deadline:
             code = child.exited()

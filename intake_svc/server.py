@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from intake_svc.auth import AuthInterceptor
 from intake_svc.rejections import RejectionCounter
 from intake_svc.servicer import IntakeServicer
 from sieve import rpc
@@ -27,7 +26,7 @@ def build_service(settings: Settings, redis: Redis, tasks: TaskStore) -> rpc.Ser
         name="sieve-intake",
         service_names=[SERVICE_NAME],
         register=lambda server: intake_pb2_grpc.add_IntakeServiceServicer_to_server(servicer, server),
-        interceptors=[RejectionCounter(), AuthInterceptor(settings.callers_by_token)],
+        interceptors=[RejectionCounter()],
     )
 
 

@@ -18,11 +18,11 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from intake_svc.auth import current_caller
 from intake_svc.submission import Accepted, Refused, Submitter
 from intake_svc.task_view import new_task_message, task_message
 from intake_svc.validation import parse_task_id, validate_batch, validate_spec
 from sieve import rpc
+from sieve.auth import Principal, current_principal
 from sieve.db.tasks import TaskStore
 from sieve.errors import InvalidInput, RedisNotReady
 from sieve.queue_store import QueueStore
@@ -55,9 +55,13 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
                                                       f"storage unavailable, retry: {type(exc).__name__}"))
         raise AssertionError("unreachable")
 
-    async def _task(self, task_id: str) -> types_pb2.Task | None:
+    async def _task(self, task_id: str, principal: Principal) -> types_pb2.Task | None:
+        """The task as `principal` may see it: None when it does not exist or is another caller's (an
+        operator sees every task)."""
         found = await self.tasks.get(parse_task_id(task_id))
-        return None if found is None else task_message(*found)
+        if found is None or not principal.owns(found[0]["caller"]):
+            return None
+        return task_message(*found)
 
     # --- Submit --------------------------------------------------------------------------------------
     async def Submit(self, request: intake_pb2.SubmitRequest,
@@ -65,12 +69,13 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
         async def run() -> intake_pb2.SubmitResponse | Refused:
             if not request.HasField("task"):
                 raise InvalidInput("task", "is required")
-            task = validate_spec(request.task, "task", current_caller.get(), self.settings)
+            task = validate_spec(request.task, "task", current_principal.get().name, self.settings)
             (decision,) = await self.submitter.submit([task])
             if isinstance(decision, Refused):
                 return decision
             # a new task is answered from what was recorded; only an earlier one is read back
-            view = await self._task(str(decision.task_id)) if decision.deduplicated else new_task_message(task)
+            view = (await self._task(str(decision.task_id), current_principal.get()) if decision.deduplicated
+                    else new_task_message(task))
             return intake_pb2.SubmitResponse(task=view, deduplicated=decision.deduplicated)
 
         outcome = await self._guard(context, run)
@@ -82,7 +87,7 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
     async def SubmitBatch(self, request: intake_pb2.SubmitBatchRequest,
                           context: grpc.aio.ServicerContext) -> intake_pb2.SubmitBatchResponse:
         async def run() -> intake_pb2.SubmitBatchResponse:
-            batch = validate_batch(request, current_caller.get(), self.settings)
+            batch = validate_batch(request, current_principal.get().name, self.settings)
             decisions = await self.submitter.submit(batch)
             items = []
             stamps: dict[datetime, timestamp_pb2.Timestamp] = {}
@@ -107,7 +112,7 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
     # --- reading and cancelling ----------------------------------------------------------------------
     async def GetTask(self, request: intake_pb2.GetTaskRequest,
                       context: grpc.aio.ServicerContext) -> intake_pb2.GetTaskResponse:
-        view = await self._guard(context, lambda: self._task(request.task_id))
+        view = await self._guard(context, lambda: self._task(request.task_id, current_principal.get()))
         if view is None:
             await rpc.abort(context, rpc.plain_status(grpc.StatusCode.NOT_FOUND,
                                                       f"no task {request.task_id}"))
@@ -117,15 +122,16 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
                          context: grpc.aio.ServicerContext) -> intake_pb2.CancelTaskResponse:
         async def run() -> types_pb2.Task | None:
             task_id = parse_task_id(request.task_id)
+            principal = current_principal.get()
             found = await self.tasks.get(task_id)
-            if found is None:
+            if found is None or not principal.owns(found[0]["caller"]):
                 return None
-            who = f"cancelled by {current_caller.get()}"
+            who = f"cancelled by {principal.name}"
             moved = await self.tasks.transition([task_id], "CANCELLED", who)
             if moved:
                 # a queued task leaves its queue now; a running one finishes but its result is refused
                 await self.queues.cancel(found[0]["device"], str(task_id))
-            return await self._task(str(task_id))
+            return await self._task(str(task_id), principal)
 
         view = await self._guard(context, run)
         if view is None:

@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from sieve.auth import current_principal
 from sieve.rpc import abort, invalid_argument, plain_status
 from sieve.settings import Settings
 from sieve.v1 import registry_pb2, registry_pb2_grpc, types_pb2
@@ -52,11 +53,13 @@ def _resources_problem(resources: registry_pb2.Resources) -> status_pb2.Status |
     return None
 
 
-def register_problem(request: registry_pb2.RegisterRequest) -> status_pb2.Status | None:
+def register_problem(request: registry_pb2.RegisterRequest, max_concurrency: int) -> status_pb2.Status | None:
     """What is wrong with a RegisterRequest (the first problem found), or None."""
     problem = _worker_id_problem(request.worker_id)
     if problem is not None:
         return problem
+    if request.concurrency > max_concurrency:
+        return invalid_argument("concurrency", f"must be at most {max_concurrency} (SIEVE_MAX_WORKER_CONCURRENCY)")
     if len(request.hostname) > MAX_HOSTNAME_CHARS:
         return invalid_argument("hostname", f"must be at most {MAX_HOSTNAME_CHARS} characters")
     if not request.task_types:
@@ -88,12 +91,20 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
             await abort(context, plain_status(grpc.StatusCode.UNAVAILABLE, "worker store unavailable"))
             raise  # not reached: abort raises
 
+    async def _as_worker(self, context: grpc.aio.ServicerContext, worker_id: str) -> None:
+        """A worker credential speaks only for the worker ids it names (see `Principal.may_act_as_worker`)."""
+        principal = current_principal.get()
+        if not principal.may_act_as_worker(worker_id):
+            await abort(context, plain_status(grpc.StatusCode.PERMISSION_DENIED,
+                                              f"credential {principal.name!r} may not act as this worker id"))
+
     async def Register(
         self, request: registry_pb2.RegisterRequest, context: grpc.aio.ServicerContext
     ) -> registry_pb2.RegisterResponse:
-        problem = register_problem(request)
+        problem = register_problem(request, self._settings.max_worker_concurrency)
         if problem is not None:
             await abort(context, problem)
+        await self._as_worker(context, request.worker_id)
         record = await self._store(context, lambda: self.records.save(request))
         log.info("worker %s registered (%s)", request.worker_id,
                  "available" if record.available else "; ".join(record.unavailable_reasons),
@@ -109,6 +120,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
         problem = heartbeat_problem(request)
         if problem is not None:
             await abort(context, problem)
+        await self._as_worker(context, request.worker_id)
         resources = request.resources if request.HasField("resources") else None
         alive = await self._store(context, lambda: self.records.heartbeat(request.worker_id, resources))
         if not alive:

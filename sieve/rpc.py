@@ -1,7 +1,9 @@
 """gRPC plumbing every service shares: the server shape, rich error statuses, client channels.
 
 Every service's `server.py` calls `create_server` with its servicers and `serve` to run until SIGTERM:
-health checking (stock HealthServicer) and server reflection are always on, and shutdown is ordered:
+health checking (stock HealthServicer) is always on, reflection when `SIEVE_GRPC_REFLECTION` is; every call
+passes `auth.AuthInterceptor` (credentials and roles); TLS (or mTLS) when certificates are configured. Clients
+use `channel` (TLS when a CA is configured, the process's bearer token on every call). Shutdown is ordered:
 health NOT_SERVING, the service's own `before_stop` (stop taking work, drain), `server.stop(grace)`.
 """
 
@@ -13,6 +15,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from google.protobuf import duration_pb2
@@ -21,10 +24,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
+from sieve import auth, telemetry
 from sieve import reflection as method_reflection
-from sieve import telemetry
 from sieve.rpc_metrics import RpcMetricsInterceptor
-from sieve.settings import Settings
+from sieve.settings import Settings, SettingsError
 
 log = logging.getLogger("sieve.rpc")
 
@@ -44,9 +47,48 @@ def channel_options(settings: Settings) -> list[tuple[str, int]]:
     ]
 
 
-def insecure_channel(address: str, settings: Settings) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=channel_options(settings),
-                                     interceptors=telemetry.client_interceptors())
+def _read_bytes(path: str, setting: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise SettingsError(f"{setting}={path}: cannot read it: {exc.strerror}") from None
+
+
+def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    """TLS credentials of a server (None: plaintext), requiring client certificates when tls_client_auth."""
+    if not settings.tls_cert_file:
+        return None
+    pair = (_read_bytes(settings.tls_key_file, "SIEVE_TLS_KEY_FILE"),
+            _read_bytes(settings.tls_cert_file, "SIEVE_TLS_CERT_FILE"))
+    ca = _read_bytes(settings.tls_ca_file, "SIEVE_TLS_CA_FILE") if settings.tls_client_auth else None
+    return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=settings.tls_client_auth)
+
+
+def channel_credentials(settings: Settings) -> grpc.ChannelCredentials | None:
+    """TLS credentials of a client (None: plaintext): the CA to verify servers by, and this process's
+    certificate for servers that require one."""
+    if not settings.tls_ca_file:
+        return None
+    ca = _read_bytes(settings.tls_ca_file, "SIEVE_TLS_CA_FILE")
+    if settings.tls_cert_file:
+        return grpc.ssl_channel_credentials(ca, _read_bytes(settings.tls_key_file, "SIEVE_TLS_KEY_FILE"),
+                                            _read_bytes(settings.tls_cert_file, "SIEVE_TLS_CERT_FILE"))
+    return grpc.ssl_channel_credentials(ca)
+
+
+def channel(address: str, settings: Settings,
+            extra_options: Sequence[tuple[str, int | str]] = ()) -> grpc.aio.Channel:
+    """A client channel to a Sieve service: TLS when a CA is configured, this process's bearer token on every
+    call, tracing interceptors when tracing is on."""
+    options: list[tuple[str, int | str]] = [*channel_options(settings), *extra_options]
+    if settings.tls_server_name:
+        options.append(("grpc.ssl_target_name_override", settings.tls_server_name))
+    interceptors = [*auth.bearer_interceptors(auth.client_token(settings.auth_token, settings.auth_token_file)),
+                    *telemetry.client_interceptors()]
+    credentials = channel_credentials(settings)
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+    return grpc.aio.secure_channel(address, credentials, options=options, interceptors=interceptors)
 
 
 @dataclass
@@ -91,15 +133,22 @@ class RunningServer:
 
 async def create_server(service: Service, address: str, settings: Settings) -> RunningServer:
     """Builds and starts a server for `service` on `address` (port 0 picks one); returns it with its port."""
-    interceptors = [*telemetry.server_interceptors(), RpcMetricsInterceptor(), *service.interceptors]
+    authenticator = auth.load_authenticator(settings.auth_tokens, settings.auth_tokens_file)
+    auth.require_credentials(authenticator, settings.allow_anonymous, service.name)
+    guard = auth.AuthInterceptor(authenticator, allow_anonymous=settings.allow_anonymous,
+                                 reflection=settings.grpc_reflection)
+    interceptors = [*telemetry.server_interceptors(), RpcMetricsInterceptor(), guard, *service.interceptors]
     server = grpc.aio.server(interceptors=interceptors, options=channel_options(settings))
     service.register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    method_reflection.enable_server_reflection(
-        [*service.service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-         reflection.SERVICE_NAME], server)
-    port = server.add_insecure_port(address)
+    if settings.grpc_reflection:
+        method_reflection.enable_server_reflection(
+            [*service.service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME], server)
+    credentials = server_credentials(settings)
+    port = (server.add_insecure_port(address) if credentials is None
+            else server.add_secure_port(address, credentials))
     if port == 0:
         raise OSError(f"{service.name}: cannot bind {address}")
     await server.start()

@@ -43,9 +43,33 @@ class Settings:
     #: Seconds a server waits for in-flight RPCs on SIGTERM.
     shutdown_grace_s: float = 10.0
 
+    # --- trust: credentials, TLS (see sieve/auth.py and the README's "Security" section) ----------------
+    #: Credentials a server accepts: "name:role:sha256hex" entries (role client | worker | operator; the
+    #: hex SHA-256 of the bearer token), separated by commas or new lines. Several entries may share a name.
+    auth_tokens: str = ""
+    #: A file of such entries, one per line ("#" comments); read at start, in addition to auth_tokens.
+    auth_tokens_file: str = ""
+    #: The bearer token this process sends to the services it calls (a worker's, a client's).
+    auth_token: str = ""
+    #: A file whose first word is that token (instead of auth_token).
+    auth_token_file: str = ""
+    #: Serve callers without a credential as the anonymous principal holding every role (local runs, tests).
+    #: Without it, a server with no credentials refuses to start.
+    allow_anonymous: bool = False
+    #: gRPC server reflection (grpcurl without proto files); open to anyone while on.
+    grpc_reflection: bool = False
+    #: PEM certificate chain and key of this process: a server with both serves TLS only; a client presents
+    #: them when the server asks for a client certificate (mTLS).
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    #: PEM CA bundle: a client with it connects over TLS and verifies the server; a server with it and
+    #: tls_client_auth=true requires client certificates signed by it (mTLS).
+    tls_ca_file: str = ""
+    tls_client_auth: bool = False
+    #: The name a client expects in the server's certificate, when it is not the host of the address.
+    tls_server_name: str = ""
+
     # --- intake -----------------------------------------------------------------------------------
-    #: "caller=token,caller2=token2"; empty means every caller is "anonymous" and no token is needed.
-    api_keys: str = ""
     max_text_bytes: int = 64 * 1024
     max_image_bytes: int = 10 * 1024 * 1024
     #: Admission: refuse new tasks above this many pending in all (seed CELERY_MAX_TOTAL_PENDING).
@@ -107,6 +131,8 @@ class Settings:
     worker_task_types: str = "TEXT"
     #: Tasks a worker holds at once (credits); 0 picks a default from its mode.
     worker_concurrency: int = 0
+    #: The most slots any worker may register; the scheduler never lets a worker hold more than it registered.
+    max_worker_concurrency: int = 256
     #: Status and result writes are grouped (group commit): at most this many rows per statement.
     result_flush_rows: int = 500
     #: Where the worker serves gRPC health checks (port 0 picks a free one).
@@ -157,7 +183,16 @@ class Settings:
         if self.no_gpu_strategy not in ("defer", "cpu", "dead_letter"):
             raise SettingsError("SIEVE_NO_GPU_STRATEGY must be defer, cpu or dead_letter")
         self.weights_by_device  # noqa: B018  (parses and validates)
-        self.callers_by_token  # noqa: B018
+        from sieve.auth import AuthError, parse_credentials
+
+        try:
+            parse_credentials(self.auth_tokens, "SIEVE_AUTH_TOKENS")
+        except AuthError as exc:
+            raise SettingsError(str(exc)) from None
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise SettingsError("SIEVE_TLS_CERT_FILE and SIEVE_TLS_KEY_FILE go together")
+        if self.tls_client_auth and not (self.tls_ca_file and self.tls_cert_file):
+            raise SettingsError("SIEVE_TLS_CLIENT_AUTH needs SIEVE_TLS_CA_FILE and a server certificate")
 
     @property
     def weights_by_device(self) -> dict[str, int]:
@@ -184,19 +219,13 @@ class Settings:
         return self.weights_by_device.get(device, self.default_weight)
 
     @property
-    def callers_by_token(self) -> dict[str, str]:
-        """API tokens to caller names, from `api_keys`."""
-        callers: dict[str, str] = {}
-        for item in filter(None, (p.strip() for p in self.api_keys.split(","))):
-            caller, sep, token = item.partition("=")
-            if not sep or not caller or not token:
-                raise SettingsError(f"SIEVE_API_KEYS: entry {item!r} is not caller=token")
-            callers[token] = caller
-        return callers
-
-    @property
     def effective_worker_id(self) -> str:
-        return self.worker_id or f"{socket.gethostname()}:{os.getpid()}"
+        """`worker_id`, or hostname:pid; an id ending in "/" (a credential's name, "cpu-pool/") gets hostname:pid
+        appended, so that the replicas of one deployment share a credential but not an id."""
+        own = f"{socket.gethostname()}:{os.getpid()}"
+        if self.worker_id.endswith("/"):
+            return self.worker_id + own
+        return self.worker_id or own
 
     @property
     def worker_types(self) -> tuple[str, ...]:

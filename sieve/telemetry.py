@@ -11,7 +11,7 @@ What it turns on depends only on the standard OpenTelemetry variables:
 
 With tracing on: a TracerProvider whose resource names the service (`sieve-intake`, `sieve-scheduler`,
 `sieve-registry`, `sieve-worker`, plus `OTEL_RESOURCE_ATTRIBUTES`), gRPC server and client spans for every
-RPC except health checks (`rpc.create_server` and `rpc.insecure_channel` take the interceptors from here;
+RPC except health checks (`rpc.create_server` and `rpc.channel` take the interceptors from here;
 they work with grpc.aio streams, the bidirectional Pull included), and Redis and PostgreSQL client spans.
 Redis and PostgreSQL calls get a span only inside a traced operation (an RPC, a task's claim or run): the
 background loops (dispatch polling, housekeeping, scrapes, group commits) would otherwise start one trace

@@ -133,6 +133,8 @@ class WorkerRecord:
     active_tasks: int
     registered_at: datetime
     last_heartbeat: datetime
+    #: slots the worker registered (the most it may hold at once)
+    concurrency: int = 0
     #: Filled by `WorkerRecords.list` from `availability`; empty means available.
     unavailable_reasons: tuple[str, ...] = field(default=())
 
@@ -184,6 +186,7 @@ class WorkerRecord:
             memory_available_bytes=count("memory_available_bytes"),
             memory_percent=num("memory_percent"),
             active_tasks=count("active_tasks"),
+            concurrency=count("concurrency"),
             registered_at=moment("registered_at"),
             last_heartbeat=moment("last_heartbeat"),
         )
@@ -216,6 +219,7 @@ class WorkerRecord:
             last_heartbeat=_timestamp(self.last_heartbeat),
             available=self.available,
             unavailable_reasons=list(self.unavailable_reasons),
+            concurrency=self.concurrency,
         )
 
 
@@ -246,7 +250,8 @@ class WorkerRecords:
         now: datetime | None = None,
     ) -> WorkerRecord:
         """Registers a worker: replaces its whole record (registered_at = last_heartbeat = now, unless a
-        WorkerInfo brings its own registered_at) and starts its TTL, in one MULTI/EXEC."""
+        WorkerInfo brings its own registered_at) and starts its TTL, in one MULTI/EXEC. A concurrency of 0
+        (not given) is stored as the fleet's maximum, SIEVE_MAX_WORKER_CONCURRENCY."""
         now = (now or datetime.now(UTC)).astimezone(UTC)
         registered_at = now
         if isinstance(info, registry_pb2.WorkerInfo) and info.HasField("registered_at"):
@@ -256,6 +261,8 @@ class WorkerRecords:
             "hostname": info.hostname,
             "pid": str(info.pid),
             "task_types": ",".join(task_type_name(t) for t in task_types),
+            "concurrency": str(min(info.concurrency or self._settings.max_worker_concurrency,
+                                   self._settings.max_worker_concurrency)),
             **_resource_fields(info.resources),
             "registered_at": _iso(registered_at),
             "last_heartbeat": _iso(now),

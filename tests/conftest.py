@@ -43,6 +43,10 @@ def settings(unique: str) -> Settings:
         database_schema=f"test_{unique}",
         housekeeping_interval_s=0.2,
         shutdown_grace_s=3.0,
+        # in-process servers of a test serve callers without a credential (the anonymous principal holds every
+        # role); tests of authentication configure credentials themselves, and e2e clusters always run with them
+        allow_anonymous=True,
+        grpc_reflection=True,
         # every process of a test shares this machine's two cores: its CPU is not one worker's load
         # (backpressure tests fix their readings instead)
         cpu_watermark_pct=101,

@@ -120,7 +120,7 @@ class Puller:
                 if closing:
                     return
 
-        async with rpc.insecure_channel(self.settings.scheduler_addr, self.settings) as channel:
+        async with rpc.channel(self.settings.scheduler_addr, self.settings) as channel:
             call = scheduler_pb2_grpc.SchedulerServiceStub(channel).Pull(requests())
             watcher = asyncio.create_task(self._watch(stop, outbox))
             try:

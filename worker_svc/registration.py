@@ -22,9 +22,8 @@ from collections.abc import Callable
 
 import grpc
 
-from sieve import telemetry
+from sieve import rpc
 from sieve.backoff import Backoff
-from sieve.rpc import channel_options
 from sieve.settings import Settings
 from sieve.v1 import registry_pb2, registry_pb2_grpc
 from worker_svc.resources import ResourceSampler
@@ -47,8 +46,11 @@ class RegistryClient:
         task_types: list[int],
         active_tasks: Callable[[], int],
         gpu_available: Callable[[], bool] | None = None,
+        concurrency: Callable[[], int] | None = None,
     ) -> None:
         self._settings = settings
+        #: the slots this worker registers (the scheduler caps what it hands out by them)
+        self._concurrency = concurrency or (lambda: settings.worker_concurrency)
         self._gpu_available = gpu_available
         self._wake = asyncio.Event()
         self._sampler = sampler
@@ -70,14 +72,11 @@ class RegistryClient:
     def _channel(self) -> grpc.aio.Channel:
         # Reconnect attempts follow our own cap, not gRPC's default of up to 120 s, so that a registry
         # that comes back is reached well within the worker TTL.
-        options = [
-            *channel_options(self._settings),
+        return rpc.channel(self._settings.registry_addr, self._settings, extra_options=[
             ("grpc.initial_reconnect_backoff_ms", int(BACKOFF_INITIAL_S * 1000)),
             ("grpc.min_reconnect_backoff_ms", int(BACKOFF_INITIAL_S * 1000)),
             ("grpc.max_reconnect_backoff_ms", int(BACKOFF_MAX_S * 1000)),
-        ]
-        return grpc.aio.insecure_channel(self._settings.registry_addr, options=options,
-                                         interceptors=telemetry.client_interceptors())
+        ])
 
     async def run(self, stop: asyncio.Event) -> None:
         """Registers and heartbeats until `stop` is set; never raises for a failed call."""
@@ -135,7 +134,8 @@ class RegistryClient:
         if not self.registered:
             answer = await stub.Register(
                 registry_pb2.RegisterRequest(worker_id=self.worker_id, hostname=self.hostname, pid=self.pid,
-                                             task_types=self._task_types, resources=resources),
+                                             task_types=self._task_types, resources=resources,
+                                             concurrency=self._concurrency()),
                 timeout=RPC_TIMEOUT_S,
             )
             self.registered = True

@@ -59,7 +59,8 @@ class Worker:
                              self.concurrency, ObservedRunner(self.runner, self.worker_id),
                              Pressure(self.sampler, settings))
         self.registry = RegistryClient(settings, self.sampler, self.task_types, lambda: self.puller.in_use,
-                                       gpu_available=self._ocr_gpu if self.ocr else None)
+                                       gpu_available=self._ocr_gpu if self.ocr else None,
+                                       concurrency=lambda: self.puller.concurrency)
         self.stop_event = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
         self._pulling: asyncio.Task[None] | None = None

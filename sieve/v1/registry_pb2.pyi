@@ -39,7 +39,7 @@ class Resources(_message.Message):
     def __init__(self, gpu_available: _Optional[bool] = ..., gpu_count: _Optional[int] = ..., gpu_names: _Optional[_Iterable[str]] = ..., gpu_memory_total_bytes: _Optional[int] = ..., gpu_util_percent: _Optional[float] = ..., gpu_memory_percent: _Optional[float] = ..., cpu_count: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., memory_total_bytes: _Optional[int] = ..., memory_available_bytes: _Optional[int] = ..., memory_percent: _Optional[float] = ..., active_tasks: _Optional[int] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "hostname", "pid", "task_types", "resources", "registered_at", "last_heartbeat", "available", "unavailable_reasons")
+    __slots__ = ("worker_id", "hostname", "pid", "task_types", "resources", "registered_at", "last_heartbeat", "available", "unavailable_reasons", "concurrency")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,7 @@ class WorkerInfo(_message.Message):
     LAST_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     UNAVAILABLE_REASONS_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     hostname: str
     pid: int
@@ -58,21 +59,24 @@ class WorkerInfo(_message.Message):
     last_heartbeat: _timestamp_pb2.Timestamp
     available: bool
     unavailable_reasons: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_id: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., task_types: _Optional[_Iterable[_Union[_types_pb2.TaskType, str]]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_heartbeat: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., available: _Optional[bool] = ..., unavailable_reasons: _Optional[_Iterable[str]] = ...) -> None: ...
+    concurrency: int
+    def __init__(self, worker_id: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., task_types: _Optional[_Iterable[_Union[_types_pb2.TaskType, str]]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_heartbeat: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., available: _Optional[bool] = ..., unavailable_reasons: _Optional[_Iterable[str]] = ..., concurrency: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("worker_id", "hostname", "pid", "task_types", "resources")
+    __slots__ = ("worker_id", "hostname", "pid", "task_types", "resources", "concurrency")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     TASK_TYPES_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     hostname: str
     pid: int
     task_types: _containers.RepeatedScalarFieldContainer[_types_pb2.TaskType]
     resources: Resources
-    def __init__(self, worker_id: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., task_types: _Optional[_Iterable[_Union[_types_pb2.TaskType, str]]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ...) -> None: ...
+    concurrency: int
+    def __init__(self, worker_id: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., task_types: _Optional[_Iterable[_Union[_types_pb2.TaskType, str]]] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., concurrency: _Optional[int] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("heartbeat_interval_s", "worker_ttl_s")

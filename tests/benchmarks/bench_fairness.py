@@ -95,7 +95,7 @@ async def noisy_neighbour() -> None:
         s = cluster.settings.replace(cpu_watermark_pct=101)
         noisy = mac(0xAA, 1)
         worker = TimedWorker(s)
-        async with rpc.insecure_channel(s.intake_addr, s) as channel, worker.running():
+        async with rpc.channel(s.intake_addr, s) as channel, worker.running():
             stub = intake_pb2_grpc.IntakeServiceStub(channel)
             await submit_all(stub, [text(noisy, i) for i in range(20000)], chunk=1000)
             queued_at = time.time() * 1000
@@ -125,7 +125,7 @@ async def equal_share() -> None:
         s = cluster.settings.replace(cpu_watermark_pct=101)
         devices = [mac(0xCC, d) for d in range(50)]
         worker = TimedWorker(s)
-        async with rpc.insecure_channel(s.intake_addr, s) as channel:
+        async with rpc.channel(s.intake_addr, s) as channel:
             stub = intake_pb2_grpc.IntakeServiceStub(channel)
             await submit_all(stub, [text(d, i) for i in range(600) for d in devices], chunk=1000)
             async with worker.running():
@@ -149,7 +149,7 @@ async def weights() -> None:
                                SIEVE_MAX_PER_DEVICE_PENDING="5000", SIEVE_MAX_TOTAL_PENDING="60000") as cluster:
         s = cluster.settings.replace(cpu_watermark_pct=101)
         worker = TimedWorker(s)
-        async with rpc.insecure_channel(s.intake_addr, s) as channel:
+        async with rpc.channel(s.intake_addr, s) as channel:
             stub = intake_pb2_grpc.IntakeServiceStub(channel)
             await submit_all(stub, [text(d, i) for i in range(3000) for d in (a, b, c)], chunk=1000)
             async with worker.running():

@@ -84,7 +84,7 @@ async def main(args: argparse.Namespace) -> None:
                                SIEVE_CPU_WATERMARK_PCT="101") as cluster:
         s = cluster.settings
         pg = await asyncpg.connect(s.database_url, server_settings={"search_path": s.database_schema})
-        async with rpc.insecure_channel(s.intake_addr, s) as channel:
+        async with rpc.channel(s.intake_addr, s) as channel:
             stub = intake_pb2_grpc.IntakeServiceStub(channel)
             device = 0
 

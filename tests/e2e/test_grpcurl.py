@@ -72,7 +72,7 @@ async def test_the_readme_grpcurl_commands_work_against_the_running_services(clu
     addrs = {DEFAULT_ADDRS["intake"]: s.intake_addr, DEFAULT_ADDRS["scheduler"]: s.scheduler_addr,
              DEFAULT_ADDRS["registry"]: s.registry_addr}
     # Given a dead letter: an OCR task while no GPU worker is alive
-    async with rpc.insecure_channel(s.intake_addr, s) as channel:
+    async with rpc.channel(s.intake_addr, s) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
         ocr = (await stub.Submit(intake_pb2.SubmitRequest(task=intake_pb2.TaskSpec(
             device_id="AA-BB-CC-DD-EE-02", type=types_pb2.TASK_TYPE_OCR_IMAGE, image=tiny_png())))).task.task_id

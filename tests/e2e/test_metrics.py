@@ -85,7 +85,7 @@ async def test_every_services_metrics_parse_and_move_with_a_known_workload(clust
         assert has(samples, "process_cpu_seconds_total")
 
     # When the workload runs
-    async with rpc.insecure_channel(cluster.settings.intake_addr, cluster.settings) as channel:
+    async with rpc.channel(cluster.settings.intake_addr, cluster.settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
         ids = []
         for i, spec in enumerate([text("10:00:00:00:00:01", "加 微 信 免费领取", idempotency_key="once"),

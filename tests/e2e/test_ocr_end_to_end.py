@@ -44,7 +44,7 @@ async def test_an_ocr_worker_process_reads_submitted_images_and_stops_cleanly(
 
     # When six images are submitted
     samples = SAMPLES[:6]
-    async with rpc.insecure_channel(s.intake_addr, s) as channel:
+    async with rpc.channel(s.intake_addr, s) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
         reply = await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=[
             intake_pb2.TaskSpec(device_id=f"0B:00:00:00:00:{i:02x}", type=types_pb2.TASK_TYPE_OCR_IMAGE,

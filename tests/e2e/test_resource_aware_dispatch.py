@@ -48,7 +48,7 @@ def readings(tmp_path: Path, name: str, memory: int) -> Path:
 
 
 async def submit(c: Cluster, count: int, tag: str) -> list[str]:
-    async with rpc.insecure_channel(c.settings.intake_addr, c.settings) as channel:
+    async with rpc.channel(c.settings.intake_addr, c.settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
         specs = [intake_pb2.TaskSpec(device_id=f"0C:00:00:00:{i % 40:02x}:01", type=types_pb2.TASK_TYPE_TEXT,
                                      text=f"{tag} {i}") for i in range(count)]
@@ -68,7 +68,7 @@ async def workers_of(pg: asyncpg.Pool, ids: list[str], timeout_s: float = 30) ->
 
 
 async def listed(c: Cluster) -> dict[str, registry_pb2.WorkerInfo]:
-    async with rpc.insecure_channel(c.settings.registry_addr, c.settings) as channel:
+    async with rpc.channel(c.settings.registry_addr, c.settings) as channel:
         reply = await registry_pb2_grpc.RegistryServiceStub(channel).ListWorkers(registry_pb2.ListWorkersRequest())
     return {w.worker_id: w for w in reply.workers}
 

@@ -33,7 +33,7 @@ async def test_two_thousand_texts_over_a_hundred_devices_all_succeed_with_the_ri
                                  type=types_pb2.TASK_TYPE_TEXT, text=f"{rng.choice(SENTENCES)} #{i}")
              for i, d in enumerate(rng.randrange(100) for _ in range(2000))]
     started = time.perf_counter()
-    async with rpc.insecure_channel(cluster.settings.intake_addr, cluster.settings) as channel:
+    async with rpc.channel(cluster.settings.intake_addr, cluster.settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
         # When they are submitted in batches of 100, concurrently
         replies = await asyncio.gather(*(

@@ -102,7 +102,7 @@ async def test_one_task_is_one_trace_from_submit_to_the_workers_ack(
     spans = receiver[0]
     # Given the four services exporting to the receiver
     # When one text is submitted and done
-    async with rpc.insecure_channel(cluster.settings.intake_addr, cluster.settings) as channel:
+    async with rpc.channel(cluster.settings.intake_addr, cluster.settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
         reply = await stub.Submit(intake_pb2.SubmitRequest(task=intake_pb2.TaskSpec(
             device_id="AA-BB-CC-DD-EE-07", type=types_pb2.TASK_TYPE_TEXT, text="加 微 信 免费领取")))
@@ -162,7 +162,7 @@ async def test_each_task_of_a_batch_is_a_trace_of_its_own_linked_to_the_batch(
     spans = receiver[0]
     # Given the four services exporting to the receiver
     # When three texts of three devices are submitted in one SubmitBatch and done
-    async with rpc.insecure_channel(cluster.settings.intake_addr, cluster.settings) as channel:
+    async with rpc.channel(cluster.settings.intake_addr, cluster.settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
         reply = await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=[
             intake_pb2.TaskSpec(device_id=f"AA-BB-CC-DD-EE-1{i}", type=types_pb2.TASK_TYPE_TEXT, text=f"text {i}")

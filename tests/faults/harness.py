@@ -82,7 +82,7 @@ class Load:
         specs = [intake_pb2.TaskSpec(device_id=f"0F:00:00:00:{i % DEVICES:02x}:00", type=types_pb2.TASK_TYPE_TEXT,
                                      text=f"加 微 信 {i}" if i % 4 == 0 else f"hello {i}",
                                      idempotency_key=f"load-{i}") for i in range(TASKS)]
-        async with rpc.insecure_channel(self.settings.intake_addr, self.settings) as channel:
+        async with rpc.channel(self.settings.intake_addr, self.settings) as channel:
             stub = intake_pb2_grpc.IntakeServiceStub(channel)
             for i in range(0, TASKS, batch):
                 await self._submit(stub, specs[i : i + batch])

@@ -136,7 +136,7 @@ async def test_one_idempotency_key_from_twenty_clients_makes_one_task(
                                idempotency_key="the-one")
 
     async def one_client() -> tuple[str, bool]:
-        async with rpc.insecure_channel(c.settings.intake_addr, c.settings) as channel:
+        async with rpc.channel(c.settings.intake_addr, c.settings) as channel:
             reply = await intake_pb2_grpc.IntakeServiceStub(channel).Submit(intake_pb2.SubmitRequest(task=spec))
             return reply.task.task_id, reply.deduplicated
 

@@ -55,10 +55,10 @@ async def start_platform(settings: Settings, redis: Redis, pg: asyncpg.Pool,
     sched_server = await rpc.create_server(sched_service, "127.0.0.1:0", settings)
     settings = settings.replace(scheduler_addr=f"127.0.0.1:{sched_server.port}")
     intake = await rpc.create_server(build_intake(settings, redis, tasks), "127.0.0.1:0", settings)
-    channel = rpc.insecure_channel(f"127.0.0.1:{intake.port}", settings)
+    channel = rpc.channel(f"127.0.0.1:{intake.port}", settings)
     platform = Platform(settings, intake_pb2_grpc.IntakeServiceStub(channel), scheduler,
                         QueueStore(redis, settings), pg, redis, [],
-                        scheduler_pb2_grpc.SchedulerServiceStub(channel_s := rpc.insecure_channel(
+                        scheduler_pb2_grpc.SchedulerServiceStub(channel_s := rpc.channel(
                             settings.scheduler_addr, settings)))
     for i in range(workers):
         await platform.add_worker(worker_id=f"worker-{i + 1}")

@@ -53,7 +53,7 @@ class ScriptedWorker:
             while (item := await self._outbox.get()) is not None:
                 yield item
 
-        async with rpc.insecure_channel(self.settings.scheduler_addr, self.settings) as channel:
+        async with rpc.channel(self.settings.scheduler_addr, self.settings) as channel:
             call = scheduler_pb2_grpc.SchedulerServiceStub(channel).Pull(requests())
             try:
                 async for response in call:

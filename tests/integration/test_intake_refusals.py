@@ -10,6 +10,7 @@ from redis.asyncio import Redis
 
 from intake_svc.server import build_service as build_intake
 from sieve import rpc
+from sieve.auth import hash_token
 from sieve.db.tasks import TaskStore
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
@@ -81,7 +82,7 @@ async def test_a_full_device_is_refused_with_retry_info_while_others_are_accepte
     # Given a per-device limit of 3 and no workers
     settings = settings.replace(max_per_device_pending=3)
     server = await rpc.create_server(build_intake(settings, redis, TaskStore(pg)), "127.0.0.1:0", settings)
-    async with rpc.insecure_channel(f"127.0.0.1:{server.port}", settings) as channel:
+    async with rpc.channel(f"127.0.0.1:{server.port}", settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
         for i in range(3):
             await stub.Submit(intake_pb2.SubmitRequest(task=text_spec("AA-BB-CC-DD-EE-01", f"t{i}")))
@@ -103,7 +104,7 @@ async def test_the_global_limit_refuses_with_the_seed_retry_delay(
         settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
     settings = settings.replace(max_total_pending=2)
     server = await rpc.create_server(build_intake(settings, redis, TaskStore(pg)), "127.0.0.1:0", settings)
-    async with rpc.insecure_channel(f"127.0.0.1:{server.port}", settings) as channel:
+    async with rpc.channel(f"127.0.0.1:{server.port}", settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
         await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(
             tasks=[text_spec(f"AA-BB-CC-DD-EE-0{i}", "x") for i in (1, 2)]))
@@ -117,10 +118,10 @@ async def test_the_global_limit_refuses_with_the_seed_retry_delay(
 
 async def test_a_caller_without_a_known_token_is_unauthenticated(
         settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
-    settings = settings.replace(api_keys="svc-a=secret-a")
+    settings = settings.replace(auth_tokens=f"svc-a:client:{hash_token('secret-a')}", allow_anonymous=False)
     server = await rpc.create_server(build_intake(settings, redis, TaskStore(pg)), "127.0.0.1:0", settings)
     request = intake_pb2.SubmitRequest(task=text_spec("AA-BB-CC-DD-EE-01", "x"))
-    async with rpc.insecure_channel(f"127.0.0.1:{server.port}", settings) as channel:
+    async with rpc.channel(f"127.0.0.1:{server.port}", settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
         for metadata in ((), (("authorization", "Bearer wrong"),)):
             with pytest.raises(grpc.aio.AioRpcError) as err:

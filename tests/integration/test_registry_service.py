@@ -17,7 +17,8 @@ from redis.asyncio import Redis
 import sieve.workers
 from registry_svc.server import build_service
 from sieve.keys import Keys
-from sieve.rpc import RunningServer, bad_fields_of, create_server, insecure_channel
+from sieve.rpc import RunningServer, bad_fields_of, create_server
+from sieve.rpc import channel as open_channel
 from sieve.settings import Settings
 from sieve.v1 import registry_pb2, registry_pb2_grpc, types_pb2
 from sieve.workers import WorkerRecords
@@ -41,7 +42,7 @@ class Registry:
 @contextlib.asynccontextmanager
 async def _serving(settings: Settings, redis: Redis, address: str = "127.0.0.1:0") -> AsyncIterator[Registry]:
     running = await create_server(build_service(settings, redis), address, settings)
-    channel = insecure_channel(f"127.0.0.1:{running.port}", settings)
+    channel = open_channel(f"127.0.0.1:{running.port}", settings)
     try:
         yield Registry(running, registry_pb2_grpc.RegistryServiceStub(channel))
     finally:

@@ -45,7 +45,7 @@ async def test_an_unreachable_redis_answers_unavailable_and_records_nothing(
 
     dead = Redis.from_url("redis://127.0.0.1:1/0", decode_responses=True, socket_connect_timeout=0.2)
     server = await rpc.create_server(build_service(settings, dead, TaskStore(pg)), "127.0.0.1:0", settings)
-    async with rpc.insecure_channel(f"127.0.0.1:{server.port}", settings) as channel:
+    async with rpc.channel(f"127.0.0.1:{server.port}", settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.Submit(intake_pb2.SubmitRequest(task=text_spec("AA-BB-CC-DD-EE-01", "hello")))
@@ -64,7 +64,7 @@ async def test_an_unreachable_postgresql_answers_unavailable_and_queues_nothing(
     server = await rpc.create_server(build_service(settings, redis, TaskStore(unreachable)), "127.0.0.1:0",
                                      settings)
     # When a device submits, Then the caller is told to retry and nothing is queued
-    async with rpc.insecure_channel(f"127.0.0.1:{server.port}", settings) as channel:
+    async with rpc.channel(f"127.0.0.1:{server.port}", settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.Submit(intake_pb2.SubmitRequest(task=text_spec("AA-BB-CC-DD-EE-01", "hello")))

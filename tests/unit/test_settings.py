@@ -34,7 +34,6 @@ def test_defaults_are_the_seeds() -> None:
     assert s.retry_after_s == 30
     assert s.default_weight == 1
     assert s.device_weights == ""
-    assert s.api_keys == ""
 
 
 def test_integer_and_float_variables_are_parsed_by_their_field_type() -> None:
@@ -138,24 +137,23 @@ def test_a_bad_device_weight_is_refused_naming_the_variable(weights: str) -> Non
         Settings.from_env({"SIEVE_DEVICE_WEIGHTS": weights})
 
 
-def test_api_keys_map_tokens_to_callers() -> None:
-    s = Settings.from_env({"SIEVE_API_KEYS": "alice=t1, bob=t2,"})
-    assert s.callers_by_token == {"t1": "alice", "t2": "bob"}
+def test_no_credentials_by_default_and_anonymous_callers_refused() -> None:
+    s = Settings.from_env({})
+    assert (s.auth_tokens, s.auth_tokens_file, s.allow_anonymous, s.grpc_reflection) == ("", "", False, False)
 
 
-def test_no_api_keys_means_no_tokens() -> None:
-    assert Settings.from_env({}).callers_by_token == {}
+@pytest.mark.parametrize("tokens", ["alice", "alice:client", "alice:admin:" + "0" * 64, "alice:client:abc",
+                                    ":client:" + "0" * 64, "a/b:worker:" + "0" * 64])
+def test_a_bad_credential_entry_is_refused_naming_the_variable(tokens: str) -> None:
+    with pytest.raises(SettingsError, match="SIEVE_AUTH_TOKENS"):
+        Settings.from_env({"SIEVE_AUTH_TOKENS": tokens})
 
 
-def test_an_api_key_token_may_contain_an_equals_sign() -> None:
-    s = Settings.from_env({"SIEVE_API_KEYS": "alice=abc=="})
-    assert s.callers_by_token == {"abc==": "alice"}
-
-
-@pytest.mark.parametrize("keys", ["alice", "=token", "alice=", "alice=t1,bob"])
-def test_a_bad_api_key_entry_is_refused_naming_the_variable(keys: str) -> None:
-    with pytest.raises(SettingsError, match="SIEVE_API_KEYS"):
-        Settings.from_env({"SIEVE_API_KEYS": keys})
+def test_tls_certificate_and_key_go_together() -> None:
+    with pytest.raises(SettingsError, match="SIEVE_TLS_CERT_FILE"):
+        Settings.from_env({"SIEVE_TLS_CERT_FILE": "/x.pem"})
+    with pytest.raises(SettingsError, match="SIEVE_TLS_CLIENT_AUTH"):
+        Settings.from_env({"SIEVE_TLS_CLIENT_AUTH": "true"})
 
 
 def test_every_field_has_a_sieve_variable() -> None:
