@@ -1,7 +1,7 @@
 """A demo client of a running Sieve: submits text tasks from many devices, waits for them, prints a summary.
 
 Owns the demo that `deploy/run_local.py` runs (and that can be run alone against any intake):
-`python deploy/demo.py --addr 127.0.0.1:50051 --tasks 400 --devices 40 --token demo-token`.
+`python deploy/demo.py --addr 127.0.0.1:50051 --tasks 400 --devices 40 --token "$SIEVE_CLIENT_TOKEN"`.
 
 It sends `--tasks` TEXT tasks, spread over `--devices` random MAC addresses (written in several spellings),
 with `IntakeService.SubmitBatch` in batches of 50, then polls `GetTask` until every task is final or the
@@ -31,6 +31,8 @@ import grpc
 if __package__ in (None, ""):  # run as a script: make the repository's `sieve` package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from sieve import rpc
+from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 
 BATCH_SIZE = 50
@@ -184,15 +186,16 @@ async def poll_until_final(stub: intake_pb2_grpc.IntakeServiceStub, metadata: Se
             await asyncio.sleep(0.2)
 
 
-async def run_demo(addr: str, tasks: int = 400, devices: int = 40, token: str = "demo-token",
+async def run_demo(settings: Settings, tasks: int = 400, devices: int = 40,
                    timeout_s: float = 120.0, seed: int | None = None) -> DemoReport:
-    """Submits `tasks` texts over `devices` devices to the intake at `addr` and waits for their results."""
+    """Submits `tasks` texts over `devices` devices to the intake at `settings.intake_addr` (with its token and
+    TLS settings) and waits for their results."""
     rng = random.Random(seed)
-    metadata = [("authorization", f"Bearer {token}")] if token else []
+    metadata: list[tuple[str, str]] = []  # the channel adds the token
     report = DemoReport()
     specs = build_specs(tasks, devices, rng)
     started = time.monotonic()
-    async with grpc.aio.insecure_channel(addr) as channel:
+    async with rpc.channel(settings.intake_addr, settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
         await submit_all(stub, specs, metadata, report)
         await poll_until_final(stub, metadata, report, started + timeout_s)
@@ -270,7 +273,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="intake address (default: SIEVE_INTAKE_ADDR or 127.0.0.1:50051)")
     parser.add_argument("--tasks", type=int, default=400, help="texts to submit (default 400)")
     parser.add_argument("--devices", type=int, default=40, help="distinct device MACs (default 40)")
-    parser.add_argument("--token", default="demo-token", help="API token sent as 'Bearer <token>'")
+    parser.add_argument("--token", default=os.environ.get("SIEVE_CLIENT_TOKEN", ""),
+                        help="client token sent as 'Bearer <token>' (default: SIEVE_CLIENT_TOKEN)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for all results")
     parser.add_argument("--seed", type=int, default=None, help="random seed, for a repeatable demo")
     args = parser.parse_args(argv)
@@ -283,7 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         report = asyncio.run(
-            run_demo(args.addr, args.tasks, args.devices, args.token, args.timeout, args.seed))
+            run_demo(Settings.from_env(intake_addr=args.addr, auth_token=args.token), args.tasks, args.devices,
+                     args.timeout, args.seed))
     except grpc.aio.AioRpcError as exc:
         print(f"demo: RPC failed: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 2

@@ -1,11 +1,14 @@
 """The one command that runs all of Sieve on one machine, runs the demo against it, and stops it again.
 
-    python deploy/run_local.py [--workers N] [--demo-tasks 400] [--demo-devices 40] [--keep-running]
+    python deploy/run_local.py [--workers N] [--demo-tasks 400] [--demo-devices 40] [--tls] [--keep-running]
 
 Owns the local start-up: Redis and PostgreSQL come from `deploy/embedded.py` (the ones named by
 SIEVE_REDIS_URL / SIEVE_DATABASE_URL, else the local servers on 6379 / 5432, else embedded ones kept in
 `.sieve-data/`); then `registry_svc`, `scheduler_svc`, `intake_svc` and N `worker_svc` processes start, each
-waited for (gRPC health SERVING; workers also until the registry lists them; 60 s each). Every
+waited for (gRPC health SERVING; workers also until the registry lists them; 60 s each). Authentication is
+on, as everywhere: each run makes fresh tokens (a client, an operator, one per worker), gives the servers
+only their hashes (`.sieve-data/credentials`) and prints the client and operator tokens; reflection is on for
+grpcurl. `--tls` makes a throw-away CA (`.sieve-data/tls/`) and runs every server with TLS. Every
 child's output goes to `.sieve-data/logs/<name>.log`; when one fails to start, the last 30 lines of its log
 are printed. Then `deploy/demo.py` runs and its summary is printed. Without --keep-running everything is
 stopped (SIGTERM, at most 15 s, then SIGKILL) and the exit codes are reported; with it, everything runs until
@@ -38,12 +41,15 @@ import embedded  # noqa: E402  (deploy/embedded.py)
 import grpc  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
+from sieve.auth import credential_line, new_token  # noqa: E402
+from sieve.devcerts import DevCerts, write_dev_certs  # noqa: E402
 from sieve.settings import Settings  # noqa: E402
 from sieve.v1 import registry_pb2, registry_pb2_grpc  # noqa: E402
 
 DATA_DIR = REPO / ".sieve-data"
 LOG_DIR = DATA_DIR / "logs"
-DEMO_TOKEN = "demo-token"
+CREDENTIALS = DATA_DIR / "credentials"
+TLS_DIR = DATA_DIR / "tls"
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 LOG_TAIL_LINES = 30
@@ -116,14 +122,36 @@ def worker_metrics_addr(base: str, index: int) -> str:
     return f"{host}:{int(port) + index}"
 
 
-def child_env(redis_url: str, database_url: str) -> dict[str, str]:
-    """The environment every service gets: ours plus the chosen Redis/PostgreSQL and the demo API key."""
+@dataclass
+class Credentials:
+    """The tokens of one local run; the servers get only their hashes, in `CREDENTIALS`."""
+
+    client: str
+    operator: str
+    workers: dict[str, str]
+
+    @classmethod
+    def fresh(cls, worker_ids: Sequence[str]) -> Credentials:
+        made = cls(new_token(), new_token(), {w: new_token() for w in worker_ids})
+        lines = [credential_line("local-client", "client", made.client),
+                 credential_line("local-operator", "operator", made.operator),
+                 *(credential_line(w, "worker", t) for w, t in made.workers.items())]
+        CREDENTIALS.write_text("\n".join(lines) + "\n")
+        os.chmod(CREDENTIALS, 0o600)
+        return made
+
+
+def child_env(redis_url: str, database_url: str, certs: DevCerts | None = None) -> dict[str, str]:
+    """The environment every service gets: ours plus the chosen Redis/PostgreSQL, the run's credentials file,
+    reflection on, and the TLS files when `certs` are given."""
     env = dict(os.environ)
     env["SIEVE_REDIS_URL"] = redis_url
     env["SIEVE_DATABASE_URL"] = database_url
-    keys = env.get("SIEVE_API_KEYS", "").strip()
-    if f"={DEMO_TOKEN}" not in keys:
-        env["SIEVE_API_KEYS"] = ",".join(filter(None, [keys, f"demo={DEMO_TOKEN}"]))
+    env["SIEVE_AUTH_TOKENS_FILE"] = str(CREDENTIALS)
+    env["SIEVE_GRPC_REFLECTION"] = "true"
+    if certs is not None:
+        env.update({"SIEVE_TLS_CERT_FILE": str(certs.server_cert), "SIEVE_TLS_KEY_FILE": str(certs.server_key),
+                    "SIEVE_TLS_CA_FILE": str(certs.ca)})
     # every service shares this one machine: its CPU is mostly the platform itself, not one worker's
     # load, so the CPU watermark would only make workers refuse their own demo (set it to override)
     env.setdefault("SIEVE_CPU_WATERMARK_PCT", "101")
@@ -133,8 +161,14 @@ def child_env(redis_url: str, database_url: str) -> dict[str, str]:
     return env
 
 
-def _health_once(address: str) -> bool:
-    with grpc.channel(address) as channel:
+def _sync_channel(address: str, settings: Settings) -> grpc.Channel:
+    if not settings.tls_ca_file:
+        return grpc.insecure_channel(address)
+    return grpc.secure_channel(address, grpc.ssl_channel_credentials(Path(settings.tls_ca_file).read_bytes()))
+
+
+def _health_once(address: str, settings: Settings) -> bool:
+    with _sync_channel(address, settings) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
                                                              timeout=1.0)
@@ -143,32 +177,33 @@ def _health_once(address: str) -> bool:
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def wait_serving(child: Child, address: str, timeout_s: float = READY_TIMEOUT_S) -> None:
+def wait_serving(child: Child, address: str, settings: Settings, timeout_s: float = READY_TIMEOUT_S) -> None:
     """Waits until `child` answers SERVING on grpc.health.v1 at `address`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         code = child.exited()
         if code is not None:
             raise StartupError(f"{child.name} exited with code {code} while starting")
-        if _health_once(address):
+        if _health_once(address, settings):
             return
         time.sleep(0.25)
     raise StartupError(
         f"{child.name} did not answer gRPC health SERVING on {address} within {timeout_s:.0f}s")
 
 
-def wait_registered(child: Child, worker_id: str, registry_addr: str,
+def wait_registered(child: Child, worker_id: str, settings: Settings, operator_token: str,
                     timeout_s: float = READY_TIMEOUT_S) -> None:
     """Waits until the registry lists `worker_id` (a worker serves no gRPC of its own)."""
     deadline = time.monotonic() + timeout_s
-    with grpc.channel(registry_addr) as channel:
+    metadata = [("authorization", f"Bearer {operator_token}")]
+    with _sync_channel(settings.registry_addr, settings) as channel:
         stub = registry_pb2_grpc.RegistryServiceStub(channel)
         while time.monotonic() < deadline:
             code = child.exited()
             if code is not None:
                 raise StartupError(f"{child.name} exited with code {code} while starting")
             try:
-                reply = stub.ListWorkers(registry_pb2.ListWorkersRequest(), timeout=2.0)
+                reply = stub.ListWorkers(registry_pb2.ListWorkersRequest(), timeout=2.0, metadata=metadata)
                 if any(w.worker_id == worker_id for w in reply.workers):
                     return
             except grpc.RpcError as exc:
@@ -218,6 +253,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="seconds the demo waits for results")
     parser.add_argument("--seed", type=int, default=None, help="random seed of the demo")
     parser.add_argument("--keep-running", action="store_true", help="after the demo, run until Ctrl-C")
+    parser.add_argument("--tls", action="store_true",
+                        help="serve TLS with a throw-away CA made in .sieve-data/tls (grpcurl: -cacert ca.pem)")
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be at least 1")
@@ -241,7 +278,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if embedded.started():
             print(f"  (embedded, started here: {', '.join(embedded.started())})")
 
-        env = child_env(redis_url, database_url)
+        worker_ids = [f"worker-{i}" for i in range(args.workers)]
+        credentials = Credentials.fresh(worker_ids)
+        certs = write_dev_certs(TLS_DIR) if args.tls else None
+        env = child_env(redis_url, database_url, certs)
         settings = Settings.from_env(env)
         servers = [("registry", "registry_svc", settings.registry_addr),
                    ("scheduler", "scheduler_svc", settings.scheduler_addr),
@@ -256,14 +296,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             children.append(child)
             print(f"starting {name:<10} ({module}) on {addr}")
             child.start()
-            wait_serving(child, addr)
+            wait_serving(child, addr, settings)
         workers: list[tuple[Child, str]] = []
-        for i in range(args.workers):
-            worker_id = f"worker-{i}"
+        for i, worker_id in enumerate(worker_ids):
             health_addr = f"127.0.0.1:{free_port()}"
             metrics_addr = worker_metrics_addr(settings.worker_metrics_addr, i)
             child = Child(worker_id, "worker_svc",
-                          {**env, "SIEVE_WORKER_ID": worker_id, "SIEVE_WORKER_HEALTH_ADDR": health_addr,
+                          {**env, "SIEVE_WORKER_ID": worker_id, "SIEVE_AUTH_TOKEN": credentials.workers[worker_id],
+                           "SIEVE_WORKER_HEALTH_ADDR": health_addr,
                            "SIEVE_WORKER_METRICS_ADDR": metrics_addr},
                           LOG_DIR / f"{worker_id}.log")
             children.append(child)
@@ -271,9 +311,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"starting {worker_id:<10} (worker_svc), health on {health_addr}, metrics on {metrics_addr}")
             child.start()
         for child, health_addr in workers:
-            wait_serving(child, health_addr)
-            wait_registered(child, child.name, settings.registry_addr)
+            wait_serving(child, health_addr, settings)
+            wait_registered(child, child.name, settings, credentials.operator)
         print(f"all services ready: {len(servers)} servers, {args.workers} workers")
+        print("tokens of this run (the servers hold only their SHA-256 hashes, in "
+              f"{CREDENTIALS.relative_to(REPO)}); for grpcurl:")
+        print(f"  export SIEVE_CLIENT_TOKEN={credentials.client} SIEVE_OPERATOR_TOKEN={credentials.operator}")
+        if certs is not None:
+            print(f"TLS on: CA {certs.ca} (grpcurl -cacert {certs.ca} instead of -plaintext)")
         print(f"metrics: intake {settings.intake_metrics_addr}, scheduler {settings.scheduler_metrics_addr}, "
               f"registry {settings.registry_metrics_addr} (/metrics)")
         if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_TRACES_EXPORTER"):
@@ -282,13 +327,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         ok = True
         if args.demo_tasks > 0:
             print(f"demo: {args.demo_tasks} tasks over {args.demo_devices} devices -> {settings.intake_addr}")
-            report = asyncio.run(demo.run_demo(settings.intake_addr, args.demo_tasks, args.demo_devices,
-                                               DEMO_TOKEN, args.demo_timeout, args.seed))
+            client = settings.replace(auth_token=credentials.client)
+            report = asyncio.run(demo.run_demo(client, args.demo_tasks, args.demo_devices,
+                                               args.demo_timeout, args.seed))
             demo.print_summary(report)
             ok = report.ok
 
         if args.keep_running:
-            print(f"running; intake {settings.intake_addr} (token {DEMO_TOKEN}); logs in {LOG_DIR}. "
+            print(f"running; intake {settings.intake_addr}; logs in {LOG_DIR}. "
                   "Ctrl-C stops everything.")
             while True:
                 for child in children:

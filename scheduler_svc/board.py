@@ -7,6 +7,7 @@ credit per task; tasks no connected worker takes, or no worker has room for, com
 from __future__ import annotations
 
 import asyncio
+import hmac
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from sieve.entry import Entry
+from sieve.lease import new_token
 from sieve.v1 import scheduler_pb2
 
 if TYPE_CHECKING:
@@ -31,6 +33,12 @@ class Session:
     credits: int = 0
     #: task_id -> (device, attempt) of every task handed to this worker and not yet acked or nacked
     held: dict[str, tuple[str, int]] = field(default_factory=dict)
+    #: task_id -> the lease token of its hand-out to this stream (only these can be acked or nacked here)
+    tokens: dict[str, str] = field(default_factory=dict)
+    #: the most tasks this worker may hold at once (its registered concurrency); credits beyond it are ignored
+    credit_cap: int = 0
+    #: opened by the anonymous principal (SIEVE_ALLOW_ANONYMOUS): may pull without registering
+    anonymous: bool = False
     outbound: asyncio.Queue[scheduler_pb2.PullResponse | None] = field(default_factory=asyncio.Queue)
     closed: bool = False
     #: when the worker last said anything (monotonic s): its leases are renewed only while it talks
@@ -77,14 +85,33 @@ class Board:
         for task_id, (mac, attempt) in session.held.items():
             held[mac].append((task_id, attempt))
         session.held.clear()
+        session.tokens.clear()
         session.outbound.put_nowait(None)
         self.changed.set()
         return dict(held)
 
-    def add_credits(self, session: Session, count: int) -> None:
-        session.credits += count
-        if count > 0:
+    def add_credits(self, session: Session, count: int) -> int:
+        """Adds credits up to the session's cap (held tasks and unused credits count against it); returns how
+        many were taken."""
+        room = max(0, session.credit_cap - len(session.held) - session.credits)
+        taken = min(count, room)
+        session.credits += taken
+        if taken > 0:
             self.changed.set()
+        return taken
+
+    def drop_credits(self, session: Session) -> None:
+        session.credits = 0
+
+    def holds(self, session: Session, task_id: str, token: str) -> bool:
+        """True when `task_id` is held by this stream under exactly this lease token."""
+        held = session.tokens.get(task_id)
+        return held is not None and hmac.compare_digest(held, token)
+
+    def release(self, session: Session, task_id: str) -> tuple[str, int] | None:
+        """Takes one held task off the session (its device and attempt), or None when it holds no such task."""
+        session.tokens.pop(task_id, None)
+        return session.held.pop(task_id, None)
 
     @property
     def credits(self) -> int:
@@ -108,6 +135,7 @@ class Board:
                 continue
             chosen.credits -= 1
             chosen.held[entry.task_id] = (mac, entry.attempt)
+            chosen.tokens[entry.task_id] = new_token(entry.attempt)
             placed[chosen].append(entry)
             if r.reason:
                 notes[r.reason].append(entry.task_id)
@@ -119,14 +147,15 @@ class Board:
         batch = scheduler_pb2.AssignmentBatch()
         for e in entries:
             a = batch.assignments.add(task_id=e.task_id, device_id=mac, type=e.task_type, priority=e.priority,
-                                      attempt=e.failures + 1, lease_token=str(e.attempt), traceparent=e.trace)
+                                      attempt=e.failures + 1, lease_token=session.tokens[e.task_id],
+                                      traceparent=e.trace)
             a.assigned_at.FromDatetime(now)
             a.enqueued_at.FromMilliseconds(e.enqueued_ms)
         session.outbound.put_nowait(scheduler_pb2.PullResponse(batch=batch))
 
     def forget(self, session: Session, task_ids: list[str]) -> None:
         for task_id in task_ids:
-            session.held.pop(task_id, None)
+            self.release(session, task_id)
         self.changed.set()
 
     async def all_acked(self) -> None:

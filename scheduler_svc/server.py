@@ -67,7 +67,7 @@ def build_scheduler(settings: Settings, redis: Redis, tasks: TaskStore) -> tuple
     records = WorkerRecords(redis, settings)
     watermark = Watermark(redis, queues, settings, records.live_count)
     dispatcher = Dispatcher(redis, queues, outcomes, board, Router(board, settings), settings)
-    servicer = SchedulerServicer(queues, board, outcomes, watermark, DeadLetters(queues, tasks))
+    servicer = SchedulerServicer(queues, board, outcomes, watermark, DeadLetters(queues, tasks), records)
     housekeeping = Housekeeping(queues, tasks, board, outcomes, watermark, dispatcher, records,
                                 servicer.end_session, Rebuilder(queues, tasks))
     scheduler = Scheduler(queues, board, dispatcher, housekeeping, servicer, settings)

@@ -26,6 +26,10 @@ import contextvars
 import enum
 import hashlib
 import hmac
+import logging
+import os
+import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +38,8 @@ from typing import Any
 import grpc
 
 from sieve.v1 import intake_pb2, registry_pb2, scheduler_pb2
+
+log = logging.getLogger("sieve.auth")
 
 
 class AuthError(ValueError):
@@ -121,6 +127,16 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def new_token() -> str:
+    """A fresh random bearer token (256 bits, URL-safe)."""
+    return "sv_" + secrets.token_urlsafe(32)
+
+
+def credential_line(name: str, role: Role | str, token: str) -> str:
+    """The stored entry of a token: `name:role:sha256hex`."""
+    return f"{name}:{Role(role).value}:{hash_token(token)}"
+
+
 @dataclass(frozen=True, slots=True)
 class Credential:
     name: str
@@ -159,16 +175,54 @@ def parse_credentials(text: str, source: str) -> list[Credential]:
 
 
 class Authenticator:
-    """The credentials one service accepts; `principal` maps a presented token to its caller."""
+    """The credentials one service accepts; `principal` maps a presented token to its caller.
 
-    def __init__(self, credentials: Sequence[Credential]) -> None:
-        self._credentials = list(credentials)
+    Credentials from a file are re-read when the file changes (its mtime and size are looked at no more than
+    once a second, and at once when an unknown token arrives, at most 20 times a second): adding a token,
+    or removing a revoked one, needs no restart.
+    """
+
+    RECHECK_S = 1.0
+    MISS_RECHECK_S = 0.05
+
+    def __init__(self, credentials: Sequence[Credential], *, inline: Sequence[Credential] = (),
+                 path: str = "") -> None:
+        self._inline = list(inline)
+        self._credentials = [*self._inline, *credentials]
+        self._path = path
+        self._stamp: tuple[int, int] | None = self._file_stamp() if path else None
+        self._checked = time.monotonic()
 
     def __bool__(self) -> bool:
-        return bool(self._credentials)
+        return bool(self._credentials) or bool(self._path)
 
-    def principal(self, token: str) -> Principal | None:
-        digest = hashlib.sha256(token.encode(errors="surrogatepass")).digest()
+    def _file_stamp(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self._path)
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size
+
+    def _refresh(self, miss: bool) -> bool:
+        """Re-reads the file when it changed; True when the credentials changed."""
+        now = time.monotonic()
+        if not self._path or now - self._checked < (self.MISS_RECHECK_S if miss else self.RECHECK_S):
+            return False
+        self._checked = now
+        stamp = self._file_stamp()
+        if stamp == self._stamp:
+            return False
+        try:
+            fresh = parse_credentials(Path(self._path).read_text(), "SIEVE_AUTH_TOKENS_FILE")
+        except (OSError, AuthError) as exc:  # keep what was read last; a half-written file is read again later
+            log.warning("credentials file %s not reloaded: %s", self._path, exc)
+            return False
+        self._stamp = stamp
+        self._credentials = [*self._inline, *fresh]
+        log.info("credentials file %s reloaded: %d entries", self._path, len(fresh))
+        return True
+
+    def _match(self, digest: bytes) -> Principal | None:
         name: str | None = None
         roles: set[Role] = set()
         for cred in self._credentials:  # every entry, compared in constant time
@@ -176,6 +230,14 @@ class Authenticator:
                 name = cred.name
                 roles.add(cred.role)
         return None if name is None else Principal(name, frozenset(roles))
+
+    def principal(self, token: str) -> Principal | None:
+        digest = hashlib.sha256(token.encode(errors="surrogatepass")).digest()
+        self._refresh(miss=False)
+        found = self._match(digest)
+        if found is None and self._refresh(miss=True):
+            found = self._match(digest)
+        return found
 
 
 def _read(path: str, setting: str) -> str:
@@ -187,10 +249,11 @@ def _read(path: str, setting: str) -> str:
 
 def load_authenticator(tokens: str, tokens_file: str) -> Authenticator:
     """Credentials from `SIEVE_AUTH_TOKENS` and the file named by `SIEVE_AUTH_TOKENS_FILE` (both may be set)."""
-    credentials = parse_credentials(tokens, "SIEVE_AUTH_TOKENS")
+    inline = parse_credentials(tokens, "SIEVE_AUTH_TOKENS")
+    from_file: list[Credential] = []
     if tokens_file:
-        credentials += parse_credentials(_read(tokens_file, "SIEVE_AUTH_TOKENS_FILE"), "SIEVE_AUTH_TOKENS_FILE")
-    return Authenticator(credentials)
+        from_file = parse_credentials(_read(tokens_file, "SIEVE_AUTH_TOKENS_FILE"), "SIEVE_AUTH_TOKENS_FILE")
+    return Authenticator(from_file, inline=inline, path=tokens_file)
 
 
 def client_token(token: str, token_file: str) -> str:
@@ -341,10 +404,12 @@ __all__ = [
     "Role",
     "bearer_interceptors",
     "client_token",
+    "credential_line",
     "current_peer",
     "current_principal",
     "hash_token",
     "load_authenticator",
+    "new_token",
     "parse_credentials",
     "require_credentials",
 ]

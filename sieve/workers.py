@@ -52,23 +52,70 @@ class ResourceLevels(Protocol):
     @property
     def gpu_memory_percent(self) -> float: ...
 
+    @property
+    def cpu_own_percent(self) -> float: ...
+
+    @property
+    def gpu_memory_own_percent(self) -> float: ...
+
+
+#: the resources the watermarks watch, as named in metrics labels
+WATERMARK_RESOURCES = ("cpu", "memory", "gpu_memory")
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    """One watermark check: the reading it applies to (percent), the watermark, and how to say it."""
+
+    resource: str  # one of WATERMARK_RESOURCES
+    value: float
+    watermark: float
+    #: this worker's own share, left out of `value` (CPU and GPU memory)
+    own: float = 0.0
+
+    def describe(self, watermark: float | None = None) -> str:
+        name = self.resource.replace("_", " ")
+        besides = f" besides this worker's {self.own:.1f}%" if self.own > 0 else ""
+        return f"{name} {self.value:.1f}%{besides} >= {self.watermark if watermark is None else watermark:.1f}%"
+
+
+def watermark_levels(levels: ResourceLevels, settings: Settings) -> list[Level]:
+    """The reading each watermark applies to. A worker's own work is not overload: CPU and GPU memory count
+    without this worker's own share (its concurrency bounds that); memory counts whole, since memory is not
+    time-shared and the limit kills whoever fills it."""
+    cpu_own = max(0.0, min(levels.cpu_own_percent, levels.cpu_percent))
+    gpu_own = max(0.0, min(levels.gpu_memory_own_percent, levels.gpu_memory_percent))
+    return [
+        Level("cpu", levels.cpu_percent - cpu_own, settings.cpu_watermark_pct, cpu_own),
+        Level("memory", levels.memory_percent, settings.memory_watermark_pct),
+        Level("gpu_memory", levels.gpu_memory_percent - gpu_own, settings.gpu_memory_watermark_pct, gpu_own),
+    ]
+
 
 def availability(levels: ResourceLevels, settings: Settings) -> list[str]:
     """Why a worker with these readings cannot take work; an empty list means it is available.
 
-    A reading at or above its watermark makes the worker unavailable (the seed's "< 75 %" is available).
-    GPU memory reads 0 on a worker without a GPU, so its watermark never trips there.
+    A reading at or above its watermark makes the worker unavailable (the seed's "< 75 %" is available); CPU and
+    GPU memory are read without the worker's own share (`watermark_levels`). GPU memory reads 0 on a worker
+    without a GPU, so its watermark never trips there. (The worker itself adds hysteresis: worker_svc.pressure.)
     """
-    reasons: list[str] = []
-    checks = (
-        ("cpu", levels.cpu_percent, settings.cpu_watermark_pct),
-        ("memory", levels.memory_percent, settings.memory_watermark_pct),
-        ("gpu memory", levels.gpu_memory_percent, settings.gpu_memory_watermark_pct),
-    )
-    for name, value, watermark in checks:
-        if value >= watermark:
-            reasons.append(f"{name} {value:.1f}% >= {watermark:.1f}%")
-    return reasons
+    return [level.describe() for level in watermark_levels(levels, settings) if level.value >= level.watermark]
+
+
+#: the task types a worker may take (every TaskType but UNSPECIFIED)
+KNOWN_TASK_TYPES = frozenset(v for v in types_pb2.TaskType.values() if v != types_pb2.TASK_TYPE_UNSPECIFIED)
+MAX_WORKER_ID_CHARS = 200
+
+
+def worker_id_problem(worker_id: str) -> str | None:
+    """What is wrong with a worker id (empty, longer than 200 characters, whitespace or control characters)."""
+    if not worker_id.strip():
+        return "must not be empty"
+    if len(worker_id) > MAX_WORKER_ID_CHARS:
+        return f"must be at most {MAX_WORKER_ID_CHARS} characters"
+    if any(not ch.isprintable() or ch.isspace() for ch in worker_id):
+        return "must not contain whitespace or control characters"
+    return None
 
 
 def task_type_name(task_type: int) -> str:
@@ -108,6 +155,9 @@ def _resource_fields(resources: registry_pb2.Resources) -> dict[str, str]:
         "memory_available_bytes": str(resources.memory_available_bytes),
         "memory_percent": repr(float(resources.memory_percent)),
         "active_tasks": str(resources.active_tasks),
+        "cpu_own_percent": repr(float(resources.cpu_own_percent)),
+        "gpu_memory_own_percent": repr(float(resources.gpu_memory_own_percent)),
+        "scope": resources.scope,
     }
 
 
@@ -135,6 +185,10 @@ class WorkerRecord:
     last_heartbeat: datetime
     #: slots the worker registered (the most it may hold at once)
     concurrency: int = 0
+    #: of cpu_percent / gpu_memory_percent, the worker's own share; where the readings come from
+    cpu_own_percent: float = 0.0
+    gpu_memory_own_percent: float = 0.0
+    scope: str = ""
     #: Filled by `WorkerRecords.list` from `availability`; empty means available.
     unavailable_reasons: tuple[str, ...] = field(default=())
 
@@ -187,6 +241,9 @@ class WorkerRecord:
             memory_percent=num("memory_percent"),
             active_tasks=count("active_tasks"),
             concurrency=count("concurrency"),
+            cpu_own_percent=num("cpu_own_percent"),
+            gpu_memory_own_percent=num("gpu_memory_own_percent"),
+            scope=data.get("scope", ""),
             registered_at=moment("registered_at"),
             last_heartbeat=moment("last_heartbeat"),
         )
@@ -206,6 +263,9 @@ class WorkerRecord:
             memory_available_bytes=self.memory_available_bytes,
             memory_percent=self.memory_percent,
             active_tasks=self.active_tasks,
+            cpu_own_percent=self.cpu_own_percent,
+            gpu_memory_own_percent=self.gpu_memory_own_percent,
+            scope=self.scope,
         )
 
     def to_proto(self) -> registry_pb2.WorkerInfo:
@@ -378,10 +438,15 @@ class WorkerRecords:
 
 
 __all__ = [
+    "KNOWN_TASK_TYPES",
+    "WATERMARK_RESOURCES",
+    "Level",
     "ResourceLevels",
     "WorkerRecord",
     "WorkerRecords",
     "availability",
     "task_type_name",
     "task_type_value",
+    "watermark_levels",
+    "worker_id_problem",
 ]

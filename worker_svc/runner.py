@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from sieve.db.payloads import RETENTION_DELETE, PayloadStore
 from sieve.db.tasks import Outcome, Started, TaskStore
+from sieve.lease import lease_number
 from sieve.settings import Settings
 from sieve.v1 import scheduler_pb2
 from worker_svc import task_trace
@@ -65,7 +66,7 @@ class BatchRunner:
     async def __call__(self, assignments: list[scheduler_pb2.Assignment]
                        ) -> tuple[list[scheduler_pb2.Ack], list[scheduler_pb2.Nack]]:
         # the lease token is the fencing token of this hand-out; attempt is the one that counts
-        attempts = [(uuid.UUID(a.task_id), int(a.lease_token), a.attempt, a.assigned_at.ToDatetime(UTC))
+        attempts = [(uuid.UUID(a.task_id), lease_number(a.lease_token), a.attempt, a.assigned_at.ToDatetime(UTC))
                     for a in assignments]
         try:
             started = [s for s in await self.starts.submit(attempts) if s is not None]

@@ -154,6 +154,12 @@ class TaskStore:
         result = await self.pool.fetchrow("SELECT * FROM results WHERE task_id = $1", task_id)
         return row, result
 
+    async def unfinished(self, task_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+        """Which of these tasks are not final (one indexed lookup; acks are checked against it)."""
+        rows = await self.pool.fetch("SELECT id FROM tasks WHERE id = ANY($1::uuid[]) AND status = ANY($2::text[])",
+                                     list(task_ids), list(OPEN_STATUSES))
+        return {r["id"] for r in rows}
+
     async def pending_by_class(self) -> list[tuple[int, str, int]]:
         """(priority, type, count) of PENDING tasks (metrics; the partial index on PENDING keeps it cheap)."""
         rows = await self.pool.fetch(

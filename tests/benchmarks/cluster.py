@@ -35,7 +35,8 @@ async def running_cluster(workers: int = 2, log_dir: Path | None = None,
     env.update(overrides)
     log_dir = log_dir or Path(f"/tmp/sieve-bench-{unique}")
     os.makedirs(log_dir, exist_ok=True)
-    cluster = Cluster(settings, env, log_dir)
+    cluster = Cluster.create(settings, env, log_dir)
+    settings = cluster.settings
     try:
         cluster.start("registry", "registry_svc")
         await cluster.wait_healthy(settings.registry_addr, "registry")

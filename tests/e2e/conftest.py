@@ -16,6 +16,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sieve import rpc
+from sieve.auth import credential_line, new_token
 from sieve.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,14 +31,53 @@ def free_port() -> int:
 
 @dataclass
 class Cluster:
+    """The service processes of one test. They run with authentication on, as a user gets them: the servers
+    read `tokens_file`; `settings` (the test's own client settings) carry the "client" token; each worker
+    process gets a worker credential named after its worker id."""
+
     settings: Settings
     env: dict[str, str]
     log_dir: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     #: service name -> its Prometheus address (host:port), for the services started by `cluster`
     metrics: dict[str, str] = field(default_factory=dict)
+    #: credential name -> its bearer token ("client", "client-b", "operator", and one per worker id)
+    tokens: dict[str, str] = field(default_factory=dict)
+    tokens_file: Path | None = None
+
+    @classmethod
+    def create(cls, settings: Settings, env: dict[str, str], log_dir: Path, **fields: dict[str, str]) -> Cluster:
+        """A cluster whose servers read a fresh credentials file in `log_dir` (with a "client" and an
+        "operator" credential); `settings` become the test's client settings."""
+        tokens_file = log_dir / "credentials"
+        tokens_file.write_text("")
+        env["SIEVE_AUTH_TOKENS_FILE"] = str(tokens_file)
+        cluster = cls(settings.replace(allow_anonymous=False), env, log_dir, tokens_file=tokens_file, **fields)
+        cluster.settings = cluster.settings.replace(auth_token=cluster.credential("client", "client"))
+        cluster.credential("operator", "operator")
+        return cluster
+
+    def credential(self, name: str, role: str) -> str:
+        """The token of credential `name`, created (and added to the servers' file) on first use."""
+        if name not in self.tokens:
+            assert self.tokens_file is not None
+            self.tokens[name] = new_token()
+            with self.tokens_file.open("a") as f:
+                f.write(credential_line(name, role, self.tokens[name]) + "\n")
+        return self.tokens[name]
+
+    def as_caller(self, name: str, role: str = "client") -> Settings:
+        """The test's settings with the token of another credential (`operator`, a second client ...)."""
+        return self.settings.replace(auth_token=self.credential(name, role))
+
+    @property
+    def operator(self) -> Settings:
+        return self.as_caller("operator", "operator")
 
     def start(self, name: str, module: str, **extra_env: str) -> subprocess.Popen[bytes]:
+        if module == "worker_svc" and "SIEVE_AUTH_TOKEN" not in extra_env:
+            worker_id = extra_env.get("SIEVE_WORKER_ID") or name
+            extra_env["SIEVE_AUTH_TOKEN"] = self.credential(worker_id.rstrip("/"), "worker")
         log = (self.log_dir / f"{name}.log").open("wb")
         proc = subprocess.Popen([sys.executable, "-m", module], cwd=ROOT, env={**self.env, **extra_env},
                                 stdout=log, stderr=subprocess.STDOUT)
@@ -49,7 +90,7 @@ class Cluster:
 
     async def wait_healthy(self, address: str, name: str, timeout_s: float = 30) -> None:
         deadline = asyncio.get_running_loop().time() + timeout_s
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with rpc.channel(address, self.settings) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
                 proc = self.procs[name]
@@ -94,6 +135,7 @@ def service_env(settings: Settings, **extra: str) -> dict[str, str]:
         "SIEVE_DATABASE_URL": settings.database_url, "SIEVE_DATABASE_SCHEMA": settings.database_schema,
         "SIEVE_INTAKE_ADDR": settings.intake_addr, "SIEVE_SCHEDULER_ADDR": settings.scheduler_addr,
         "SIEVE_REGISTRY_ADDR": settings.registry_addr, "SIEVE_LOG_LEVEL": "INFO", "PYTHONPATH": str(ROOT),
+        "SIEVE_GRPC_REFLECTION": "true",
         # the services share this machine's two cores: host CPU is not a worker's own load
         "SIEVE_CPU_WATERMARK_PCT": "101",
     })
@@ -111,7 +153,7 @@ def cluster_env(settings: Settings, tmp_path: Path) -> Iterator[Cluster]:
     metrics = {name: f"127.0.0.1:{free_port()}" for name in ("intake", "scheduler", "registry")}
     env.update({f"SIEVE_{name.upper()}_METRICS_ADDR": addr for name, addr in metrics.items()})
     env["SIEVE_WORKER_METRICS_ADDR"] = "127.0.0.1:0"  # `cluster` gives each worker its own port
-    cluster = Cluster(settings, env, tmp_path, metrics=metrics)
+    cluster = Cluster.create(settings, env, tmp_path, metrics=metrics)
     yield cluster
     cluster.kill_all()
 

@@ -1,8 +1,9 @@
 """End to end: the README's grpcurl commands, run as written with the real grpcurl binary.
 
 The commands are read from README.md between the `grpcurl-commands` markers; only the addresses (the
-services run on free ports here) and the task id placeholder are replaced. The services run with no API
-keys, so the README's `authorization` header is accepted and ignored. The scheduler dead-letters OCR tasks
+services run on free ports here), the task id placeholder and the `$SIEVE_CLIENT_TOKEN` / `$SIEVE_OPERATOR_TOKEN`
+variables (the tokens `deploy/run_local.py` prints; here the cluster's) are replaced. The services run with
+authentication on, as a user gets them. The scheduler dead-letters OCR tasks
 while no GPU worker is alive (strategy dead_letter), so that ListDeadLetters has one to show; the CPU
 watermark is off (every process shares this machine's cores).
 """
@@ -85,8 +86,16 @@ async def test_the_readme_grpcurl_commands_work_against_the_running_services(clu
 
     task_id = ""
 
+    tokens = {"$SIEVE_CLIENT_TOKEN": cluster.tokens["client"], "$SIEVE_OPERATOR_TOKEN": cluster.tokens["operator"]}
+
+    def fill(arg: str) -> str:
+        arg = addrs.get(arg, arg).replace("<id from Submit>", task_id)
+        for name, token in tokens.items():
+            arg = arg.replace(name, token)
+        return arg
+
     def run(command: list[str]) -> str:
-        argv = [binary] + [addrs.get(a, a).replace("<id from Submit>", task_id) for a in command[1:]]
+        argv = [binary] + [fill(a) for a in command[1:]]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, f"{shlex.join(command)}:\n{done.stdout}\n{done.stderr}"
         return done.stdout

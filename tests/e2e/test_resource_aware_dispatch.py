@@ -68,7 +68,7 @@ async def workers_of(pg: asyncpg.Pool, ids: list[str], timeout_s: float = 30) ->
 
 
 async def listed(c: Cluster) -> dict[str, registry_pb2.WorkerInfo]:
-    async with rpc.channel(c.settings.registry_addr, c.settings) as channel:
+    async with rpc.channel(c.settings.registry_addr, c.operator) as channel:
         reply = await registry_pb2_grpc.RegistryServiceStub(channel).ListWorkers(registry_pb2.ListWorkersRequest())
     return {w.worker_id: w for w in reply.workers}
 

@@ -36,7 +36,7 @@ def fault_cluster(settings: Settings, redis_server: RedisServer, pg: object, tmp
                                 scheduler_addr=f"127.0.0.1:{ports['scheduler']}",
                                 registry_addr=f"127.0.0.1:{ports['registry']}")
     env = service_env(settings)
-    cluster = Cluster(settings, env, tmp_path)
+    cluster = Cluster.create(settings, env, tmp_path)
     yield cluster
     cluster.kill_all()
 
