@@ -10,6 +10,7 @@ from sieve.db.tasks import NewTask
 from sieve.errors import InvalidInput
 from sieve.images import ImageError, check_pixels, inspect_image
 from sieve.mac import normalize_mac
+from sieve.outbound import DestinationRefused, OutboundPolicy
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, types_pb2
 
@@ -68,9 +69,20 @@ def validate_spec(spec: intake_pb2.TaskSpec, field: str, caller: str, settings: 
                 raise InvalidInput(f"{field}.image", str(exc)) from None
             image = spec.image
         elif payload == "image_url":
-            parts = urlsplit(spec.image_url)
-            if parts.scheme not in ("http", "https") or not parts.netloc or len(spec.image_url) > MAX_URL:
+            try:
+                parts = urlsplit(spec.image_url)
+                host = parts.hostname
+                parts.port  # noqa: B018  (raises for a bad port)
+            except ValueError:  # e.g. an unclosed "[" or a bad port
+                parts, host = None, None
+            if parts is None or parts.scheme not in ("http", "https") or not host or len(spec.image_url) > MAX_URL:
                 raise InvalidInput(f"{field}.image_url", "must be an http(s) URL of at most 2048 characters")
+            # an IP-literal host (any spelling) outside public space, or a host off a names-only allow-list;
+            # no DNS here: the worker checks every address again when it connects (sieve/outbound.py)
+            try:
+                OutboundPolicy.from_settings(settings).check_without_dns(host)
+            except DestinationRefused as exc:
+                raise InvalidInput(f"{field}.image_url", exc.reason) from None
             url = spec.image_url
         else:
             raise InvalidInput(f"{field}.image", "an OCR_IMAGE task needs image bytes or an image_url")

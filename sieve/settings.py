@@ -183,6 +183,9 @@ class Settings:
         if self.no_gpu_strategy not in ("defer", "cpu", "dead_letter"):
             raise SettingsError("SIEVE_NO_GPU_STRATEGY must be defer, cpu or dead_letter")
         self.weights_by_device  # noqa: B018  (parses and validates)
+        from sieve.outbound import policy_for  # SIEVE_OUTBOUND_*: SettingsError naming the variable
+
+        policy_for(self.outbound_allow_hosts, self.outbound_allow_private_nets)
         from sieve.auth import AuthError, parse_credentials
 
         try:
@@ -255,6 +258,13 @@ class Settings:
     ocr_fetch_timeout_s: float = 10.0
     #: image_url tasks: redirects followed (each to http or https only).
     ocr_fetch_max_redirects: int = 3
+    #: Outbound http(s) (image_url fetches, callbacks; sieve/outbound.py) reaches public addresses only. This
+    #: allow-list, when not empty, narrows it further: comma-separated host names ("img.example.com"),
+    #: suffixes (".example.com": example.com and every name under it) and/or CIDRs ("198.51.100.0/24").
+    outbound_allow_hosts: str = ""
+    #: Comma-separated CIDRs ("127.0.0.0/8,::1/128") reachable although not public (tests, local runs);
+    #: default none. IPv4-mapped, NAT64 and 6to4 forms of an allowed IPv4 address are allowed with it.
+    outbound_allow_private_nets: str = ""
     #: Image bytes of a task once its result is stored: keep | delete.
     ocr_payload_retention: str = "keep"
     #: Tests only: an injected engine failure. "gpu_oom_once": the worker starts in simulated GPU mode and its

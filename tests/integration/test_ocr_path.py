@@ -40,8 +40,9 @@ OCR_WORKER = {"worker_task_types": "OCR_IMAGE,TEXT", "cpu_watermark_pct": 101.0}
 
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
-    """No GPU worker here: OCR tasks go to CPU workers (the scheduler's `cpu` strategy)."""
-    return settings.replace(no_gpu_strategy="cpu")
+    """No GPU worker here: OCR tasks go to CPU workers (the scheduler's `cpu` strategy); image URLs point at
+    a server on loopback, which the outbound policy refuses unless allowed."""
+    return settings.replace(no_gpu_strategy="cpu", outbound_allow_private_nets="127.0.0.0/8")
 
 
 def image_spec(data: bytes, device: str = DEVICE) -> intake_pb2.TaskSpec:
@@ -294,7 +295,7 @@ async def test_image_urls_are_fetched_over_loopback_and_bad_ones_fail_with_the_r
         f"{base}/img/missing.png": "HTTP 404",
         f"{base}/img/big.png": "larger than 262144 bytes",
         f"{base}/chunked": "larger than 262144 bytes",
-        f"{base}/redirect?to=file:///etc/passwd": "redirect to a non-http(s) URL refused",
+        f"{base}/redirect?to=file:///etc/passwd": "fetch refused: redirect to a non-http(s) URL",
         f"{base}/img/bomb.png": "more than the limit",
     }
     for url, expected in expectations.items():
