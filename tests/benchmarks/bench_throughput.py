@@ -1,6 +1,7 @@
 """End-to-end throughput and idle latency of text tasks through every service (separate processes).
 
     .venv/bin/python -m tests.benchmarks.bench_throughput [--tasks 20000] [--devices 200] [--workers 2]
+        [--security auth|tls|anonymous]
 
 Prints: submit rate, end-to-end tasks/s (first submit to last result stored), and the Submit -> result
 latency of single tasks on an idle system (p50 / max over 20).
@@ -28,7 +29,7 @@ TEXTS = ["今天天气很好", "欢迎加 微 信领取优惠", "这里有 赌.�
 
 
 async def main(args: argparse.Namespace) -> None:
-    async with running_cluster(workers=args.workers,
+    async with running_cluster(workers=args.workers, security=args.security,
                                SIEVE_MAX_TOTAL_PENDING=str(args.tasks + 1000),
                                SIEVE_MAX_PER_DEVICE_PENDING=str(args.tasks),
                                # every process shares these 2 cores: host CPU is not a worker's own load
@@ -105,4 +106,6 @@ if __name__ == "__main__":
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--security", choices=("auth", "tls", "anonymous"), default="auth",
+                        help="credentials (default), credentials and TLS, or neither (to measure their cost)")
     asyncio.run(main(parser.parse_args()))

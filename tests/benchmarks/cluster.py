@@ -22,8 +22,10 @@ DATABASE_URL = os.environ.get("SIEVE_TEST_DATABASE_URL", "postgresql://postgres@
 
 @asynccontextmanager
 async def running_cluster(workers: int = 2, log_dir: Path | None = None,
-                          worker_env: dict[str, str] | None = None,
+                          worker_env: dict[str, str] | None = None, security: str = "auth",
                           **overrides: str) -> AsyncIterator[Cluster]:
+    """Every service as a process; `security` is "auth" (credentials, as a user runs it), "tls" (credentials and
+    TLS) or "anonymous" (neither, for side-by-side cost measurements)."""
     unique = uuid.uuid4().hex[:8]
     ports = {name: free_port() for name in ("intake", "scheduler", "registry")}
     settings = Settings.from_env({}, redis_url=REDIS_URL, redis_prefix=f"bench-{unique}",
@@ -35,7 +37,7 @@ async def running_cluster(workers: int = 2, log_dir: Path | None = None,
     env.update(overrides)
     log_dir = log_dir or Path(f"/tmp/sieve-bench-{unique}")
     os.makedirs(log_dir, exist_ok=True)
-    cluster = Cluster.create(settings, env, log_dir)
+    cluster = Cluster.create(settings, env, log_dir, security=security)
     settings = cluster.settings
     try:
         cluster.start("registry", "registry_svc")

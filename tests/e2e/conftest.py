@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sieve import rpc
 from sieve.auth import credential_line, new_token
+from sieve.devcerts import write_dev_certs
 from sieve.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,14 +45,27 @@ class Cluster:
     #: credential name -> its bearer token ("client", "client-b", "operator", and one per worker id)
     tokens: dict[str, str] = field(default_factory=dict)
     tokens_file: Path | None = None
+    #: no credentials at all (SIEVE_ALLOW_ANONYMOUS): workers get no token
+    anonymous: bool = False
 
     @classmethod
-    def create(cls, settings: Settings, env: dict[str, str], log_dir: Path, **fields: dict[str, str]) -> Cluster:
+    def create(cls, settings: Settings, env: dict[str, str], log_dir: Path, *, security: str = "auth",
+               **fields: dict[str, str]) -> Cluster:
         """A cluster whose servers read a fresh credentials file in `log_dir` (with a "client" and an
-        "operator" credential); `settings` become the test's client settings."""
+        "operator" credential); `settings` become the test's client settings. `security` "tls" adds TLS with a
+        throw-away CA; "anonymous" runs without credentials (SIEVE_ALLOW_ANONYMOUS; benchmarks compare)."""
+        if security == "anonymous":
+            env["SIEVE_ALLOW_ANONYMOUS"] = "true"
+            return cls(settings.replace(allow_anonymous=True, auth_token=""), env, log_dir, anonymous=True,
+                       **fields)  # type: ignore[arg-type]
         tokens_file = log_dir / "credentials"
         tokens_file.write_text("")
         env["SIEVE_AUTH_TOKENS_FILE"] = str(tokens_file)
+        if security == "tls":
+            certs = write_dev_certs(log_dir / "tls")
+            env.update({"SIEVE_TLS_CERT_FILE": str(certs.server_cert), "SIEVE_TLS_KEY_FILE": str(certs.server_key),
+                        "SIEVE_TLS_CA_FILE": str(certs.ca)})
+            settings = settings.replace(tls_ca_file=str(certs.ca))
         cluster = cls(settings.replace(allow_anonymous=False), env, log_dir, tokens_file=tokens_file, **fields)
         cluster.settings = cluster.settings.replace(auth_token=cluster.credential("client", "client"))
         cluster.credential("operator", "operator")
@@ -75,7 +89,7 @@ class Cluster:
         return self.as_caller("operator", "operator")
 
     def start(self, name: str, module: str, **extra_env: str) -> subprocess.Popen[bytes]:
-        if module == "worker_svc" and "SIEVE_AUTH_TOKEN" not in extra_env:
+        if module == "worker_svc" and "SIEVE_AUTH_TOKEN" not in extra_env and not self.anonymous:
             worker_id = extra_env.get("SIEVE_WORKER_ID") or name
             extra_env["SIEVE_AUTH_TOKEN"] = self.credential(worker_id.rstrip("/"), "worker")
         log = (self.log_dir / f"{name}.log").open("wb")
