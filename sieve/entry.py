@@ -1,9 +1,11 @@
 """Queue entries: the scheduling data of one task as it sits in a device queue or a lease.
 
-An entry is the string `task_id|type|prio|enqueued_ms|expires_ms|attempt|defers|failures|trace`; the Lua
-scripts parse the same layout (`lua/includes/parseEntry.lua`). The payload never enters Redis; `trace` is
+An entry is the string `task_id|type|prio|enqueued_ms|expires_ms|attempt|defers|failures|trace[|caller]`; the
+Lua scripts parse the same layout (`lua/includes/parseEntry.lua`). The payload never enters Redis; `trace` is
 the W3C traceparent of the Submit that created the task (empty when not traced), so that the scheduler and
-the worker continue its trace.
+the worker continue its trace. `caller` is the principal that submitted the task, last so that a name may
+hold any character, and left out when empty (entries queued before callers were recorded): the scripts
+count each caller's open tasks by it (`Keys.caller_open`).
 """
 
 from __future__ import annotations
@@ -26,17 +28,21 @@ class Entry:
     failures: int = 0
     #: W3C traceparent of the Submit span ("" when none).
     trace: str = ""
+    #: Name of the principal that submitted the task ("" when unknown: not counted per caller).
+    caller: str = ""
 
     def encode(self) -> str:
-        return (f"{self.task_id}|{self.task_type}|{self.priority}|{self.enqueued_ms}|{self.expires_ms}"
+        text = (f"{self.task_id}|{self.task_type}|{self.priority}|{self.enqueued_ms}|{self.expires_ms}"
                 f"|{self.attempt}|{self.defers}|{self.failures}|{self.trace}")
+        return f"{text}|{self.caller}" if self.caller else text
 
     @classmethod
     def decode(cls, raw: str | bytes) -> Entry:
         text = raw.decode() if isinstance(raw, bytes) else raw
-        task_id, task_type, priority, enqueued, expires, attempt, defers, failures, trace = text.split("|")
+        task_id, task_type, priority, enqueued, expires, attempt, defers, failures, trace, *caller = \
+            text.split("|", 9)
         return cls(task_id, int(task_type), int(priority), int(enqueued), int(expires), int(attempt),
-                   int(defers), int(failures), trace)
+                   int(defers), int(failures), trace, caller[0] if caller else "")
 
     def with_attempt(self, attempt: int) -> Entry:
         return replace(self, attempt=attempt)

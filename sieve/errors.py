@@ -16,17 +16,21 @@ class ScriptCode(IntEnum):
     DEVICE_LIMIT = -2
     DEVICE_NOT_READY = -3
     REDIS_NOT_READY = -4
+    CALLER_LIMIT = -5
     LOCK_NOT_OWNED = -6
 
 
 class AdmissionRefused(SieveError):
     """A task was not enqueued because a pending limit would be exceeded."""
 
-    def __init__(self, code: ScriptCode, backlog: int, pending: int) -> None:
+    def __init__(self, code: ScriptCode, backlog: int, pending: int, caller_open: int = 0) -> None:
         self.code = code
         self.backlog = backlog
         self.pending = pending
-        scope = "global pending limit" if code is ScriptCode.GLOBAL_LIMIT else "device pending limit"
+        #: the caller's open tasks (for a CALLER_LIMIT refusal)
+        self.caller_open = caller_open
+        scope = {ScriptCode.GLOBAL_LIMIT: "global pending limit",
+                 ScriptCode.CALLER_LIMIT: "caller pending limit"}.get(code, "device pending limit")
         super().__init__(f"{scope} reached (device backlog {backlog}, global pending {pending})")
 
     @property

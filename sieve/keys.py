@@ -8,7 +8,7 @@ expects as KEYS[1..11]:
     KEYS[2..6]   its queue lists, priority 1..5 (BACKGROUND..CRITICAL)   {p}:q:<mac>:<prio>
     KEYS[7..11]  the schedule sets of its weight, priority 1..5          {p}:sched:<prio>:<weight>
 
-Queue entries are strings `task_id|type|prio|enqueued_ms|expires_ms|attempt|defers|failures|trace`
+Queue entries are strings `task_id|type|prio|enqueued_ms|expires_ms|attempt|defers|failures|trace[|caller]`
 (`entry.py`).
 """
 
@@ -67,6 +67,9 @@ class Keys:
         self.wake_channel = f"{self.base}:wake"
         #: Registry: ids of registered workers (the records themselves expire).
         self.worker_index = f"{self.base}:workers"
+        #: Tasks each caller has open in Redis (queued, leased or delayed): caller -> count (hash; a caller at 0
+        #: has no field). Kept by the same scripts that move tasks, rebuilt with the queues.
+        self.caller_open = f"{self.base}:caller:open"
 
     def queue(self, mac: str, priority: int) -> str:
         return f"{self.base}:q:{mac}:{priority}"
@@ -87,6 +90,10 @@ class Keys:
             schedules=tuple(self.schedule(p, weight) for p in PRIORITIES),
             lock=self.lock(mac),
         )
+
+    def submit_bucket(self, caller: str) -> str:
+        """A caller's submit token bucket (hash: tokens, ts_ms; expires once full again)."""
+        return f"{self.base}:bucket:{caller}"
 
     def worker(self, worker_id: str) -> str:
         return f"{self.base}:worker:{worker_id}"

@@ -72,7 +72,7 @@ class QueueStore:
     """The per-device queues, schedule sets, locks and leases of one Sieve installation."""
 
     _SCRIPTS = ("enqueueTasks", "rankDevices", "popBatch", "releaseDevice", "deferDevice",
-                "resumeDevice", "ackTasks", "requeueTasks", "removeQueued", "promoteDelayed")
+                "resumeDevice", "ackTasks", "requeueTasks", "removeQueued", "promoteDelayed", "takeTokens")
 
     def __init__(self, redis: Redis, settings: Settings) -> None:
         self.redis = redis
@@ -118,35 +118,62 @@ class QueueStore:
         return outcome
 
     async def enqueue_many(self, groups: dict[str, list[Entry]], *, now: float | None = None, admit: bool = True,
-                           rebuilding: bool = False) -> dict[str, tuple[int, int] | AdmissionRefused]:
+                           rebuilding: bool = False,
+                           caller_limit: int = NO_LIMIT) -> dict[str, tuple[int, int] | AdmissionRefused]:
         """Queues several devices' tasks in one pipelined round trip; each device is admitted alone
-        (`admit=False` skips the limits: an operator's requeue of dead letters, a rebuild). Raises
-        RedisNotReady while Redis has lost its memory and is not rebuilt (`rebuilding=True` is the
-        rebuild itself)."""
+        (`admit=False` skips the limits: an operator's requeue of dead letters, a rebuild), and so is each
+        caller of its entries: at most `caller_limit` open tasks per caller. Raises RedisNotReady while
+        Redis has lost its memory and is not rebuilt (`rebuilding=True` is the rebuild itself)."""
         now = now or now_ms()
         k, s = self.keys, self.settings
         total, per_device = (s.max_total_pending, s.max_per_device_pending) if admit else (NO_LIMIT, NO_LIMIT)
+        per_caller = caller_limit if admit else NO_LIMIT
         replies = await self._call_pipelined([
-            ("enqueueTasks", [*self._device(mac)[0], k.pending, k.overloaded, k.devices, k.generation],
-             [now, total, per_device, s.weight_of(mac), mac, k.wake_channel, int(not rebuilding),
+            ("enqueueTasks", [*self._device(mac)[0], k.pending, k.overloaded, k.devices, k.generation, k.caller_open],
+             [now, total, per_device, s.weight_of(mac), mac, k.wake_channel, int(not rebuilding), per_caller,
               *(e.encode() for e in entries)])
             for mac, entries in groups.items()])
-        if any(code == ScriptCode.REDIS_NOT_READY for code, _, _ in replies):
+        if any(reply[0] == ScriptCode.REDIS_NOT_READY for reply in replies):
             raise RedisNotReady("Redis lost its queues; they are being rebuilt from PostgreSQL")
         out: dict[str, tuple[int, int] | AdmissionRefused] = {}
-        for mac, (code, backlog, pending) in zip(groups, replies, strict=True):
+        for mac, (code, backlog, pending, caller_open) in zip(groups, replies, strict=True):
             refused = code < 0
-            out[mac] = AdmissionRefused(ScriptCode(code), backlog, pending) if refused else (backlog, pending)
+            out[mac] = (AdmissionRefused(ScriptCode(code), backlog, pending, caller_open) if refused
+                        else (backlog, pending))
         return out
 
     async def admission_snapshot(self, devices: list[str]) -> tuple[int, dict[str, int]]:
         """Global pending and each device's backlog, in one round trip (a cheap check before writing)."""
+        pending, backlogs, _ = await self.admission_view(devices, "")
+        return pending, backlogs
+
+    async def admission_view(self, devices: list[str], caller: str) -> tuple[int, dict[str, int], int]:
+        """Global pending, each device's backlog and the caller's open tasks ("": none), in one round trip."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.get(self.keys.pending)
+            pipe.hget(self.keys.caller_open, caller)
             for mac in devices:
                 pipe.hget(self.keys.meta(mac), "backlog")
             values = await pipe.execute()
-        return int(values[0] or 0), {m: int(v or 0) for m, v in zip(devices, values[1:], strict=True)}
+        backlogs = {m: int(v or 0) for m, v in zip(devices, values[2:], strict=True)}
+        return int(values[0] or 0), backlogs, int(values[1] or 0) if caller else 0
+
+    async def caller_open(self, callers: list[str] | None = None) -> dict[str, int]:
+        """Open tasks (queued, leased or delayed) per caller: of `callers`, or of every caller that has some."""
+        if callers is None:
+            return {c: int(n) for c, n in (await self.redis.hgetall(self.keys.caller_open)).items()}
+        if not callers:
+            return {}
+        values = await self.redis.hmget(self.keys.caller_open, callers)
+        return {c: int(v or 0) for c, v in zip(callers, values, strict=True)}
+
+    async def take_tokens(self, caller: str, wanted: int, rate_per_s: float, burst: int,
+                          *, now: float | None = None) -> tuple[int, float]:
+        """Takes up to `wanted` submit tokens from the caller's token bucket (Redis's clock unless `now`, ms, is
+        given): (tokens granted, seconds until the refused rest is back; 0 when all were granted)."""
+        granted, wait_ms = await self._call("takeTokens", [self.keys.submit_bucket(caller)],
+                                            ["" if now is None else now, rate_per_s, burst, wanted])
+        return int(granted), int(wait_ms) / 1000
 
     async def mark_overloaded(self, mac: str) -> None:
         """Marks a device refused for being over its limit (cleared when its backlog drops below it)."""
@@ -156,7 +183,7 @@ class QueueStore:
         """Takes a task out of its device queue (cancelled or expired); None when it is not queued."""
         block, _ = self._device(mac)
         k = self.keys
-        raw = await self._call("removeQueued", [*block, k.pending, k.overloaded, k.devices],
+        raw = await self._call("removeQueued", [*block, k.pending, k.overloaded, k.devices, k.caller_open],
                                [now or now_ms(), mac, task_id, self.settings.max_per_device_pending])
         return Entry.decode(raw) if raw else None
 
@@ -189,7 +216,7 @@ class QueueStore:
         block, lock = self._device(mac)
         k, s = self.keys, self.settings
         return ("popBatch",
-                [*block, lock, k.pending, k.serving, k.leases, k.lease_data, k.overloaded, k.devices],
+                [*block, lock, k.pending, k.serving, k.leases, k.lease_data, k.overloaded, k.devices, k.caller_open],
                 [now, token, int(s.lock_ttl_s * 1000), count, int(s.aging_max_wait_s * 1000),
                  int(s.lease_ttl_s * 1000), mac, s.max_per_device_pending,
                  # "-" allows no type at all ("" would allow any)
@@ -251,7 +278,8 @@ class QueueStore:
         k, s = self.keys, self.settings
         reply = await self._call(
             "deferDevice",
-            [*block, lock, k.serving, k.backoff, k.pending, k.leases, k.lease_data, k.dead_letters, k.devices],
+            [*block, lock, k.serving, k.backoff, k.pending, k.leases, k.lease_data, k.dead_letters, k.devices,
+             k.caller_open],
             [now or now_ms(), token, mac, int(s.defer_backoff_base_s * 1000),
              int(s.defer_backoff_max_s * 1000), s.max_attempts, reason, s.dead_letter_keep, *task_ids],
         )
@@ -277,7 +305,7 @@ class QueueStore:
         args: list[Any] = []
         for task_id, attempt in leases:
             args += [task_id, attempt]
-        reply = await self._call("ackTasks", [self.keys.leases, self.keys.lease_data], args)
+        reply = await self._call("ackTasks", [self.keys.leases, self.keys.lease_data, self.keys.caller_open], args)
         return [bool(r) for r in reply]
 
     async def requeue(self, mac: str, leases: list[tuple[str, int | None]], *, count_attempt: bool,
@@ -293,7 +321,8 @@ class QueueStore:
         for task_id, attempt in leases:
             args += [task_id, "*" if attempt is None else attempt]
         reply = await self._call(
-            "requeueTasks", [*block, k.pending, k.leases, k.lease_data, k.dead_letters, k.devices, k.delayed],
+            "requeueTasks", [*block, k.pending, k.leases, k.lease_data, k.dead_letters, k.devices, k.delayed,
+                             k.caller_open],
             args)
         return Requeued(int(reply[0]), [json.loads(r) for r in reply[1:]])
 

@@ -5,6 +5,7 @@
   Input:
     KEYS[1]      leases (task_id -> deadline ms)
     KEYS[2]      lease data (task_id -> "mac|entry")
+    KEYS[3]      caller counts (caller -> open tasks; an acked task is no longer open)
 
     ARGV[1..]    pairs: task_id, attempt
 
@@ -12,6 +13,7 @@
     {r1, r2, ...}  per pair: 1 acked, 0 refused (stale attempt or no such lease)
 ]]
 --- @include "parseEntry"
+--- @include "countCaller"
 
 local out = {}
 for i = 1, #ARGV, 2 do
@@ -24,6 +26,7 @@ for i = 1, #ARGV, 2 do
     if tostring(e.attempt) == ARGV[i + 1] then
       redis.call("HDEL", KEYS[2], id)
       redis.call("ZREM", KEYS[1], id)
+      countCaller(KEYS[3], e, -1)
       ok = 1
     end
   end

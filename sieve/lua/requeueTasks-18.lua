@@ -12,6 +12,7 @@
     KEYS[15]     dead-letter list
     KEYS[16]     active devices set
     KEYS[17]     delayed set ("mac|entry" -> due ms)
+    KEYS[18]     caller counts (caller -> open tasks; a dead-lettered task is no longer open)
 
     ARGV[1]      now (ms)
     ARGV[2]      device (normalised MAC)
@@ -32,6 +33,7 @@
 --- @include "deadLetter"
 --- @include "takeLease"
 --- @include "settleReturned"
+--- @include "countCaller"
 
 local now = tonumber(ARGV[1])
 local mac = ARGV[2]
@@ -45,6 +47,7 @@ for i = #ARGV - 1, 8, -2 do
     if counts then e.failures = e.failures + 1 end
     if counts and e.failures >= tonumber(ARGV[4]) then
       out[#out + 1] = deadLetter(KEYS[15], tonumber(ARGV[6]), mac, e, ARGV[5], now)
+      countCaller(KEYS[18], e, -1)
     elseif retryAt > now then
       redis.call("ZADD", KEYS[17], retryAt, mac .. "|" .. encodeEntry(e))
     else

@@ -21,6 +21,7 @@
     KEYS[16]     lease data (task_id -> "mac|entry")
     KEYS[17]     overloaded devices set
     KEYS[18]     active devices set
+    KEYS[19]     caller counts (caller -> open tasks; an expired task dropped here is no longer open)
 
     ARGV[1]      now (ms)
     ARGV[2]      lock token
@@ -44,6 +45,7 @@
 --- @include "parseEntry"
 --- @include "deviceHeads"
 --- @include "scheduleDevice"
+--- @include "countCaller"
 
 local now = tonumber(ARGV[1])
 local mac = ARGV[7]
@@ -113,6 +115,7 @@ while #taken < want do
   sizes[p] = sizes[p] - 1
   if e.exp <= now then
     expired[#expired + 1] = raw
+    countCaller(KEYS[19], e, -1)
   else
     e.attempt = e.attempt + 1
     local leased = encodeEntry(e)

@@ -14,6 +14,7 @@
     KEYS[17]     lease data
     KEYS[18]     dead-letter list
     KEYS[19]     active devices set
+    KEYS[20]     caller counts (caller -> open tasks; a dead-lettered task is no longer open)
 
     ARGV[1]      now (ms)
     ARGV[2]      lock token
@@ -35,6 +36,7 @@
 --- @include "deadLetter"
 --- @include "takeLease"
 --- @include "ownsLock"
+--- @include "countCaller"
 
 local now = tonumber(ARGV[1])
 local mac = ARGV[3]
@@ -51,6 +53,7 @@ for i = #ARGV, 9, -1 do
     e.defers = e.defers + 1
     if e.defers >= tonumber(ARGV[6]) then
       out[#out + 1] = deadLetter(KEYS[18], tonumber(ARGV[8]), mac, e, ARGV[7], now)
+      countCaller(KEYS[20], e, -1)
     else
       redis.call("LPUSH", KEYS[1 + e.prio], encodeEntry(e))
       back = back + 1

@@ -7,6 +7,7 @@
     KEYS[12]     global pending counter
     KEYS[13]     overloaded devices set
     KEYS[14]     active devices set
+    KEYS[15]     caller counts (caller -> open tasks; a removed task is no longer open)
 
     ARGV[1]      now (ms)
     ARGV[2]      device (normalised MAC)
@@ -20,6 +21,7 @@
 --- @include "parseEntry"
 --- @include "deviceHeads"
 --- @include "scheduleDevice"
+--- @include "countCaller"
 
 local mac = ARGV[2]
 local prefix = ARGV[3] .. "|"
@@ -30,6 +32,7 @@ for p = 5, 1, -1 do
       redis.call("LREM", KEYS[1 + p], 1, item)
       local backlog = redis.call("HINCRBY", KEYS[1], "backlog", -1)
       redis.call("DECR", KEYS[12])
+      countCaller(KEYS[15], parseEntry(item), -1)
       if backlog < tonumber(ARGV[4]) then redis.call("SREM", KEYS[13], mac) end
       local state = redis.call("HGET", KEYS[1], "state")
       if state == "ready" then

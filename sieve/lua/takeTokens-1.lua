@@ -1,0 +1,49 @@
+--[[
+  Takes submit tokens from one caller's token bucket: the bucket holds at most `burst` tokens and refills
+  at `rate` tokens per second; each task submitted costs one. As many of the `wanted` tokens as the bucket
+  holds are granted (the first tasks of a batch get in, the rest are refused). Time is Redis's own clock
+  (TIME) unless one is given, so that every intake replica refills the same bucket by the same clock. The
+  key expires once the bucket would be full again (a full bucket and no bucket are the same).
+
+  Input:
+    KEYS[1]      the caller's bucket (hash: tokens, ts_ms)
+
+    ARGV[1]      now (ms), or "" for Redis's clock
+    ARGV[2]      rate (tokens per second, > 0)
+    ARGV[3]      burst (bucket size, >= 1)
+    ARGV[4]      tokens wanted (>= 1)
+
+  Output:
+    {granted, wait_ms}   granted: tokens taken (0..wanted); wait_ms: 0 when all were granted, else the time
+                         until the bucket holds the refused rest again (at most burst of them), rounded up
+]]
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call("TIME")
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local rate = tonumber(ARGV[2])
+local burst = tonumber(ARGV[3])
+local wanted = tonumber(ARGV[4])
+
+local state = redis.call("HMGET", KEYS[1], "tokens", "ts_ms")
+local tokens, ts = tonumber(state[1]), tonumber(state[2])
+if not tokens or not ts then
+  tokens, ts = burst, now
+end
+if now > ts then
+  tokens = tokens + (now - ts) * rate / 1000
+  ts = now
+end
+if tokens > burst then tokens = burst end
+
+local granted = math.min(wanted, math.floor(tokens))
+tokens = tokens - granted
+local wait = 0
+if granted < wanted then
+  wait = math.ceil((math.min(wanted - granted, burst) - tokens) * 1000 / rate)
+  if wait < 1 then wait = 1 end
+end
+redis.call("HSET", KEYS[1], "tokens", string.format("%.6f", tokens), "ts_ms", ts)
+redis.call("PEXPIRE", KEYS[1], math.ceil((burst - tokens) * 1000 / rate) + 1000)
+return {granted, wait}
