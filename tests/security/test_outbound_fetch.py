@@ -144,7 +144,8 @@ async def connections(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[list[tup
 
 class FakeDns:
     """A DNS server under the test's control: each name answers the next list of its `answers` (the last
-    one again when they run out); localhost is looked up for real; other names do not exist. `queries` counts lookups per name."""
+    one again when they run out); localhost is looked up for real; other names do not exist. `queries`
+    counts lookups per name."""
 
     def __init__(self, answers: dict[str, list[list[str]]]) -> None:
         self.answers = answers
@@ -269,6 +270,9 @@ def test_the_settings_are_parsed_and_a_bad_entry_names_its_variable() -> None:
     "http://127.0.0.1.:{port}/img",
     "http://0.0.0.0:{port}/img",
     "http://0:{port}/img",
+    "http://[::]:{port}/img",
+    "http://0x7f.0x0.0x0.0x1:{port}/img",
+    "http://[0:0:0:0:0:ffff:7f00:1]:{port}/img",
     "https://127.0.0.1:{port}/img",
     "http://user:pw@127.0.0.1:{port}/img",
     "http://internal.test:{port}/img",
