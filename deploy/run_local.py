@@ -152,9 +152,6 @@ def child_env(redis_url: str, database_url: str, certs: DevCerts | None = None) 
     if certs is not None:
         env.update({"SIEVE_TLS_CERT_FILE": str(certs.server_cert), "SIEVE_TLS_KEY_FILE": str(certs.server_key),
                     "SIEVE_TLS_CA_FILE": str(certs.ca)})
-    # every service shares this one machine: its CPU is mostly the platform itself, not one worker's
-    # load, so the CPU watermark would only make workers refuse their own demo (set it to override)
-    env.setdefault("SIEVE_CPU_WATERMARK_PCT", "101")
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
     env.pop("SIEVE_FORCE_EMBEDDED", None)

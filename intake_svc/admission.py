@@ -1,18 +1,34 @@
-"""How long a refused caller should wait before trying again.
+"""How long a refused caller should wait before trying again (the RetryInfo of a RESOURCE_EXHAUSTED).
 
-Over the global limit the seed's constant applies (retry_after_s, 30 s). Over a device's own limit the
-delay is what that device needs to drain below its limit at its recent service rate, within
-[1 s, max_wait]; a device never served yet gets the global delay.
+- Over the global limit: about when enough room will be free for this request at the rate the queues drain
+  now — (pending + incoming - limit) / drain rate, where the drain rate is what the scheduler replicas took
+  from the queues over the last second (`scheduler_svc.drain`, read at most every `RATE_CACHE_S`) — jittered
+  by +-`GLOBAL_JITTER` so that refused clients do not all come back at once, within
+  [`MIN_GLOBAL_RETRY_S`, retry_after_s]. When no replica dispatched anything lately nothing drains, and the
+  delay is the configured maximum, spread over its upper half.
+- Over a device's own limit: what that device needs to drain below its limit at its recent service rate,
+  within [1 s, max_wait]; a device never served yet gets the configured maximum.
 """
 
 from __future__ import annotations
 
+import random
 import time
+from collections.abc import Callable
 
 from sieve.errors import AdmissionRefused
+from sieve.queue_store import QueueStore
 from sieve.settings import Settings
 
 MIN_RETRY_S = 1.0
+#: shortest delay of a global refusal (a drain this fast is worth coming back for at once)
+MIN_GLOBAL_RETRY_S = 0.1
+#: a global refusal's delay is spread over [1 - JITTER, 1 + JITTER] x the estimate
+GLOBAL_JITTER = 0.15
+#: the drain rate is read from Redis at most this often
+RATE_CACHE_S = 0.25
+#: a replica's published rate older than this is not counted (it dispatches nothing now)
+RATE_FRESH_S = 3.0
 
 
 def device_retry_after_s(meta: dict[str, str], incoming: int, settings: Settings,
@@ -30,8 +46,46 @@ def device_retry_after_s(meta: dict[str, str], incoming: int, settings: Settings
     return min(max(delay, MIN_RETRY_S), settings.aging_max_wait_s)
 
 
-def retry_after_s(refusal: AdmissionRefused, meta: dict[str, str], incoming: int,
-                  settings: Settings) -> float:
-    if refusal.is_global:
-        return settings.retry_after_s
-    return device_retry_after_s(meta, incoming, settings)
+def global_retry_after_s(pending: int, incoming: int, drain_per_s: float | None, settings: Settings,
+                         rng: random.Random | None = None) -> float:
+    """Seconds until the global backlog has room for `incoming` more tasks at `drain_per_s`, jittered and
+    bounded by retry_after_s; the maximum (spread over its upper half) when nothing drains."""
+    rng = rng or random
+    ceiling = max(MIN_GLOBAL_RETRY_S, settings.retry_after_s)
+    if not drain_per_s or drain_per_s <= 0:
+        return ceiling * rng.uniform(0.5, 1.0)
+    excess = max(1, pending + incoming - settings.max_total_pending)
+    estimate = excess / drain_per_s * rng.uniform(1 - GLOBAL_JITTER, 1 + GLOBAL_JITTER)
+    return min(ceiling, max(MIN_GLOBAL_RETRY_S, estimate))
+
+
+class RetryAdvisor:
+    """Answers the retry delay of each refusal; owns the cached reading of the global drain rate."""
+
+    def __init__(self, queues: QueueStore, settings: Settings, *, clock: Callable[[], float] = time.monotonic,
+                 rng: random.Random | None = None) -> None:
+        self.queues = queues
+        self.settings = settings
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._rate: float | None = None
+        self._read_at = -RATE_CACHE_S
+
+    async def drain_per_s(self) -> float | None:
+        """The queues' drain rate now (tasks/s), None when nothing drains; read at most every RATE_CACHE_S."""
+        now = self._clock()
+        if now - self._read_at >= RATE_CACHE_S:
+            self._read_at = now
+            self._rate = await self.queues.drain_rate(fresh_ms=RATE_FRESH_S * 1000)
+        return self._rate
+
+    async def after_s(self, refusal: AdmissionRefused, meta: dict[str, str], incoming: int) -> float:
+        """The delay to tell a caller refused with `refusal` for `incoming` tasks (`meta`: the device's, for a
+        device refusal)."""
+        if refusal.is_global:
+            return global_retry_after_s(refusal.pending, incoming, await self.drain_per_s(), self.settings,
+                                        self._rng)
+        return device_retry_after_s(meta, incoming, self.settings)
+
+
+__all__ = ["RetryAdvisor", "device_retry_after_s", "global_retry_after_s"]

@@ -13,7 +13,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass
 
-from intake_svc.admission import retry_after_s
+from intake_svc.admission import RetryAdvisor
 from intake_svc.observe import count_decisions, enqueue_span, stamp_trace
 from sieve.db.tasks import NewTask, TaskStore
 from sieve.entry import Entry
@@ -52,6 +52,8 @@ class Submitter:
         self.tasks = tasks
         self.queues = queues
         self.settings = settings
+        #: retry delays of refusals (the global one from the measured drain rate)
+        self.retry = RetryAdvisor(queues, settings)
 
     async def submit(self, batch: list[NewTask]) -> list[Decision]:
         """Decides every task of the batch, in order. Raises when PostgreSQL or Redis is unreachable
@@ -69,7 +71,7 @@ class Submitter:
         for i, t in enumerate(batch):
             if pending + len(batch) > self.settings.max_total_pending:
                 full = AdmissionRefused(ScriptCode.GLOBAL_LIMIT, 0, pending)
-                decisions[i] = await self._refusal(full, t, 1)
+                decisions[i] = await self._refusal(full, t, len(batch))
             elif backlogs[t.device] + incoming[t.device] > self.settings.max_per_device_pending:
                 refusal = AdmissionRefused(ScriptCode.DEVICE_LIMIT, backlogs[t.device], pending)
                 decisions[i] = await self._refusal(refusal, t, incoming[t.device])
@@ -116,7 +118,7 @@ class Submitter:
         if not refusal.is_global:
             await self.queues.mark_overloaded(task.device)
             meta = await self.queues.device_meta(task.device)
-        delay = retry_after_s(refusal, meta, incoming, self.settings)
+        delay = await self.retry.after_s(refusal, meta, incoming)
         reason = "global_limit" if refusal.is_global else "device_limit"
         what = "Sieve is at its global pending limit" if refusal.is_global else (
             f"device {task.device} is at its pending limit ({self.settings.max_per_device_pending})")

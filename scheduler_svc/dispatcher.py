@@ -15,6 +15,7 @@ import uuid
 from redis.asyncio import Redis
 
 from scheduler_svc.board import Board
+from scheduler_svc.drain import DrainMeter
 from scheduler_svc.outcomes import Outcomes
 from scheduler_svc.routing import Action, Router
 from scheduler_svc.task_trace import DispatchObserver
@@ -42,6 +43,8 @@ class Dispatcher:
         self._last_claim_ms = 0.0
         #: claim / assign spans of each task and the dispatch metrics
         self.observer = DispatchObserver()
+        #: this replica's dispatch rate, published for the intake's retry delays
+        self.drain = DrainMeter(queues, lambda: self.dispatched)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -82,6 +85,7 @@ class Dispatcher:
                 continue
             try:
                 rank = await self.dispatch_once(rank)
+                await self.drain.tick()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -114,16 +118,18 @@ class Dispatcher:
             await self.outcomes.expired(popped.expired)
         await self._hand_out(mac, self.observer.claimed(mac, popped.taken, claim_ns, rank.starving))
         if popped.blocked and not popped.taken:
-            await self._blocked(mac)
+            if await self._blocked(mac):
+                return None  # that type waits now; the device's other types may be ready at once: rank afresh
             if next_rank.mac is None:  # nothing else to serve: wait for credits rather than spin
                 self.board.changed.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.board.changed.wait(), timeout=IDLE_POLL_S)
         return next_rank if next_rank.mac else None
 
-    async def _hand_out(self, mac: str, entries: list[Entry], token: str | None = None) -> None:
-        """Sends what has a worker; what has none goes back (waits, backs the device off, or is
-        dead-lettered, as routing says). With `token` the device is still locked and is released here."""
+    async def _hand_out(self, mac: str, entries: list[Entry], token: str | None = None) -> bool:
+        """Sends what has a worker; what has none goes back (waits its turn, waits out a delay with the rest
+        of its type, or is dead-lettered, as routing says). With `token` the device is still locked and is
+        released here. True when tasks were sent to wait out a delay."""
         placement = self.board.place(mac, entries, self.router.route)
         for session, batch in placement.placed.items():
             self.board.send(session, mac, batch)
@@ -145,12 +151,13 @@ class Dispatcher:
         deferred = placement.unplaced.get(Action.DEFER.value, [])
         if token is not None:
             if deferred:
-                await self._defer(mac, token, deferred, self.router.route(deferred[0].task_type).reason)
-            else:
-                await self.queues.release(mac, token)
+                await self._defer(mac, token, deferred)
+                return True
+            await self.queues.release(mac, token)
         elif deferred:  # cannot happen on the main path: popping stops before types nobody may run
             await self.queues.requeue(mac, [(e.task_id, e.attempt) for e in deferred], count_attempt=False,
                                       reason="no worker takes its type")
+        return False
 
     def _carry(self, rank: Rank, now: float) -> float:
         """How much of its wait the device keeps when served: the wait it had beyond the point where it
@@ -171,23 +178,27 @@ class Dispatcher:
         else:
             await self._idle(wait_s)
 
-    async def _blocked(self, mac: str) -> None:
+    async def _blocked(self, mac: str) -> bool:
         """The device's next task is of a type no eligible worker has room for: take it alone, with the
-        device locked, and let routing decide (wait for credits, back off, or dead-letter)."""
+        device locked, and let routing decide (wait for credits, wait out a delay with the rest of its type,
+        or dead-letter). True when it was sent to wait out a delay."""
         token = uuid.uuid4().hex
         claim_ns = self.observer.claim_started()
         popped = await self.queues.pop(mac, token, 1)
         if not popped.ready:
-            return
+            return False
         if popped.expired:
             await self.outcomes.expired(popped.expired)
-        await self._hand_out(mac, self.observer.claimed(mac, popped.taken, claim_ns), token)
+        return await self._hand_out(mac, self.observer.claimed(mac, popped.taken, claim_ns), token)
 
-    async def _defer(self, mac: str, token: str, entries: list[Entry], reason: str) -> None:
-        deferred = await self.queues.defer(mac, token, [e.task_id for e in entries], reason)
-        dead = {d["task_id"] for d in deferred.dead_letters}
-        until_s = max(0.0, deferred.unschedulable_until_ms - now_ms()) / 1000
-        log.info("device %s deferred %.0fs: %s", mac, until_s, reason, extra={"device": mac})
-        await self.outcomes.noted([e.task_id for e in entries if e.task_id not in dead],
-                                  f"device backs off {until_s:.0f}s: {reason}")
+    async def _defer(self, mac: str, token: str, entries: list[Entry]) -> None:
+        """Tasks nobody can run now wait, with every queued task of their types of this device; the device
+        itself is released and keeps being served for its other types."""
+        types = sorted({e.task_type for e in entries})
+        reason = "; ".join(dict.fromkeys(self.router.route(t).reason for t in types))
+        deferred = await self.queues.defer_types(mac, token, [e.task_id for e in entries], types, reason)
+        until_s = max(0.0, deferred.earliest_due_ms - now_ms()) / 1000
+        log.info("device %s: %d tasks wait %.0fs: %s", mac, len(deferred.waiting), until_s, reason,
+                 extra={"device": mac})
+        await self.outcomes.noted(deferred.waiting, f"waits {until_s:.0f}s (its type only): {reason}")
         await self.outcomes.dead_lettered(deferred.dead_letters)

@@ -13,7 +13,6 @@ from scheduler_svc.board import Board, Session
 from scheduler_svc.dispatcher import Dispatcher
 from scheduler_svc.outcomes import Outcomes
 from scheduler_svc.rebuild import Rebuilder
-from scheduler_svc.routing import OCR
 from scheduler_svc.watermark import Watermark
 from sieve.db.tasks import TaskStore
 from sieve.queue_store import QueueStore, now_ms
@@ -107,11 +106,10 @@ class Housekeeping:
         return count
 
     async def check_workers(self) -> None:
-        """Reads the registry: whether a GPU worker is alive anywhere (routing), and which connected
+        """Reads the registry: whether a GPU worker is alive anywhere or was recently (routing), and which connected
         workers stopped heartbeating (their sessions end; what they held is handed out again)."""
         records = {r.worker_id: r for r in await self.records.list()}
-        self.dispatcher.router.gpu_alive_elsewhere = any(
-            r.gpu_available and r.takes(OCR) for r in records.values())
+        await self.dispatcher.router.observe(records.values())
         now = time.monotonic()
         for session in list(self.board.sessions):
             if session.worker_id in records:

@@ -1,16 +1,34 @@
-"""Which workers may run a task type (seed 4.3 and 5.2 ③): OCR goes to GPU workers first; when no GPU
-worker is alive, the `no_gpu_strategy` setting decides: `defer` (the device backs off and resumes later),
-`cpu` (CPU workers that take OCR run it) or `dead_letter`. Other types go to any worker that takes them.
+"""Which workers may run a task type (seed 4.3 and 5.2 ③), and what happens when none can.
+
+OCR goes to GPU workers first. When no GPU worker is alive, what happens depends on whether GPU workers are
+*expected*: a GPU worker that takes OCR was alive within `gpu_expected_s` (seen by any scheduler replica: the
+`Keys.gpu_expected` key, set with that TTL while one is alive).
+
+- GPU workers expected (they are only gone for now): the `no_gpu_strategy` setting decides — `defer` (the
+  device's OCR tasks wait, with exponential delays, and are dead-lettered after max_attempts defers), `cpu`
+  (CPU workers that take OCR run it) or `dead_letter`.
+- No GPU worker seen recently (a fleet without GPUs, or one whose GPUs have been gone longer than the window):
+  CPU workers that take OCR run it, as the ordinary route; with none, the OCR tasks wait as for `defer`.
+
+Other types go to any worker that takes them. A type nobody can run waits on its own (`Action.DEFER`:
+`QueueStore.defer_types`): the device's other types keep flowing. A type whose workers are only full for the
+moment (`Action.WAIT`) keeps its place in the device's queue.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
+from redis.asyncio import Redis
+
 from scheduler_svc.board import Board, Session
+from sieve.keys import Keys
+from sieve.queue_store import now_ms
 from sieve.settings import Settings
 from sieve.v1 import types_pb2
+from sieve.workers import WorkerRecord
 
 OCR = types_pb2.TASK_TYPE_OCR_IMAGE
 ALL_TYPES = (types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE)
@@ -20,7 +38,7 @@ class Action(Enum):
     """What happens to a task no eligible worker has room for."""
 
     WAIT = "wait"  # eligible workers exist but are full: back to the queue, no penalty
-    DEFER = "defer"  # nobody can run it: the device backs off exponentially
+    DEFER = "defer"  # nobody can run it now: it waits (exponential delay), the device's other types do not
     DEAD_LETTER = "dead_letter"  # given up on at once (strategy dead_letter)
 
 
@@ -35,11 +53,41 @@ class Route:
 
 
 class Router:
-    def __init__(self, board: Board, settings: Settings) -> None:
+    """Routes task types to sessions; knows (from the registry, through housekeeping) whether a GPU worker is
+    alive somewhere and whether GPU workers are expected at all."""
+
+    def __init__(self, board: Board, settings: Settings, redis: Redis | None = None) -> None:
         self.board = board
+        self.settings = settings
         self.strategy = settings.no_gpu_strategy
+        self._redis = redis
+        self._keys = Keys(settings.redis_prefix)
         #: a GPU worker that takes OCR is alive somewhere (registry), maybe connected to another replica
         self.gpu_alive_elsewhere = False
+        #: a GPU worker that takes OCR was alive within gpu_expected_s (the no-GPU strategy applies)
+        self.gpu_expected = False
+        self._gpu_routed = False  # a GPU session was routed to since the last observe()
+
+    def _gpu_connected(self) -> bool:
+        return any(s.gpu and OCR in s.task_types and not s.closed for s in self.board.sessions)
+
+    async def observe(self, records: Iterable[WorkerRecord]) -> None:
+        """Takes in the registry's live workers: whether a GPU worker is alive, and whether one was recently
+        (shared by every replica: a key that lives gpu_expected_s after the last sighting)."""
+        alive = any(r.gpu_available and r.takes(OCR) for r in records)
+        self.gpu_alive_elsewhere = alive
+        window_ms = int(self.settings.gpu_expected_s * 1000)
+        seen = alive or self._gpu_connected() or self._gpu_routed
+        self._gpu_routed = False
+        if window_ms <= 0:
+            self.gpu_expected = False
+        elif self._redis is None:
+            self.gpu_expected = seen or self.gpu_expected
+        elif seen:
+            await self._redis.set(self._keys.gpu_expected, str(int(now_ms())), px=window_ms)
+            self.gpu_expected = True
+        else:
+            self.gpu_expected = bool(await self._redis.exists(self._keys.gpu_expected))
 
     def route(self, task_type: int) -> Route:
         takers = sorted(self.board.takers(task_type), key=lambda s: -s.credits)
@@ -49,10 +97,17 @@ class Router:
                 return Route(takers, Action.WAIT)
             return Route([], Action.DEFER, f"no live worker takes {name}")
         gpus = [s for s in takers if s.gpu]
-        if gpus or self.gpu_alive_elsewhere:
+        if gpus:
+            self._gpu_routed = self.gpu_expected = True
             return Route(gpus, Action.WAIT)
+        if self.gpu_alive_elsewhere:
+            return Route(gpus, Action.WAIT)
+        cpus = [s for s in takers if not s.gpu]
+        if not self.gpu_expected:  # a fleet without GPUs: CPU workers run OCR, nothing to note
+            if cpus:
+                return Route(cpus, Action.WAIT)
+            return Route([], Action.DEFER, "no live worker takes OCR_IMAGE")
         if self.strategy == "cpu":
-            cpus = [s for s in takers if not s.gpu]
             if cpus:
                 return Route(cpus, Action.WAIT, "no GPU worker alive: routed to a CPU worker (strategy cpu)")
             return Route([], Action.DEFER, "no GPU worker alive and no CPU worker takes OCR_IMAGE")

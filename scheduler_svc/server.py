@@ -66,7 +66,7 @@ def build_scheduler(settings: Settings, redis: Redis, tasks: TaskStore) -> tuple
     outcomes = Outcomes(tasks)
     records = WorkerRecords(redis, settings)
     watermark = Watermark(redis, queues, settings, records.live_count)
-    dispatcher = Dispatcher(redis, queues, outcomes, board, Router(board, settings), settings)
+    dispatcher = Dispatcher(redis, queues, outcomes, board, Router(board, settings, redis), settings)
     servicer = SchedulerServicer(queues, board, outcomes, watermark, DeadLetters(queues, tasks), records)
     housekeeping = Housekeeping(queues, tasks, board, outcomes, watermark, dispatcher, records,
                                 servicer.end_session, Rebuilder(queues, tasks))

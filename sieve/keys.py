@@ -70,6 +70,12 @@ class Keys:
         #: Tasks each caller has open in Redis (queued, leased or delayed): caller -> count (hash; a caller at 0
         #: has no field). Kept by the same scripts that move tasks, rebuilt with the queues.
         self.caller_open = f"{self.base}:caller:open"
+        #: Exists (with a TTL of gpu_expected_s, refreshed by every scheduler replica) while a GPU worker that
+        #: takes OCR has been alive recently: GPU workers are expected (the no-GPU strategy applies).
+        self.gpu_expected = f"{self.base}:gpu:expected"
+        #: Dispatch rate of each scheduler replica: replica id -> "tasks_per_s|at_ms" (how fast the queues drain,
+        #: for the intake's retry delays).
+        self.drain = f"{self.base}:drain"
 
     def queue(self, mac: str, priority: int) -> str:
         return f"{self.base}:q:{mac}:{priority}"

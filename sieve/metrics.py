@@ -147,8 +147,13 @@ WORKER_DB_WRITES = _c("sieve_worker_db_writes", "Group commits of this worker (o
 WORKER_DB_ROWS = _c("sieve_worker_db_rows", "Rows written by this worker's group commits, by writer", "writer")
 WORKER_RESOURCES = _g("sieve_worker_resource_percent", "This worker's last resource readings (percent)",
                       "resource")
-WORKER_OVER_WATERMARK = _g("sieve_worker_over_watermark", "1 when the last readings were over a watermark "
-                           "(credits are held back)")
+WORKER_OVER_WATERMARK = _g("sieve_worker_over_watermark", "1 while the worker holds back (a reading over its "
+                           "watermark, not yet back under it by the hysteresis): no credits, arrivals put back")
+WORKER_HELD_BACK = _g("sieve_worker_held_back", "1 while this resource holds the worker back", "resource")
+WORKER_HELD_BACK_SECONDS = _c("sieve_worker_held_back_seconds",
+                              "Seconds the worker held back, by the resource that held it back", "resource")
+WORKER_PRESSURE_PUT_BACK = _c("sieve_worker_pressure_put_back_tasks",
+                              "Tasks that reached the worker while it held back and were put back (uncounted)")
 
 
 class ScrapeCollector(Collector):

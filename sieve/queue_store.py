@@ -68,10 +68,21 @@ class Deferred:
     dead_letters: list[dict[str, Any]]
 
 
+@dataclass(frozen=True, slots=True)
+class TypesDeferred:
+    """Tasks of some types of one device sent to wait (the device itself keeps being served)."""
+
+    #: when the first of them is due again (0 when none waits)
+    earliest_due_ms: int
+    #: ids of the tasks that wait (leased ones and queued ones alike)
+    waiting: list[str]
+    dead_letters: list[dict[str, Any]]
+
+
 class QueueStore:
     """The per-device queues, schedule sets, locks and leases of one Sieve installation."""
 
-    _SCRIPTS = ("enqueueTasks", "rankDevices", "popBatch", "releaseDevice", "deferDevice",
+    _SCRIPTS = ("enqueueTasks", "rankDevices", "popBatch", "releaseDevice", "deferDevice", "deferTypes",
                 "resumeDevice", "ackTasks", "requeueTasks", "removeQueued", "promoteDelayed", "takeTokens")
 
     def __init__(self, redis: Redis, settings: Settings) -> None:
@@ -287,6 +298,28 @@ class QueueStore:
             raise LockNotOwned(f"lock of {mac} is not held by {token}")
         return Deferred(int(reply[0]), [json.loads(r) for r in reply[1:]])
 
+    async def defer_types(self, mac: str, token: str, task_ids: list[str], task_types: list[int], reason: str,
+                          *, now: float | None = None) -> TypesDeferred:
+        """Sends the leased `task_ids` and every queued task of `task_types` of this device to wait in the
+        delayed set (each base x 2^(defers-1), capped; dead-lettered at max_attempts defers), then releases
+        the device and schedules it for its other work: one type that cannot be served does not hold back
+        the device's others."""
+        block, lock = self._device(mac)
+        k, s = self.keys, self.settings
+        reply = await self._call(
+            "deferTypes",
+            [*block, lock, k.serving, k.pending, k.leases, k.lease_data, k.dead_letters, k.devices, k.delayed,
+             k.overloaded],
+            [now or now_ms(), token, mac, int(s.defer_backoff_base_s * 1000), int(s.defer_backoff_max_s * 1000),
+             s.max_attempts, reason, s.dead_letter_keep, ",".join(str(t) for t in sorted(set(task_types))),
+             s.max_per_device_pending, *task_ids],
+        )
+        if reply[0] == ScriptCode.LOCK_NOT_OWNED:
+            raise LockNotOwned(f"lock of {mac} is not held by {token}")
+        dead_count = int(reply[1])
+        return TypesDeferred(int(reply[0]), [str(i) for i in reply[2 + dead_count:]],
+                             [json.loads(r) for r in reply[2: 2 + dead_count]])
+
     async def resume_due(self, *, now: float | None = None, limit: int = 500) -> list[str]:
         """Schedules again every device whose backoff has ended; returns them."""
         now = now or now_ms()
@@ -363,6 +396,23 @@ class QueueStore:
             return
         deadline = (now or now_ms()) + int(self.settings.lease_ttl_s * 1000)
         await self.redis.zadd(self.keys.leases, dict.fromkeys(task_ids, deadline), xx=True)
+
+    # --- drain rate -------------------------------------------------------------------------------
+    async def publish_drain(self, replica: str, tasks_per_s: float, *, now: float | None = None) -> None:
+        """Records how fast this scheduler replica takes tasks from the queues (the entries expire together
+        a minute after the last write; readers ignore stale ones)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(self.keys.drain, replica, f"{max(0.0, tasks_per_s):.3f}|{int(now or now_ms())}")
+            pipe.pexpire(self.keys.drain, 60_000)
+            await pipe.execute()
+
+    async def drain_rate(self, *, fresh_ms: float, now: float | None = None) -> float | None:
+        """Tasks per second all scheduler replicas took from the queues lately: the sum of the rates published
+        within `fresh_ms`; None when none is that fresh (no replica is dispatching)."""
+        now = now or now_ms()
+        rates = [float(rate) for rate, _, at in (v.partition("|") for v in (await self.redis.hgetall(
+            self.keys.drain)).values()) if at.isdigit() and now - int(at) <= fresh_ms]
+        return sum(rates) if rates else None
 
     # --- generation ---------------------------------------------------------------------------------
     async def generation(self) -> str | None:

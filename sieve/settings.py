@@ -76,7 +76,8 @@ class Settings:
     max_total_pending: int = 5000
     #: Admission: refuse a device's new tasks above this many pending for it (CELERY_MAX_PER_MAC_PENDING).
     max_per_device_pending: int = 200
-    #: RetryInfo delay when the global backlog is full (seed: HTTP 503 + retry_after 30).
+    #: Longest RetryInfo delay (seed: HTTP 503 + retry_after 30). A global refusal says when enough room should
+    #: be free at the measured drain rate (intake_svc/admission.py), jittered, never longer than this.
     retry_after_s: float = 30.0
 
     # --- scheduling -------------------------------------------------------------------------------
@@ -114,14 +115,20 @@ class Settings:
     housekeeping_interval_s: float = 1.0
     watermark_interval_s: float = 15.0
     watermark_ttl_s: float = 20.0
-    #: What to do with OCR tasks when no GPU worker is alive: defer | cpu | dead_letter.
+    #: What to do with OCR tasks when GPU workers are expected but none is alive: defer | cpu | dead_letter.
     no_gpu_strategy: str = "defer"
+    #: GPU workers are expected while one that takes OCR was alive within this many seconds; otherwise (a fleet
+    #: without GPUs) CPU workers that take OCR run it, whatever no_gpu_strategy says.
+    gpu_expected_s: float = 600.0
 
     # --- workers and registry ---------------------------------------------------------------------
     heartbeat_interval_s: float = 15.0
     worker_ttl_s: float = 60.0
-    #: A task a worker receives while over a watermark goes back to wait this long (seed: countdown=30).
+    #: Longest wait of a task a worker puts back under pressure (seed: countdown=30); the wait itself is about
+    #: as long again as the pressure has lasted, from 1 s (worker_svc/pressure.py).
     pressure_retry_s: float = 30.0
+    #: A worker holding back takes work again once each reading is this many points under its watermark.
+    watermark_hysteresis_pct: float = 10.0
     cpu_watermark_pct: float = 75.0
     memory_watermark_pct: float = 75.0
     gpu_memory_watermark_pct: float = 75.0

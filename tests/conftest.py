@@ -47,9 +47,6 @@ def settings(unique: str) -> Settings:
         # role); tests of authentication configure credentials themselves, and e2e clusters always run with them
         allow_anonymous=True,
         grpc_reflection=True,
-        # every process of a test shares this machine's two cores: its CPU is not one worker's load
-        # (backpressure tests fix their readings instead)
-        cpu_watermark_pct=101,
     )
 
 

@@ -1,8 +1,8 @@
-"""A worker's scrape-time metrics: slots, in-flight tasks, credits, utilisation, its resource readings.
+"""A worker's scrape-time metrics: slots, in-flight tasks, credits, utilisation, its resource readings, and
+whether (and how long in all) it held back under pressure, by resource.
 
-All from memory: the Puller's counters, the runner's skipped / refused counts, and the readings the
-worker last sent the registry (sampled every heartbeat; a scrape does not sample again, which would
-shorten the CPU measurement window of the next heartbeat).
+All from memory: the Puller's counters, the runner's skipped / refused counts, the pressure state, and the
+readings the pressure check last took (a scrape does not sample again).
 """
 
 from __future__ import annotations
@@ -14,13 +14,15 @@ from prometheus_client.core import Metric
 
 from sieve import metrics as m
 from sieve.metrics import ScrapeCollector
-from worker_svc.resources import over_watermark
+from sieve.workers import WATERMARK_RESOURCES
 
 if TYPE_CHECKING:
     from worker_svc.server import Worker
 
 
 class WorkerCollector(ScrapeCollector):
+    """Reads one worker's numbers at scrape time."""
+
     def __init__(self, worker: Worker) -> None:
         super().__init__()
         self.worker = worker
@@ -41,12 +43,18 @@ class WorkerCollector(ScrapeCollector):
         writers = (runner.starts, runner.results)
         yield m.WORKER_DB_WRITES.family([((w.name,), w.groups) for w in writers])
         yield m.WORKER_DB_ROWS.family([((w.name,), w.rows) for w in writers])
-        readings = self.worker.registry.last_resources
+        pressure = puller.pressure
+        readings = pressure.last or self.worker.registry.last_resources
         if readings is not None:
             yield m.WORKER_RESOURCES.family([
-                (("cpu",), readings.cpu_percent), (("memory",), readings.memory_percent),
-                (("gpu_memory",), readings.gpu_memory_percent), (("gpu_util",), readings.gpu_util_percent)])
-            yield m.WORKER_OVER_WATERMARK.family(1 if over_watermark(readings, self.worker.settings) else 0)
+                (("cpu",), readings.cpu_percent), (("cpu_own",), readings.cpu_own_percent),
+                (("memory",), readings.memory_percent), (("gpu_memory",), readings.gpu_memory_percent),
+                (("gpu_memory_own",), readings.gpu_memory_own_percent), (("gpu_util",), readings.gpu_util_percent)])
+        held = set(pressure.held_resources())
+        yield m.WORKER_OVER_WATERMARK.family(1 if held else 0)
+        yield m.WORKER_HELD_BACK.family([((r,), 1 if r in held else 0) for r in WATERMARK_RESOURCES])
+        yield m.WORKER_HELD_BACK_SECONDS.family([((r,), s) for r, s in pressure.held_back_seconds().items()])
+        yield m.WORKER_PRESSURE_PUT_BACK.family(puller.pressure_nacks)
 
 
 __all__ = ["WorkerCollector"]

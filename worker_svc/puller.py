@@ -1,10 +1,13 @@
 """The worker's side of the Pull stream: hold slots, send credits, run batches, ack, reconnect.
 
 Slots: the worker has `concurrency` slots. A credit is sent only for a free slot, and only while the
-worker is under its watermarks (backpressure); a slot is used from the moment an assignment arrives
-until its ack is sent. A batch that arrives while the worker is over a watermark is nacked at once
-without counting the attempt. When the stream breaks the worker reconnects with jittered exponential
-backoff; tasks it was running are put back by the scheduler and their late acks are refused.
+worker is not holding back (`worker_svc.pressure`: backpressure); a slot is used from the moment an
+assignment arrives until its ack is sent. When the worker starts holding back it also withdraws the credits
+the scheduler still has (a `draining` message: unused credits dropped; credits sent later count again), so
+that work goes to other workers meanwhile; a batch that was already on its way is put back at once (the
+execution-time check), uncounted, with a retry delay from the pressure's own estimate (seconds, not a fixed
+30 s). When the stream breaks the worker reconnects with jittered exponential backoff; tasks it was running
+are put back by the scheduler and their late acks are refused.
 """
 
 from __future__ import annotations
@@ -28,13 +31,15 @@ from worker_svc.pressure import Pressure
 log = logging.getLogger("sieve.worker.pull")
 
 #: how often withheld credits are reconsidered while the worker is under pressure
-PRESSURE_RECHECK_S = 0.5
+PRESSURE_RECHECK_S = 0.25
 
 BatchRunner = Callable[[list[scheduler_pb2.Assignment]], Awaitable[tuple[list[scheduler_pb2.Ack],
                                                                           list[scheduler_pb2.Nack]]]]
 
 
 class Puller:
+    """One worker's Pull stream: its slots, the credits it granted, and the batches it runs."""
+
     def __init__(self, settings: Settings, worker_id: str, task_types: list[int], gpu: bool,
                  concurrency: int, run_batch: BatchRunner, pressure: Pressure) -> None:
         self.settings = settings
@@ -51,6 +56,9 @@ class Puller:
         self.draining = False
         self.connected = asyncio.Event()
         self.completed = 0
+        #: tasks put back because they arrived while the worker held back
+        self.pressure_nacks = 0
+        self._withheld = False  # holding back: credits withdrawn, none granted
         self._last_sent = 0.0
 
     # --- credits ----------------------------------------------------------------------------------
@@ -60,9 +68,21 @@ class Puller:
         return self._granted
 
     def _free_credits(self) -> int:
-        if self.draining or self.pressure.reasons(self.in_use):
+        if self.draining or self._pressure():
             return 0
         return max(0, self.concurrency - self.in_use - self._granted)
+
+    def _pressure(self) -> list[str]:
+        """The pressure check; on the way into holding back, the credits the scheduler has are withdrawn."""
+        reasons = self.pressure.reasons(self.in_use)
+        if reasons and not self._withheld:
+            self._withheld = True
+            if self._granted and self._outbox is not None:
+                self._granted = 0
+                self._send(scheduler_pb2.PullRequest(draining=True))
+        elif not reasons:
+            self._withheld = False
+        return reasons
 
     def _send(self, request: scheduler_pb2.PullRequest) -> None:
         if self._outbox is not None:
@@ -168,10 +188,12 @@ class Puller:
 
     async def _batch(self, assignments: list[scheduler_pb2.Assignment]) -> None:
         try:
-            reasons = self.pressure.reasons(self.in_use)
+            reasons = self._pressure()
             if reasons:
                 acks: list[scheduler_pb2.Ack] = []
-                nacks = [self._pressure_nack(a, reasons, self.settings.pressure_retry_s) for a in assignments]
+                retry_s = self.pressure.retry_after_s()
+                nacks = [self._pressure_nack(a, reasons, retry_s) for a in assignments]
+                self.pressure_nacks += len(nacks)
             else:
                 acks, nacks = await self.run_batch(assignments)
         except Exception as exc:
@@ -194,14 +216,19 @@ class Puller:
 
 
 def merge_into(first: scheduler_pb2.PullRequest, later: scheduler_pb2.PullRequest) -> None:
-    """Folds a later request into the first: acks and nacks appended, credits added, draining kept, the
-    later hello wins."""
+    """Folds a later request into the first: acks and nacks appended, credits added, the later hello wins.
+    A later draining (credits withdrawn) drops the credits granted before it; credits granted after a
+    withdrawal cancel it (the scheduler reads a message's draining before its credits and ignores them then;
+    a worker that is shutting down grants none)."""
     if later.HasField("hello"):
         first.hello.CopyFrom(later.hello)
     first.acks.extend(later.acks)
     first.nacks.extend(later.nacks)
-    first.credits += later.credits
-    first.draining = first.draining or later.draining
+    if later.draining:
+        first.draining, first.credits = True, 0
+    elif later.credits:
+        first.draining = False
+        first.credits += later.credits
 
 
 def new_worker_id() -> str:

@@ -1,13 +1,36 @@
-"""The worker's own resource readings: CPU and memory from psutil, GPUs from NVML (seed 4.1–4.2).
+"""The worker's own resource readings (seed 4.1–4.2): CPU, memory and GPU memory, measured against the limits
+this worker actually runs under, and how much of each is the worker's own doing.
 
 `ResourceSampler.sample` gives the `Resources` a worker registers and heartbeats with, and from which it
-decides to hold back credits (`over_watermark`, the shared `sieve.workers.availability` check).
+decides whether to hold back (`worker_svc.pressure`, on top of the shared `sieve.workers.availability`).
 
-A host without a GPU, without the NVIDIA driver, or whose NVML calls fail reads as "no GPU" (zeros), never
-as an error. Tests fix the percentages with `SIEVE_FIXED_RESOURCES`: either the readings themselves,
-"cpu=90,memory=20,gpu_memory=0,gpu_util=0" (any subset), or "file:/path" naming a file holding them,
-read again on every sample so that a test can change the readings of a running worker (an empty file
-fixes nothing).
+Where each reading comes from (`Resources.scope` says which was used, e.g. "cpu=cgroup v2,memory=host"):
+
+- **CPU**: the worker's cgroup when it has a CPU limit tighter than the cores it may run on — cgroup v2
+  `cpu.max` (quota / period) with `cpu.stat` usage_usec, or v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us` with
+  `cpuacct.usage` — as a percentage of that quota; otherwise the host (`/proc/stat` through psutil, the CPUs of
+  its affinity mask) as a percentage of those cores. Always over the last `CPU_WINDOW_S` (a sliding window of
+  the counters, so that every caller sees the same recent second, however often it samples).
+- **this worker's own CPU** (`cpu_own_percent`): the CPU time of its process tree — the process with its reaped
+  children (`os.times`) plus its live descendants (listed again every `CHILDREN_EVERY_S`) — over the same
+  window, against the same capacity. The CPU watermark applies to `cpu_percent - cpu_own_percent`.
+- **memory**: the cgroup when it has a memory limit below the host's memory — v2 `memory.max` against
+  `memory.current` minus `inactive_file` of `memory.stat` (the working set: reclaimable page cache does not
+  count), or v1 `memory.limit_in_bytes` against `memory.usage_in_bytes` minus `total_inactive_file` — otherwise
+  the host (`psutil.virtual_memory`).
+- **GPU memory**: NVML, per device, with the share held by this worker's own processes where NVML lists
+  per-process usage (`nvmlDeviceGetComputeRunningProcesses`; in a container with its own PID namespace NVML's
+  PIDs do not match and the share reads 0). The device with the least room left for this worker decides.
+
+The cgroup in use is found from `/proc/self/cgroup` and `/proc/self/mountinfo` (a v2 hierarchy whose controllers
+are in use, else the v1 controllers), walking from the worker's own cgroup up to the mount's root and taking the
+tightest limit on the way. A reading that cannot be taken falls back to the host; a host without a GPU, without
+the NVIDIA driver, or whose NVML calls fail reads as "no GPU" (zeros), never as an error.
+
+Tests fix the percentages with `SIEVE_FIXED_RESOURCES`: either the readings themselves,
+"cpu=90,memory=20,gpu_memory=0,gpu_util=0" (any subset; `cpu_own` and `gpu_memory_own` fix this worker's share,
+which otherwise reads 0 wherever the total is fixed), or "file:/path" naming a file holding them, read again on
+every sample so that a test can change the readings of a running worker (an empty file fixes nothing).
 """
 
 from __future__ import annotations
@@ -15,7 +38,10 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Mapping
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +55,17 @@ log = logging.getLogger("sieve.worker.resources")
 
 FIXED_RESOURCES_VAR = "SIEVE_FIXED_RESOURCES"
 #: The readings SIEVE_FIXED_RESOURCES may fix, all percentages 0..100.
-FIXED_KEYS = ("cpu", "memory", "gpu_memory", "gpu_util")
+FIXED_KEYS = ("cpu", "cpu_own", "memory", "gpu_memory", "gpu_memory_own", "gpu_util")
 _FILE_PREFIX = "file:"
+
+#: CPU readings cover this much of the recent past (seconds).
+CPU_WINDOW_S = 1.0
+#: A CPU reading needs at least this much time between its two counter readings (seconds).
+MIN_CPU_SPAN_S = 0.05
+#: How often the worker's child processes are listed again (listing walks /proc; reading known ones is cheap).
+CHILDREN_EVERY_S = 5.0
+#: A cgroup v1 limit at or above this is "no limit" (the kernel's page-rounded LLONG_MAX).
+_V1_UNLIMITED = 2**62
 
 
 def parse_fixed_resources(text: str) -> dict[str, float]:
@@ -66,11 +101,343 @@ def over_watermark(resources: registry_pb2.Resources, settings: Settings) -> lis
     return availability(resources, settings)
 
 
-def _cpu_count() -> int:
+def _affinity() -> list[int]:
     try:
-        return len(os.sched_getaffinity(0)) or 1
+        return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return psutil.cpu_count(logical=True) or 1
+        return list(range(psutil.cpu_count(logical=True) or 1))
+
+
+# --- cgroups --------------------------------------------------------------------------------------
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _stat_field(text: str | None, *names: str) -> int | None:
+    """The first of `names` in a "key value" per line file (cpu.stat, memory.stat)."""
+    if text is None:
+        return None
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        values[key] = value.strip()
+    for name in names:
+        if name in values:
+            try:
+                return int(values[name])
+            except ValueError:
+                return None
+    return None
+
+
+def _int(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Mount:
+    root: str  # the cgroup path this mount shows at its mount point
+    point: Path
+    version: int  # 1 or 2
+    controllers: frozenset[str]  # v1: the controllers of the hierarchy; v2: those enabled at its root
+
+
+def _mounts(mountinfo: str, fs_root: Path) -> list[_Mount]:
+    mounts: list[_Mount] = []
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or len(tail) < 3 or tail[0] not in ("cgroup", "cgroup2"):
+            continue
+        point = fs_root / fields[4].lstrip("/")
+        if tail[0] == "cgroup2":
+            controllers = frozenset((_read(point / "cgroup.controllers") or "").split())
+            mounts.append(_Mount(fields[3], point, 2, controllers))
+        else:
+            mounts.append(_Mount(fields[3], point, 1, frozenset(tail[2].split(","))))
+    return mounts
+
+
+def _own_dir(mount: _Mount, path: str) -> Path:
+    """The directory of cgroup `path` (as /proc/self/cgroup names it) under `mount`: inside a cgroup namespace
+    or a bind-mounted subtree the path may lie above what the mount shows; then the mount's root is ours."""
+    relative = path
+    if mount.root != "/" and (path == mount.root or path.startswith(mount.root.rstrip("/") + "/")):
+        relative = path[len(mount.root.rstrip("/")):]
+    candidate = mount.point / relative.lstrip("/")
+    return candidate if candidate.is_dir() else mount.point
+
+
+def _up(leaf: Path, top: Path) -> list[Path]:
+    """leaf, its parent, ... up to and including top."""
+    chain = [leaf]
+    while chain[-1] != top and top in chain[-1].parents:
+        chain.append(chain[-1].parent)
+    return chain
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupCpu:
+    """A CPU limit: `cores` of CPU time per second, used as `usage_file` says (cumulative)."""
+
+    version: int
+    directory: Path
+    cores: float
+
+    def usage_s(self) -> float | None:
+        if self.version == 2:
+            usec = _stat_field(_read(self.directory / "cpu.stat"), "usage_usec")
+            return None if usec is None else usec / 1e6
+        nsec = _int(_read(self.directory / "cpuacct.usage"))
+        return None if nsec is None else nsec / 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupMemory:
+    """A memory limit in bytes and where its usage is read."""
+
+    version: int
+    directory: Path
+    limit_bytes: int
+
+    def used_bytes(self) -> int | None:
+        """The working set: usage minus inactive page cache (what the kernel cannot simply drop)."""
+        if self.version == 2:
+            current = _int(_read(self.directory / "memory.current"))
+            inactive = _stat_field(_read(self.directory / "memory.stat"), "inactive_file")
+        else:
+            current = _int(_read(self.directory / "memory.usage_in_bytes"))
+            inactive = _stat_field(_read(self.directory / "memory.stat"), "total_inactive_file", "inactive_file")
+        if current is None:
+            return None
+        return max(0, current - (inactive or 0))
+
+
+@dataclass(frozen=True, slots=True)
+class Cgroups:
+    """The limits this process runs under (None: that resource is limited only by the host)."""
+
+    cpu: CgroupCpu | None = None
+    memory: CgroupMemory | None = None
+
+
+def _v2_cpu(directory: Path) -> float | None:
+    text = _read(directory / "cpu.max")
+    if text is None:
+        return None
+    parts = text.split()
+    if len(parts) != 2 or parts[0] == "max":
+        return None
+    try:
+        quota, period = int(parts[0]), int(parts[1])
+    except ValueError:
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def _v1_cpu(directory: Path) -> float | None:
+    quota = _int(_read(directory / "cpu.cfs_quota_us"))
+    period = _int(_read(directory / "cpu.cfs_period_us"))
+    if quota is None or period is None or quota <= 0 or period <= 0:
+        return None
+    return quota / period
+
+
+def _v2_memory(directory: Path) -> int | None:
+    text = _read(directory / "memory.max")
+    if text is None or text.strip() == "max":
+        return None
+    return _int(text)
+
+
+def _v1_memory(directory: Path) -> int | None:
+    limit = _int(_read(directory / "memory.limit_in_bytes"))
+    return None if limit is None or limit >= _V1_UNLIMITED else limit
+
+
+def _tightest(chain: list[Path], read: Callable[[Path], Any]) -> tuple[Path, Any] | None:
+    found = [(d, v) for d in chain if (v := read(d)) is not None]
+    return min(found, key=lambda dv: dv[1]) if found else None
+
+
+def detect_cgroups(fs_root: Path = Path("/"), *, host_cores: int | None = None,
+                   host_memory_bytes: int | None = None) -> Cgroups:
+    """The CPU and memory limits of this process's cgroups, read under `fs_root` (a test passes a directory
+    laid out as /proc/self and /sys/fs/cgroup are). A limit no tighter than the host's cores / memory is no
+    limit. Never raises: what cannot be read is no limit."""
+    try:
+        own = _read(fs_root / "proc/self/cgroup") or ""
+        mounts = _mounts(_read(fs_root / "proc/self/mountinfo") or "", fs_root)
+    except Exception:  # an odd /proc: the host it is
+        log.debug("cgroup detection failed", exc_info=True)
+        return Cgroups()
+    v1_paths: dict[str, str] = {}
+    v2_path: str | None = None
+    for line in own.splitlines():
+        hid, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hid == "0" and controllers == "":
+            v2_path = path.strip()
+        else:
+            for c in controllers.split(","):
+                v1_paths[c] = path.strip()
+    cores = host_cores if host_cores is not None else len(_affinity())
+    memory_total = host_memory_bytes if host_memory_bytes is not None else int(psutil.virtual_memory().total)
+
+    cpu: CgroupCpu | None = None
+    memory: CgroupMemory | None = None
+    for mount in mounts:
+        if mount.version == 2 and v2_path is not None:
+            chain = _up(_own_dir(mount, v2_path), mount.point)
+            if cpu is None and "cpu" in mount.controllers:
+                hit = _tightest(chain, _v2_cpu)
+                if hit and hit[1] < cores:
+                    cpu = CgroupCpu(2, hit[0], hit[1])
+            if memory is None and "memory" in mount.controllers:
+                hit = _tightest(chain, _v2_memory)
+                if hit and hit[1] < memory_total:
+                    memory = CgroupMemory(2, hit[0], hit[1])
+    for mount in mounts:
+        if mount.version != 1:
+            continue
+        if cpu is None and "cpu" in mount.controllers and "cpu" in v1_paths:
+            hit = _tightest(_up(_own_dir(mount, v1_paths["cpu"]), mount.point), _v1_cpu)
+            if hit and hit[1] < cores:
+                usage_dir = hit[0]
+                if "cpuacct" not in mount.controllers:  # usage is in the cpuacct hierarchy, same path
+                    usage_dir = _cpuacct_dir(mounts, v1_paths, hit[0], mount)
+                if usage_dir is not None:
+                    cpu = CgroupCpu(1, usage_dir, hit[1])
+        if memory is None and "memory" in mount.controllers and "memory" in v1_paths:
+            hit = _tightest(_up(_own_dir(mount, v1_paths["memory"]), mount.point), _v1_memory)
+            if hit and hit[1] < memory_total:
+                memory = CgroupMemory(1, hit[0], hit[1])
+    return Cgroups(cpu, memory)
+
+
+def _cpuacct_dir(mounts: list[_Mount], v1_paths: dict[str, str], cpu_dir: Path, cpu_mount: _Mount) -> Path | None:
+    relative = cpu_dir.relative_to(cpu_mount.point)
+    for mount in mounts:
+        if mount.version == 1 and "cpuacct" in mount.controllers:
+            candidate = mount.point / relative
+            if (candidate / "cpuacct.usage").exists():
+                return candidate
+            if "cpuacct" in v1_paths:
+                own = _own_dir(mount, v1_paths["cpuacct"])
+                if (own / "cpuacct.usage").exists():
+                    return own
+    return None
+
+
+# --- CPU counters ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _CpuPoint:
+    at: float  # monotonic s
+    busy_s: float  # CPU seconds used in the domain (cumulative)
+    capacity_s: float  # CPU seconds the domain could have used (cumulative)
+    own_s: float  # CPU seconds of this worker's process tree (cumulative)
+
+
+class _ProcessTree:
+    """CPU seconds of this process and its descendants; children are listed every CHILDREN_EVERY_S."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._me = psutil.Process()
+        self._children: list[psutil.Process] = []
+        self._listed_at = -math.inf
+
+    def pids(self) -> set[int]:
+        self._refresh()
+        return {self._me.pid, *(c.pid for c in self._children)}
+
+    def _refresh(self) -> None:
+        if self._clock() - self._listed_at < CHILDREN_EVERY_S:
+            return
+        self._listed_at = self._clock()
+        try:
+            self._children = self._me.children(recursive=True)
+        except psutil.Error:
+            self._children = []
+
+    def cpu_s(self) -> float:
+        self._refresh()
+        own = os.times()
+        total = own.user + own.system + own.children_user + own.children_system
+        alive: list[psutil.Process] = []
+        for child in self._children:
+            try:
+                t = child.cpu_times()
+            except psutil.Error:  # gone: its time moves to our children_* once reaped
+                continue
+            total += t.user + t.system + t.children_user + t.children_system
+            alive.append(child)
+        self._children = alive
+        return total
+
+
+class _HostCpu:
+    """Busy and total CPU seconds of the CPUs this process may run on (/proc/stat)."""
+
+    def __init__(self) -> None:
+        self.cpus = _affinity()
+        self._all = len(self.cpus) >= (psutil.cpu_count(logical=True) or 1)
+
+    def read(self) -> tuple[float, float]:
+        rows = [psutil.cpu_times()] if self._all else [
+            t for i, t in enumerate(psutil.cpu_times(percpu=True)) if i in self.cpus]
+        busy = total = 0.0
+        for t in rows:
+            # as psutil.cpu_percent counts them: guest time is already in user time; iowait is idle
+            everything = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+            idle = t.idle + getattr(t, "iowait", 0.0)
+            busy += everything - idle
+            total += everything
+        return busy, total
+
+
+# --- GPUs -----------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One device: memory used in all and by this worker's processes (bytes), utilisation (percent)."""
+
+    total_bytes: int
+    used_bytes: int
+    own_bytes: int
+    util_percent: float
+
+    @property
+    def used_percent(self) -> float:
+        return 100.0 * self.used_bytes / self.total_bytes if self.total_bytes else 0.0
+
+    @property
+    def own_percent(self) -> float:
+        return 100.0 * min(self.own_bytes, self.used_bytes) / self.total_bytes if self.total_bytes else 0.0
+
+
+def fill_gpus(out: registry_pb2.Resources, names: list[str], readings: list[GpuReading]) -> None:
+    """GPU fields of `out`: the device with the most memory used by others decides gpu_memory_percent and
+    gpu_memory_own_percent (CUDA runs out of memory per device, not in aggregate)."""
+    if not readings:
+        return
+    out.gpu_available = True
+    out.gpu_count = len(readings)
+    out.gpu_names.extend(names)
+    out.gpu_memory_total_bytes = sum(r.total_bytes for r in readings)
+    worst = max(readings, key=lambda r: (r.used_percent - r.own_percent, r.used_percent))
+    out.gpu_memory_percent = worst.used_percent
+    out.gpu_memory_own_percent = worst.own_percent
+    out.gpu_util_percent = sum(r.util_percent for r in readings) / len(readings)
 
 
 class _Gpus:
@@ -98,24 +465,34 @@ class _Gpus:
             return
         log.info("GPUs: %s", ", ".join(self.names) or "none")
 
-    def fill(self, out: registry_pb2.Resources) -> None:
-        """Adds the GPU readings to `out` (leaves them zero when there is no GPU or NVML fails)."""
+    def _own_bytes(self, handle: Any, pids: set[int]) -> int:
+        """Memory this worker's processes hold on one device (0 where NVML does not list it)."""
+        pynvml = self._nvml
+        own = 0
+        for query in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            try:
+                processes = getattr(pynvml, query)(handle)
+            except (pynvml.NVMLError, AttributeError):  # not supported here, or an older pynvml
+                continue
+            for p in processes:
+                used = getattr(p, "usedGpuMemory", None)
+                if getattr(p, "pid", None) in pids and isinstance(used, int) and used > 0:
+                    own += used
+        return own
+
+    def read(self, pids: set[int]) -> list[GpuReading]:
+        """One reading per device ([] when there is no GPU or NVML fails)."""
         if self._nvml is None or not self._handles:
-            return
+            return []
         pynvml = self._nvml
         try:
             memories = [pynvml.nvmlDeviceGetMemoryInfo(h) for h in self._handles]
             utils = [pynvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self._handles]
         except pynvml.NVMLError as exc:
             log.warning("GPU readings failed (%s); reporting no GPU for this sample", exc)
-            return
-        out.gpu_available = True
-        out.gpu_count = len(self._handles)
-        out.gpu_names.extend(self.names)
-        out.gpu_memory_total_bytes = sum(int(m.total) for m in memories)
-        # The fullest device decides: CUDA runs out of memory per device, not in aggregate.
-        out.gpu_memory_percent = max(100.0 * m.used / m.total if m.total else 0.0 for m in memories)
-        out.gpu_util_percent = sum(float(u) for u in utils) / len(utils)
+            return []
+        return [GpuReading(int(m.total), int(m.used), self._own_bytes(h, pids), float(u))
+                for h, m, u in zip(self._handles, memories, utils, strict=True)]
 
     def close(self) -> None:
         if self._nvml is not None:
@@ -131,20 +508,40 @@ def _text(name: str | bytes) -> str:
     return name.decode(errors="replace") if isinstance(name, bytes) else name
 
 
+# --- the sampler ----------------------------------------------------------------------------------
 class ResourceSampler:
-    """Samples this host's resources; construct once per worker process (primes psutil's CPU counter)."""
+    """Samples this worker's resources against its own limits; one per worker process.
 
-    def __init__(self, settings: Settings) -> None:
+    Owns the cgroup / host / NVML readers and the short history of CPU counters the sliding CPU window is
+    computed from. `fs_root` and `clock` are for tests (a directory of cgroup files, a controllable clock).
+    """
+
+    def __init__(self, settings: Settings, *, fs_root: Path = Path("/"),
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._settings = settings
+        self._clock = clock
         self._fixed_source = settings.fixed_resources.strip()
         self._fixed()  # a bad SIEVE_FIXED_RESOURCES fails at start, not at the first heartbeat
-        psutil.cpu_percent(interval=None)  # the first call only starts the measurement window
-        self._cpu_count = _cpu_count()
+        self._host = _HostCpu()
+        self.cgroups = detect_cgroups(fs_root, host_cores=len(self._host.cpus))
+        self._tree = _ProcessTree(clock)
+        cpu = self.cgroups.cpu
+        self._cpu_count = max(1, math.ceil(cpu.cores)) if cpu else len(self._host.cpus)
+        self._points: deque[_CpuPoint] = deque()
+        self._cpu_point()  # the window starts now
         self._gpus = _Gpus()
+        log.info("resource readings: %s", self.scope)
 
     @property
     def gpu_present(self) -> bool:
         return bool(self._gpus.names)
+
+    @property
+    def scope(self) -> str:
+        """Where CPU and memory are read: "cpu=cgroup v2,memory=host" and the like."""
+        cpu, memory = self.cgroups.cpu, self.cgroups.memory
+        return (f"cpu={f'cgroup v{cpu.version}' if cpu else 'host'},"
+                f"memory={f'cgroup v{memory.version}' if memory else 'host'}")
 
     def _fixed(self) -> Mapping[str, float]:
         source = self._fixed_source
@@ -159,26 +556,71 @@ class ResourceSampler:
             return parse_fixed_resources(text)
         return parse_fixed_resources(source)
 
+    def _cpu_point(self) -> _CpuPoint:
+        now = self._clock()
+        cpu = self.cgroups.cpu
+        usage = cpu.usage_s() if cpu else None
+        if cpu is not None and usage is not None:
+            busy, capacity = usage, now * cpu.cores
+        else:
+            busy, capacity = self._host.read()
+        point = _CpuPoint(now, busy, capacity, self._tree.cpu_s())
+        self._points.append(point)
+        # keep the newest point that is at least a window old, and everything after it
+        while len(self._points) > 2 and now - self._points[1].at >= CPU_WINDOW_S:
+            self._points.popleft()
+        return point
+
+    def cpu_percent(self) -> tuple[float, float]:
+        """(CPU in use in this worker's domain, of which this worker's own), in percent, over the window."""
+        point = self._cpu_point()
+        if len(self._points) > 1 and point.at - self._points[0].at < MIN_CPU_SPAN_S:
+            # sampled again at once: the previous reading stands (a tiny span would be all noise)
+            self._points.pop()
+            point = self._points[-1]
+        base = self._points[0]
+        capacity = point.capacity_s - base.capacity_s
+        if capacity <= 0 or point is base:
+            return 0.0, 0.0
+        busy = max(0.0, point.busy_s - base.busy_s)
+        own = max(0.0, point.own_s - base.own_s)
+        total = min(100.0, 100.0 * busy / capacity)
+        return total, min(total, 100.0 * own / capacity)
+
+    def _memory(self, out: registry_pb2.Resources) -> None:
+        memory = self.cgroups.memory
+        used = memory.used_bytes() if memory else None
+        if memory is not None and used is not None:
+            out.memory_total_bytes = memory.limit_bytes
+            out.memory_available_bytes = max(0, memory.limit_bytes - used)
+            out.memory_percent = min(100.0, 100.0 * used / memory.limit_bytes)
+            return
+        host = psutil.virtual_memory()
+        out.memory_total_bytes = int(host.total)
+        out.memory_available_bytes = int(host.available)
+        out.memory_percent = float(host.percent)
+
     def sample(self, active_tasks: int) -> registry_pb2.Resources:
-        """Fresh readings (CPU % since the previous sample), with fixed readings applied."""
-        memory = psutil.virtual_memory()
-        out = registry_pb2.Resources(
-            cpu_count=self._cpu_count,
-            cpu_percent=float(psutil.cpu_percent(interval=None)),
-            memory_total_bytes=int(memory.total),
-            memory_available_bytes=int(memory.available),
-            memory_percent=float(memory.percent),
-            active_tasks=max(0, active_tasks),
-        )
-        self._gpus.fill(out)
+        """Fresh readings (CPU over the last CPU_WINDOW_S), with fixed readings applied."""
+        cpu, own = self.cpu_percent()
+        out = registry_pb2.Resources(cpu_count=self._cpu_count, cpu_percent=cpu, cpu_own_percent=own,
+                                     active_tasks=max(0, active_tasks), scope=self.scope)
+        self._memory(out)
+        fill_gpus(out, self._gpus.names, self._gpus.read(self._tree.pids()) if self._gpus.names else [])
         fixed = self._fixed()
         if "cpu" in fixed:
             out.cpu_percent = fixed["cpu"]
+            out.cpu_own_percent = min(fixed["cpu"], fixed.get("cpu_own", 0.0))
+        elif "cpu_own" in fixed:
+            out.cpu_own_percent = min(out.cpu_percent, fixed["cpu_own"])
         if "memory" in fixed:
             out.memory_percent = fixed["memory"]
             out.memory_available_bytes = int(out.memory_total_bytes * (100.0 - fixed["memory"]) / 100.0)
         if "gpu_memory" in fixed:
             out.gpu_memory_percent = fixed["gpu_memory"]
+            out.gpu_memory_own_percent = min(fixed["gpu_memory"], fixed.get("gpu_memory_own", 0.0))
+        elif "gpu_memory_own" in fixed:
+            out.gpu_memory_own_percent = min(out.gpu_memory_percent, fixed["gpu_memory_own"])
         if "gpu_util" in fixed:
             out.gpu_util_percent = fixed["gpu_util"]
         return out
@@ -188,4 +630,5 @@ class ResourceSampler:
         self._gpus.close()
 
 
-__all__ = ["FIXED_KEYS", "ResourceSampler", "over_watermark", "parse_fixed_resources"]
+__all__ = ["FIXED_KEYS", "CgroupCpu", "CgroupMemory", "Cgroups", "GpuReading", "ResourceSampler",
+           "detect_cgroups", "fill_gpus", "over_watermark", "parse_fixed_resources"]

@@ -92,7 +92,7 @@ def pct(values: list[float], q: float) -> float:
 async def noisy_neighbour() -> None:
     limits = {"SIEVE_MAX_PER_DEVICE_PENDING": "30000", "SIEVE_MAX_TOTAL_PENDING": "60000"}
     async with running_cluster(workers=0, **limits) as cluster:
-        s = cluster.settings.replace(cpu_watermark_pct=101)
+        s = cluster.settings
         noisy = mac(0xAA, 1)
         worker = TimedWorker(s)
         async with rpc.channel(s.intake_addr, s) as channel, worker.running():
@@ -122,7 +122,7 @@ def jain(counts: list[int]) -> float:
 async def equal_share() -> None:
     limits = {"SIEVE_MAX_TOTAL_PENDING": "60000", "SIEVE_MAX_PER_DEVICE_PENDING": "1000"}
     async with running_cluster(workers=0, **limits) as cluster:
-        s = cluster.settings.replace(cpu_watermark_pct=101)
+        s = cluster.settings
         devices = [mac(0xCC, d) for d in range(50)]
         worker = TimedWorker(s)
         async with rpc.channel(s.intake_addr, s) as channel:
@@ -147,7 +147,7 @@ async def weights() -> None:
     a, b, c = mac(0xDD, 1), mac(0xDD, 2), mac(0xDD, 3)
     async with running_cluster(workers=0, SIEVE_DEVICE_WEIGHTS=f"{a}=3,{b}=2,{c}=1",
                                SIEVE_MAX_PER_DEVICE_PENDING="5000", SIEVE_MAX_TOTAL_PENDING="60000") as cluster:
-        s = cluster.settings.replace(cpu_watermark_pct=101)
+        s = cluster.settings
         worker = TimedWorker(s)
         async with rpc.channel(s.intake_addr, s) as channel:
             stub = intake_pb2_grpc.IntakeServiceStub(channel)

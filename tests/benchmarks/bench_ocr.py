@@ -78,10 +78,7 @@ async def main(args: argparse.Namespace) -> None:
     worker_env = {"SIEVE_WORKER_TASK_TYPES": "OCR_IMAGE", "SIEVE_OCR_DEVICE": "cpu"}
     async with running_cluster(workers=args.workers, worker_env=worker_env,
                                SIEVE_MAX_TOTAL_PENDING=str(total + 1000),
-                               SIEVE_MAX_PER_DEVICE_PENDING=str(total + 1000),
-                               SIEVE_NO_GPU_STRATEGY="cpu",
-                               # every process shares these cores: host CPU is not a worker's own load
-                               SIEVE_CPU_WATERMARK_PCT="101") as cluster:
+                               SIEVE_MAX_PER_DEVICE_PENDING=str(total + 1000)) as cluster:
         s = cluster.settings
         pg = await asyncpg.connect(s.database_url, server_settings={"search_path": s.database_schema})
         async with rpc.channel(s.intake_addr, s) as channel:

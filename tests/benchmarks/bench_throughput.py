@@ -31,9 +31,7 @@ TEXTS = ["今天天气很好", "欢迎加 微 信领取优惠", "这里有 赌.�
 async def main(args: argparse.Namespace) -> None:
     async with running_cluster(workers=args.workers, security=args.security,
                                SIEVE_MAX_TOTAL_PENDING=str(args.tasks + 1000),
-                               SIEVE_MAX_PER_DEVICE_PENDING=str(args.tasks),
-                               # every process shares these 2 cores: host CPU is not a worker's own load
-                               SIEVE_CPU_WATERMARK_PCT="101") as cluster:
+                               SIEVE_MAX_PER_DEVICE_PENDING=str(args.tasks)) as cluster:
         s = cluster.settings
         pg = await asyncpg.connect(s.database_url, server_settings={"search_path": s.database_schema})
         async with rpc.channel(s.intake_addr, s) as channel:

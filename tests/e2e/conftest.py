@@ -150,8 +150,6 @@ def service_env(settings: Settings, **extra: str) -> dict[str, str]:
         "SIEVE_INTAKE_ADDR": settings.intake_addr, "SIEVE_SCHEDULER_ADDR": settings.scheduler_addr,
         "SIEVE_REGISTRY_ADDR": settings.registry_addr, "SIEVE_LOG_LEVEL": "INFO", "PYTHONPATH": str(ROOT),
         "SIEVE_GRPC_REFLECTION": "true",
-        # the services share this machine's two cores: host CPU is not a worker's own load
-        "SIEVE_CPU_WATERMARK_PCT": "101",
     })
     env.update(extra)
     return env

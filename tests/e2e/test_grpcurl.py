@@ -54,8 +54,6 @@ def grpcurl_binary() -> str:
 @pytest.fixture
 def cluster_env(cluster_env: Cluster) -> Cluster:
     cluster_env.env["SIEVE_NO_GPU_STRATEGY"] = "dead_letter"
-    # this machine's CPU is busy with the whole platform and grpcurl: workers must not hold back credits
-    cluster_env.env["SIEVE_CPU_WATERMARK_PCT"] = "101"
     return cluster_env
 
 

@@ -68,8 +68,7 @@ def tiny_png() -> bytes:
 
 @pytest.fixture
 def cluster_env(cluster_env: Cluster) -> Cluster:
-    cluster_env.env.update({"SIEVE_MAX_PER_DEVICE_PENDING": "3",
-                            "SIEVE_CPU_WATERMARK_PCT": "101"})  # every process shares this machine's cores
+    cluster_env.env.update({"SIEVE_MAX_PER_DEVICE_PENDING": "3"})
     return cluster_env
 
 

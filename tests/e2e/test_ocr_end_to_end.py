@@ -38,7 +38,7 @@ async def test_an_ocr_worker_process_reads_submitted_images_and_stops_cleanly(
     await c.wait_healthy(s.intake_addr, "intake")
     port = free_port()
     c.start("ocr-worker", "worker_svc", SIEVE_WORKER_ID="ocr-worker", SIEVE_WORKER_TASK_TYPES="OCR_IMAGE",
-            SIEVE_WORKER_HEALTH_ADDR=f"127.0.0.1:{port}", SIEVE_CPU_WATERMARK_PCT="101",
+            SIEVE_WORKER_HEALTH_ADDR=f"127.0.0.1:{port}",
             SIEVE_OCR_CACHE_DIR=str(c.log_dir / "ocr-cache"))
     await c.wait_healthy(f"127.0.0.1:{port}", "ocr-worker", timeout_s=120)
 

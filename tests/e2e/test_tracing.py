@@ -90,7 +90,6 @@ def cluster_env(cluster_env: Cluster, receiver: tuple[Receiver, int]) -> Cluster
         "OTEL_EXPORTER_OTLP_INSECURE": "true",
         "OTEL_BSP_SCHEDULE_DELAY": "100",
         "SIEVE_HEARTBEAT_INTERVAL_S": "1",
-        "SIEVE_CPU_WATERMARK_PCT": "101",  # every process shares this machine's cores
     })
     for name in ("OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED", "OTEL_TRACES_SAMPLER"):
         cluster_env.env.pop(name, None)

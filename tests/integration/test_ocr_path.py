@@ -34,8 +34,7 @@ web = pytest.importorskip("aiohttp.web")
 DEVICE = "0A:00:00:00:00:01"
 #: generous: the first test of the process also loads the engine (seconds)
 OCR_WAIT_S = 120.0
-#: every service of the test shares 2 cores: host CPU is not the worker's own load
-OCR_WORKER = {"worker_task_types": "OCR_IMAGE,TEXT", "cpu_watermark_pct": 101.0}
+OCR_WORKER = {"worker_task_types": "OCR_IMAGE,TEXT"}
 
 
 @pytest.fixture

@@ -52,8 +52,8 @@ async def _serving(settings: Settings, redis: Redis, address: str = "127.0.0.1:0
 
 @pytest.fixture
 async def registry(settings: Settings, redis: Redis) -> AsyncIterator[Registry]:
-    # the registry judges readings against the seed's watermarks (the shared fixture lifts the CPU one)
-    async with _serving(settings.replace(cpu_watermark_pct=75.0), redis) as served:
+    # the registry judges readings against the seed's watermarks (the defaults)
+    async with _serving(settings, redis) as served:
         yield served
 
 
@@ -274,7 +274,7 @@ async def test_the_registry_client_registers_again_on_its_own_after_its_record_e
 ) -> None:
     # Given a registry with a one-second TTL and a worker heartbeating every 0.2 s through RegistryClient
     short = settings.replace(worker_ttl_s=1.0, heartbeat_interval_s=0.2, worker_id="w-client",
-                             fixed_resources="cpu=10,memory=20")
+                             fixed_resources="cpu=10,memory=20", test_hooks=True)
     records = WorkerRecords(redis, short)
     stop = asyncio.Event()
     async with _serving(short, redis) as first:

@@ -18,7 +18,8 @@ from scheduler_svc.server import build_scheduler
 from sieve import rpc
 from sieve.db.tasks import Outcome, TaskStore
 from sieve.settings import Settings
-from sieve.v1 import intake_pb2, scheduler_pb2, types_pb2
+from sieve.v1 import intake_pb2, registry_pb2, scheduler_pb2, types_pb2
+from sieve.workers import WorkerRecords
 from tests.integration.conftest import PNG, Platform, platform_with, text_spec, wait_final
 from tests.integration.pull_client import ScriptedWorker
 
@@ -159,18 +160,20 @@ async def test_the_watermark_tells_pending_overloaded_backed_off_and_dead(
         mark = await p.scheduler_stub.GetWatermark(scheduler_pb2.GetWatermarkRequest())
         assert (mark.overloaded_devices, mark.total_pending, mark.active_devices) == (["AA:BB:CC:DD:EE:01"], 2, 1)
         ocr = intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-02", type=types_pb2.TASK_TYPE_OCR_IMAGE, image=PNG)
-        await submit(p, ocr)
+        ocr_id = await submit(p, ocr)
         doomed = await submit(p, text_spec("AA-BB-CC-DD-EE-03", "doomed"))
-        # a text-only worker: the OCR device backs off, the doomed task fails once and is dead-lettered
+        # a text-only worker: the OCR task waits out a delay (its type only; no device backs off), the doomed
+        # task fails once and is dead-lettered
         async with ScriptedWorker(p.settings, credits=1, policy=lambda a: always_fail(a)
                                   if a.task_id == doomed else scheduler_pb2.Nack(retry_after=duration_pb2.Duration(
                                       seconds=60), reason="hold")) as _:
             await eventually(lambda: _is(p, doomed, "DEAD_LETTERED"))
             await asyncio.sleep(0.3)
             mark = await p.scheduler_stub.GetWatermark(scheduler_pb2.GetWatermarkRequest())
-        assert mark.backoff_devices == ["AA:BB:CC:DD:EE:02"]
+        assert mark.backoff_devices == []
+        assert await _delayed(p, ocr_id)
         assert mark.dead_letters == 1
-        assert mark.active_devices == 1  # the backed-off device; the other waits out its retry delay
+        assert mark.active_devices == 0  # what is left of both devices waits out retry delays
         record = json.loads(await redis.get(p.queues.keys.watermark))
         assert set(record) == {"total_pending", "mac_count", "active_workers", "timestamp"}
         assert 0 < await redis.pttl(p.queues.keys.watermark) <= 20_000
@@ -201,10 +204,22 @@ async def _count(a: ScriptedWorker, b: ScriptedWorker, n: int) -> bool:
     return len(a.received) + len(b.received) >= n
 
 
+async def _gpu_workers_expected(p: Platform) -> None:
+    """A GPU worker that takes OCR was alive a moment ago (what any replica records on seeing one)."""
+    await p.redis.set(p.queues.keys.gpu_expected, "1", px=60_000)
+    await eventually(lambda: _router_expects_gpus(p))
+
+
+async def _router_expects_gpus(p: Platform) -> bool:
+    return p.scheduler.dispatcher.router.gpu_expected
+
+
 @pytest.mark.parametrize("strategy", ["defer", "cpu", "dead_letter"])
-async def test_ocr_with_only_cpu_workers_follows_the_no_gpu_strategy(
+async def test_ocr_with_only_cpu_workers_follows_the_no_gpu_strategy_while_gpu_workers_are_expected(
         settings: Settings, redis: Redis, pg: asyncpg.Pool, strategy: str) -> None:
     async with platform_with(settings, redis, pg, no_gpu_strategy=strategy) as p:
+        # Given GPU workers that were alive recently and are gone now
+        await _gpu_workers_expected(p)
         task_id = await submit(p, intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-07",
                                                       type=types_pb2.TASK_TYPE_OCR_IMAGE, image=PNG))
         async with ScriptedWorker(p.settings, worker_id="cpu-1", gpu=False,
@@ -214,14 +229,63 @@ async def test_ocr_with_only_cpu_workers_follows_the_no_gpu_strategy(
                 assert cpu.received[0].task_id == task_id
                 detail = "routed to a CPU worker"
             elif strategy == "defer":
-                await eventually(lambda: _in_backoff(p, "AA:BB:CC:DD:EE:07"))
-                assert cpu.received == []
+                # the image waits out a delay on its own (the device is not backed off) ...
+                await eventually(lambda: _delayed(p, task_id))
+                assert not await _in_backoff(p, "AA:BB:CC:DD:EE:07")
                 detail = "no GPU worker alive (strategy defer)"
+                # ... and a text of the same device submitted after it is served at once
+                text = await submit(p, text_spec("AA-BB-CC-DD-EE-07", "hello"))
+                await cpu.wait_for(1)
+                assert cpu.received[0].task_id == text
             else:
                 await eventually(lambda: _is(p, task_id, "DEAD_LETTERED"))
                 assert cpu.received == []
                 detail = "no GPU worker alive (strategy dead_letter)"
             await eventually(lambda: _noted(p, task_id, detail))
+
+
+async def test_a_fleet_without_gpus_runs_ocr_on_cpu_workers_with_the_default_strategy(
+        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    async with platform_with(settings, redis, pg) as p:
+        # Given the default strategy (defer) and no GPU worker seen, ever
+        assert p.settings.no_gpu_strategy == "defer"
+        image = await submit(p, intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-0A",
+                                                    type=types_pb2.TASK_TYPE_OCR_IMAGE, image=PNG))
+        text = await submit(p, text_spec("AA-BB-CC-DD-EE-0A", "hello"))
+        # When a CPU worker that takes OCR connects, Then it gets both, the image first
+        async with ScriptedWorker(p.settings, worker_id="cpu-2", gpu=False,
+                                  task_types=(types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE)) as cpu:
+            await eventually(lambda: _got(cpu, 2))
+            assert _first_seen(cpu) == [image, text]
+        assert not p.scheduler.dispatcher.router.gpu_expected
+
+
+async def test_a_gpu_worker_registered_and_then_gone_makes_ocr_wait_until_the_window_passes(
+        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    async with platform_with(settings, redis, pg, gpu_expected_s=2.5, defer_backoff_base_s=0.5,
+                             defer_backoff_max_s=1.0) as p:
+        # Given a GPU worker that takes OCR, registered and then gone (its record removed)
+        records = WorkerRecords(redis, p.settings)
+        await records.save(registry_pb2.RegisterRequest(
+            worker_id="gpu-9", hostname="h", pid=1, task_types=[types_pb2.TASK_TYPE_OCR_IMAGE],
+            resources=registry_pb2.Resources(gpu_available=True, gpu_count=1)))
+        await eventually(lambda: _router_expects_gpus(p))
+        await records.remove("gpu-9")
+        gone = asyncio.get_running_loop().time()
+        async with ScriptedWorker(p.settings, worker_id="cpu-3", gpu=False,
+                                  task_types=(types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE)) as cpu:
+            # When an image and then a text of one device come
+            image = await submit(p, intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-0B",
+                                                        type=types_pb2.TASK_TYPE_OCR_IMAGE, image=PNG))
+            text = await submit(p, text_spec("AA-BB-CC-DD-EE-0B", "hello"))
+            # Then the text is served at once while the image waits (strategy defer) ...
+            await cpu.wait_for(1)
+            assert cpu.received[0].task_id == text
+            await eventually(lambda: _noted(p, image, "no GPU worker alive (strategy defer)"))
+            # ... and once no GPU worker has been alive for the window, the CPU worker runs the image
+            await eventually(lambda: _got(cpu, 2), timeout_s=15)
+            assert _first_seen(cpu) == [text, image]
+            assert asyncio.get_running_loop().time() - gone >= 2.0
 
 
 async def test_a_worker_that_says_mid_stream_it_lost_its_gpu_gets_no_more_gpu_routed_work(
@@ -259,3 +323,17 @@ async def _noted(p: Platform, task_id: str, detail: str) -> bool:
 
 async def _in_backoff(p: Platform, mac: str) -> bool:
     return (await p.queues.device_meta(mac)).get("state") == "backoff"
+
+
+def _first_seen(worker: ScriptedWorker) -> list[str]:
+    """Task ids in the order they first reached the worker (a scripted ack stores no result: the task comes
+    back, and may reach it again)."""
+    return list(dict.fromkeys(a.task_id for a in worker.received))
+
+
+async def _got(worker: ScriptedWorker, distinct: int) -> bool:
+    return len(_first_seen(worker)) >= distinct
+
+
+async def _delayed(p: Platform, task_id: str) -> bool:
+    return any(f"|{task_id}|" in m for m in await p.redis.zrange(p.queues.keys.delayed, 0, -1))

@@ -1,9 +1,16 @@
-"""The delay a refused device is told to wait comes from its own backlog and service rate."""
+"""The delay a refused caller is told to wait: a device's from its own backlog and service rate, a global
+refusal's from the queues' measured drain rate (jittered, bounded by the configured maximum)."""
 
 from __future__ import annotations
 
-from intake_svc.admission import device_retry_after_s, retry_after_s
+import random
+import statistics
+
+from redis.asyncio import Redis
+
+from intake_svc.admission import RetryAdvisor, device_retry_after_s, global_retry_after_s
 from sieve.errors import AdmissionRefused, ScriptCode
+from sieve.queue_store import QueueStore, now_ms
 from sieve.settings import Settings
 
 SETTINGS = Settings(max_per_device_pending=200, retry_after_s=30, aging_max_wait_s=600)
@@ -28,7 +35,55 @@ def test_the_delay_is_never_below_one_second_nor_above_max_wait() -> None:
     assert device_retry_after_s({"backlog": "200", "rate_per_s": "0.01"}, 50, SETTINGS, NOW) == 600.0
 
 
-def test_a_device_never_served_gets_the_seed_delay_and_the_global_limit_always_does() -> None:
+def test_a_device_never_served_gets_the_configured_maximum() -> None:
     assert device_retry_after_s({"backlog": "200"}, 1, SETTINGS, NOW) == 30.0
-    refusal = AdmissionRefused(ScriptCode.GLOBAL_LIMIT, 0, 5000)
-    assert retry_after_s(refusal, {"backlog": "200", "rate_per_s": "100"}, 1, SETTINGS) == 30.0
+
+
+# --- global refusals: from the measured drain rate ------------------------------------------------
+GLOBAL = Settings(max_total_pending=5000, retry_after_s=30)
+
+
+def test_a_global_refusal_says_when_the_room_for_the_request_drains_free() -> None:
+    # Given 5 000 pending, a request of 500 and queues draining at 2 500 tasks/s
+    rng = random.Random(7)
+    delays = [global_retry_after_s(5000, 500, 2500.0, GLOBAL, rng) for _ in range(200)]
+
+    # Then the delay is about 500 / 2 500 = 0.2 s, jittered by +-15 %, not the seed's 30 s
+    assert all(0.2 * 0.85 <= d <= 0.2 * 1.15 for d in delays)
+    assert len({round(d, 4) for d in delays}) > 100  # spread: refused clients do not come back together
+    assert 0.19 < statistics.mean(delays) < 0.21
+
+
+def test_a_slower_drain_or_a_larger_request_waits_longer_and_never_past_the_maximum() -> None:
+    rng = random.Random(1)
+    assert 0.85 * 4 <= global_retry_after_s(5000, 400, 100.0, GLOBAL, rng) <= 1.15 * 4
+    assert 0.85 * 10 <= global_retry_after_s(5200, 800, 100.0, GLOBAL, rng) <= 1.15 * 10
+    assert global_retry_after_s(5000, 500, 1.0, GLOBAL, rng) == 30.0
+    # a drain this fast still gets a small positive delay
+    assert global_retry_after_s(5000, 1, 1e9, GLOBAL, rng) == 0.1
+
+
+def test_when_nothing_drains_the_delay_is_the_maximum_spread_over_its_upper_half() -> None:
+    rng = random.Random(3)
+    for rate in (None, 0.0):
+        delays = [global_retry_after_s(5000, 10, rate, GLOBAL, rng) for _ in range(100)]
+        assert all(15.0 <= d <= 30.0 for d in delays)
+        assert max(delays) - min(delays) > 5
+
+
+async def test_the_advisor_reads_the_drain_rate_the_schedulers_publish(redis: Redis, settings: Settings) -> None:
+    # Given two scheduler replicas that published their dispatch rates, one of them long ago
+    queues = QueueStore(redis, settings)
+    now = now_ms()
+    await queues.publish_drain("replica-a", 1500.0, now=now)
+    await queues.publish_drain("replica-b", 1000.0, now=now - 500)
+    await queues.publish_drain("replica-c", 9000.0, now=now - 60_000)
+    advisor = RetryAdvisor(queues, settings.replace(max_total_pending=5000), rng=random.Random(5))
+
+    # Then the fresh ones count, summed, and a global refusal's delay follows from them
+    assert await advisor.drain_per_s() == 2500.0
+    delay = await advisor.after_s(AdmissionRefused(ScriptCode.GLOBAL_LIMIT, 0, 5000), {}, 500)
+    assert 0.2 * 0.85 <= delay <= 0.2 * 1.15
+
+    # And with nothing fresh, nothing drains
+    assert await queues.drain_rate(fresh_ms=3000, now=now + 10_000) is None
