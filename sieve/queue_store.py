@@ -309,7 +309,7 @@ class QueueStore:
         reply = await self._call(
             "deferTypes",
             [*block, lock, k.serving, k.pending, k.leases, k.lease_data, k.dead_letters, k.devices, k.delayed,
-             k.overloaded],
+             k.overloaded, k.caller_open],
             [now or now_ms(), token, mac, int(s.defer_backoff_base_s * 1000), int(s.defer_backoff_max_s * 1000),
              s.max_attempts, reason, s.dead_letter_keep, ",".join(str(t) for t in sorted(set(task_types))),
              s.max_per_device_pending, *task_ids],

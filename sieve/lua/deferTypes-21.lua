@@ -18,6 +18,7 @@
     KEYS[18]     active devices set
     KEYS[19]     delayed set ("mac|entry" -> due ms)
     KEYS[20]     overloaded devices set
+    KEYS[21]     caller counts (caller -> open tasks; a dead-lettered task is no longer open)
 
     ARGV[1]      now (ms)
     ARGV[2]      lock token
@@ -42,6 +43,7 @@
 --- @include "deadLetter"
 --- @include "takeLease"
 --- @include "ownsLock"
+--- @include "countCaller"
 
 local now = tonumber(ARGV[1])
 local mac = ARGV[3]
@@ -58,6 +60,7 @@ local function defer(e)
   e.defers = e.defers + 1
   if e.defers >= maxDefers then
     dead[#dead + 1] = deadLetter(KEYS[17], tonumber(ARGV[8]), mac, e, ARGV[7], now)
+    countCaller(KEYS[21], e, -1)
     return
   end
   local delay = base * (2 ^ (e.defers - 1))
