@@ -74,6 +74,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         #: acks refused because PostgreSQL did not show the task finished (the task was put back)
         self.unproven_acks = 0
         self._accepting = True
+        #: credits of streams whose worker had not registered yet, kept (the worker does not send them again)
+        #: until its record appears: the session -> (credits asked, the task looking for the record)
+        self._unregistered: dict[Session, tuple[int, asyncio.Task[None]]] = {}
 
     def stop_accepting(self) -> None:
         self._accepting = False
@@ -156,10 +159,42 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             await self._nack(session, list(request.nacks)[:MAX_SETTLEMENTS])
         if request.draining:
             self.board.drop_credits(session)
+            self._forget_unregistered(session)
         elif request.credits:
             if not session.credit_cap:  # not registered when the stream opened: look again
                 session.credit_cap = await self._credit_cap(session)
-            self.board.add_credits(session, request.credits)
+            if session.credit_cap:
+                self.board.add_credits(session, request.credits)
+            else:
+                self._await_registration(session, request.credits)
+
+    def _await_registration(self, session: Session, credits: int) -> None:
+        """Keeps the credits of a stream whose worker has not registered yet (its Register may land just after
+        the stream opened) and grants them, up to its concurrency, once its record appears."""
+        asked, waiter = self._unregistered.get(session, (0, None))
+        if waiter is None:
+            waiter = asyncio.create_task(self._grant_when_registered(session), context=telemetry.detached_context())
+        self._unregistered[session] = (min(asked + credits, self.queues.settings.max_worker_concurrency), waiter)
+
+    async def _grant_when_registered(self, session: Session) -> None:
+        delay_s = 0.1
+        while not session.closed:
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, 2.0)
+            try:
+                session.credit_cap = await self._credit_cap(session)
+            except Exception as exc:  # Redis away: look again later
+                log.info("worker %s: registration not read: %s", session.worker_id, exc)
+                continue
+            if session.credit_cap:
+                asked, _ = self._unregistered.pop(session, (0, None))
+                self.board.add_credits(session, asked)
+                return
+
+    def _forget_unregistered(self, session: Session) -> None:
+        _, waiter = self._unregistered.pop(session, (0, None))
+        if waiter is not None and waiter is not asyncio.current_task():
+            waiter.cancel()
 
     async def _ack(self, session: Session, acks: list[scheduler_pb2.Ack]) -> None:
         """Settles acks for leases this stream holds. A task PostgreSQL does not show finished (a worker that
@@ -230,6 +265,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     async def end_session(self, session: Session, reason: str, *, count_attempt: bool = True) -> None:
         """Closes a session and puts back what it held."""
+        self._forget_unregistered(session)
         if session.closed and not session.held:
             return
         held = self.board.close(session)

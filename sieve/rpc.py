@@ -134,7 +134,8 @@ class RunningServer:
 async def create_server(service: Service, address: str, settings: Settings) -> RunningServer:
     """Builds and starts a server for `service` on `address` (port 0 picks one); returns it with its port."""
     authenticator = auth.load_authenticator(settings.auth_tokens, settings.auth_tokens_file)
-    auth.require_credentials(authenticator, settings.allow_anonymous, service.name)
+    if service.service_names:  # a health-only server (a worker's) has no RPC that needs a credential
+        auth.require_credentials(authenticator, settings.allow_anonymous, service.name)
     guard = auth.AuthInterceptor(authenticator, allow_anonymous=settings.allow_anonymous,
                                  reflection=settings.grpc_reflection)
     interceptors = [*telemetry.server_interceptors(), RpcMetricsInterceptor(), guard, *service.interceptors]
