@@ -57,3 +57,14 @@ def test_coalescing_folds_what_waits_in_order_and_stops_at_the_close() -> None:
 
     # And with nothing waiting, nothing changes and the stream stays open
     assert not coalesce(asyncio.Queue(), first, merge_into) and first.credits == 6
+
+
+def test_credits_granted_after_a_withdrawal_cancel_it_and_a_withdrawal_drops_credits_before_it() -> None:
+    # a worker that starts holding back withdraws its credits (draining) ...
+    first = scheduler_pb2.PullRequest(credits=4)
+    merge_into(first, scheduler_pb2.PullRequest(draining=True))
+    assert first.draining and first.credits == 0
+    # ... and when it takes work again before that was sent, its new credits are what the scheduler gets
+    merge_into(first, scheduler_pb2.PullRequest(credits=3, acks=[scheduler_pb2.Ack(task_id="a", lease_token="1")]))
+    assert not first.draining and first.credits == 3
+    assert [a.task_id for a in first.acks] == ["a"]
