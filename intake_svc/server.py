@@ -8,6 +8,7 @@ from intake_svc.rejections import RejectionCounter
 from intake_svc.servicer import IntakeServicer
 from sieve import rpc
 from sieve.db import create_pool
+from sieve.db.audit import AuditLog
 from sieve.db.tasks import TaskStore
 from sieve.logs import setup_logging
 from sieve.metrics import start_metrics_server
@@ -27,6 +28,7 @@ def build_service(settings: Settings, redis: Redis, tasks: TaskStore) -> rpc.Ser
         service_names=[SERVICE_NAME],
         register=lambda server: intake_pb2_grpc.add_IntakeServiceServicer_to_server(servicer, server),
         interceptors=[RejectionCounter()],
+        audit=AuditLog(tasks.pool),
     )
 
 

@@ -21,7 +21,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from intake_svc.submission import Accepted, Refused, Submitter
 from intake_svc.task_view import new_task_message, task_message
 from intake_svc.validation import parse_task_id, validate_batch, validate_spec
-from sieve import rpc
+from sieve import audit, rpc
 from sieve.auth import Principal, current_principal
 from sieve.db.tasks import TaskStore
 from sieve.errors import InvalidInput, RedisNotReady
@@ -61,6 +61,7 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
         found = await self.tasks.get(parse_task_id(task_id))
         if found is None or not principal.owns(found[0]["caller"]):
             return None
+        audit.cross_tenant(found[0]["caller"], f"task {task_id}")  # an operator reading another caller's task
         return task_message(*found)
 
     # --- Submit --------------------------------------------------------------------------------------

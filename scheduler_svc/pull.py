@@ -307,3 +307,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                                context: grpc.aio.ServicerContext) -> scheduler_pb2.PurgeDeadLettersResponse:
         purged = await self.dead_letters.purge(await self._filter(request.filter, context, everything=request.all))
         return scheduler_pb2.PurgeDeadLettersResponse(purged=purged)
+
+    async def ListAuditEvents(self, request: scheduler_pb2.ListAuditEventsRequest,
+                              context: grpc.aio.ServicerContext) -> scheduler_pb2.ListAuditEventsResponse:
+        from scheduler_svc.audit_rpc import list_audit_events  # the audit log, kept out of this module
+
+        return await list_audit_events(request, context)

@@ -25,6 +25,7 @@ from scheduler_svc.routing import Router
 from scheduler_svc.watermark import Watermark
 from sieve import rpc
 from sieve.db import create_pool
+from sieve.db.audit import AuditLog
 from sieve.db.tasks import TaskStore
 from sieve.logs import setup_logging
 from sieve.metrics import start_metrics_server
@@ -77,6 +78,7 @@ def build_scheduler(settings: Settings, redis: Redis, tasks: TaskStore) -> tuple
         register=lambda server: scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server),
         before_stop=scheduler.drain,
         background=[dispatcher.run, dispatcher.listen_for_work, housekeeping.run],
+        audit=AuditLog(tasks.pool),
     )
     return scheduler, service
 

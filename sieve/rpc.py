@@ -26,6 +26,7 @@ from grpc_status import rpc_status
 
 from sieve import auth, telemetry
 from sieve import reflection as method_reflection
+from sieve.audit import AuditInterceptor, AuditSink, LogSink
 from sieve.rpc_metrics import RpcMetricsInterceptor
 from sieve.settings import Settings, SettingsError
 
@@ -100,6 +101,8 @@ class Service:
     service_names: Sequence[str]
     register: Registrar
     interceptors: Sequence[grpc.aio.ServerInterceptor] = ()
+    #: where the audit trail of operator calls goes (sieve/audit.py); None: log lines only
+    audit: AuditSink | None = None
     #: runs after health says NOT_SERVING and before the server stops (drain work here)
     before_stop: Callable[[], Awaitable[None]] | None = None
     #: background loops started with the server and cancelled at shutdown (after before_stop)
@@ -138,7 +141,9 @@ async def create_server(service: Service, address: str, settings: Settings) -> R
         auth.require_credentials(authenticator, settings.allow_anonymous, service.name)
     guard = auth.AuthInterceptor(authenticator, allow_anonymous=settings.allow_anonymous,
                                  reflection=settings.grpc_reflection)
-    interceptors = [*telemetry.server_interceptors(), RpcMetricsInterceptor(), guard, *service.interceptors]
+    # the audit interceptor runs just before the guard: it sees the principal the guard sets, or its refusal
+    audit = AuditInterceptor(service.audit or LogSink(), authenticator)
+    interceptors = [*telemetry.server_interceptors(), RpcMetricsInterceptor(), audit, guard, *service.interceptors]
     server = grpc.aio.server(interceptors=interceptors, options=channel_options(settings))
     service.register(server)
     health_servicer = health.aio.HealthServicer()

@@ -35,6 +35,10 @@ class Settings:
     database_schema: str = "sieve"
     db_pool_min: int = 1
     db_pool_max: int = 8
+    #: Apply the schema migrations when a service opens its pool (local runs, tests). False where a separate step
+    #: migrates first with the schema owner's role (`python -m sieve.db.migrate`): the service then only checks
+    #: that the schema is up to date, waiting for it a while, and needs no right to change it.
+    db_migrate_on_start: bool = True
     intake_addr: str = "127.0.0.1:50051"
     scheduler_addr: str = "127.0.0.1:50052"
     registry_addr: str = "127.0.0.1:50053"
@@ -146,6 +150,8 @@ class Settings:
     worker_health_addr: str = "127.0.0.1:0"
     #: Tests only: "cpu=10,memory=20,gpu_memory=0" fixes the worker's resource readings.
     fixed_resources: str = ""
+    #: Allows the test-only hooks (fixed_resources, ocr_fault): without it a service with either set refuses to start.
+    test_hooks: bool = False
 
     # --- telemetry --------------------------------------------------------------------------------
     # Tracing follows the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_EXPORTER, ...):
@@ -203,6 +209,10 @@ class Settings:
             raise SettingsError("SIEVE_TLS_CERT_FILE and SIEVE_TLS_KEY_FILE go together")
         if self.tls_client_auth and not (self.tls_ca_file and self.tls_cert_file):
             raise SettingsError("SIEVE_TLS_CLIENT_AUTH needs SIEVE_TLS_CA_FILE and a server certificate")
+        for hook in ("fixed_resources", "ocr_fault"):
+            if getattr(self, hook) and not self.test_hooks:
+                raise SettingsError(f"{ENV_PREFIX}{hook.upper()} is a test-only hook: it needs "
+                                    f"{ENV_PREFIX}TEST_HOOKS=true")
 
     @property
     def weights_by_device(self) -> dict[str, int]:

@@ -1,7 +1,11 @@
 """PostgreSQL access shared by the services: the asyncpg pool and the start-up migrations.
 
 Migrations are the numbered SQL files in `migrations/`, applied in order inside one transaction that
-holds an advisory lock, so several services starting at once apply each file exactly once.
+holds an advisory lock, so several services starting at once apply each file exactly once. Who applies them
+is `SIEVE_DB_MIGRATE_ON_START`: each service when it opens its pool (true, the default: local runs, tests), or a
+separate step run with the schema owner's role (`python -m sieve.db.migrate`, sieve/db/migrate.py; false in the
+deployment manifests). A service that does not migrate checks that every migration it knows is applied, and
+waits for it (`SchemaNotReady`), so its own role needs no right to create or alter anything.
 """
 
 from __future__ import annotations
@@ -45,12 +49,21 @@ def _json_loads(text: str) -> object:
     return json.loads(text)
 
 
+class SchemaNotReady(ConnectionError):
+    """The schema lacks migrations this code needs (the migration step has not run yet, or this role may not
+    read `schema_migrations`). A ConnectionError, so that every start-up retry loop waits for it like for a
+    store that does not answer yet."""
+
+
 async def create_pool(settings: Settings, *, attempts: int = 30, delay_s: float = 0.5,
-                      migrate_first: bool = True) -> asyncpg.Pool:
-    """Connects (retrying while PostgreSQL starts), applies migrations, returns the pool."""
+                      migrate_first: bool | None = None) -> asyncpg.Pool:
+    """Connects (retrying while PostgreSQL starts), applies migrations or checks they are applied, returns the
+    pool. `migrate_first` None follows `settings.db_migrate_on_start`; False neither migrates nor checks."""
+    migrate_now = settings.db_migrate_on_start if migrate_first is None else migrate_first
+    check = migrate_first is None and not settings.db_migrate_on_start
     for left in range(attempts - 1, -1, -1):
         try:
-            if migrate_first:
+            if migrate_now:
                 await migrate(settings)
             pool = await asyncpg.create_pool(
                 settings.database_url,
@@ -62,6 +75,12 @@ async def create_pool(settings: Settings, *, attempts: int = 30, delay_s: float 
                 reset=_keep_session,
             )
             assert pool is not None
+            if check:
+                try:
+                    await check_migrated(pool, settings.database_schema)
+                except BaseException:
+                    await pool.close()
+                    raise
             return pool
         except (OSError, asyncpg.CannotConnectNowError, asyncpg.ConnectionDoesNotExistError) as exc:
             if left == 0:
@@ -75,6 +94,31 @@ def migration_files() -> list[Path]:
     return sorted(MIGRATIONS_DIR.glob("[0-9][0-9][0-9][0-9]_*.sql"))
 
 
+async def applied_migrations(conn: asyncpg.Connection | asyncpg.Pool, schema: str) -> set[str] | None:
+    """The versions recorded in `schema.schema_migrations`, or None when that table does not exist."""
+    exists = await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", f"{_quote_ident(schema)}.schema_migrations")
+    if not exists:
+        return None
+    rows = await conn.fetch(f"SELECT version FROM {_quote_ident(schema)}.schema_migrations")
+    return {r["version"] for r in rows}
+
+
+async def check_migrated(pool: asyncpg.Pool, schema: str) -> None:
+    """Raises SchemaNotReady unless every migration file of this code is applied in `schema`."""
+    try:
+        done = await applied_migrations(pool, schema)
+    except asyncpg.InsufficientPrivilegeError as exc:
+        raise SchemaNotReady(f"schema {schema}: this role may not read schema_migrations ({exc}); grant it with "
+                             "`python -m sieve.db.migrate --grant SERVICE=ROLE`") from None
+    if done is None:
+        raise SchemaNotReady(f"schema {schema} is not migrated (no schema_migrations table): run "
+                             "`python -m sieve.db.migrate` with the owner role, or set SIEVE_DB_MIGRATE_ON_START=true")
+    missing = [p.stem for p in migration_files() if p.stem not in done]
+    if missing:
+        raise SchemaNotReady(f"schema {schema} lacks migrations {missing}: run `python -m sieve.db.migrate` "
+                             "with the owner role")
+
+
 async def migrate(settings: Settings) -> list[str]:
     """Applies every migration not yet applied in the configured schema; returns those applied."""
     conn = await asyncpg.connect(settings.database_url)
@@ -84,7 +128,9 @@ async def migrate(settings: Settings) -> list[str]:
         async with conn.transaction():
             # one lock per schema: concurrent starters queue here instead of racing on CREATE
             await conn.execute("SELECT pg_advisory_xact_lock($1)", zlib.crc32(f"sieve:{schema}".encode()))
-            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote_ident(schema)}")
+            # CREATE SCHEMA needs CREATE on the database even when the schema exists: only when it is missing
+            if not await conn.fetchval("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", schema):
+                await conn.execute(f"CREATE SCHEMA {_quote_ident(schema)}")
             await conn.execute(f"SET LOCAL search_path TO {_quote_ident(schema)}")
             await conn.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations "

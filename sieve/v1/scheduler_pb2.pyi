@@ -4,12 +4,24 @@ from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from sieve.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class AuditKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    AUDIT_KIND_UNSPECIFIED: _ClassVar[AuditKind]
+    AUDIT_KIND_OPERATOR: _ClassVar[AuditKind]
+    AUDIT_KIND_REFUSED: _ClassVar[AuditKind]
+    AUDIT_KIND_CROSS_TENANT: _ClassVar[AuditKind]
+AUDIT_KIND_UNSPECIFIED: AuditKind
+AUDIT_KIND_OPERATOR: AuditKind
+AUDIT_KIND_REFUSED: AuditKind
+AUDIT_KIND_CROSS_TENANT: AuditKind
 
 class WorkerHello(_message.Message):
     __slots__ = ("worker_id", "task_types", "gpu")
@@ -194,3 +206,57 @@ class PurgeDeadLettersResponse(_message.Message):
     PURGED_FIELD_NUMBER: _ClassVar[int]
     purged: int
     def __init__(self, purged: _Optional[int] = ...) -> None: ...
+
+class AuditEvent(_message.Message):
+    __slots__ = ("id", "at", "kind", "principal", "roles", "method", "target", "tenant", "peer", "outcome", "detail", "duration")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    ROLES_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    DURATION_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    at: _timestamp_pb2.Timestamp
+    kind: AuditKind
+    principal: str
+    roles: _containers.RepeatedScalarFieldContainer[str]
+    method: str
+    target: str
+    tenant: str
+    peer: str
+    outcome: str
+    detail: str
+    duration: _duration_pb2.Duration
+    def __init__(self, id: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., kind: _Optional[_Union[AuditKind, str]] = ..., principal: _Optional[str] = ..., roles: _Optional[_Iterable[str]] = ..., method: _Optional[str] = ..., target: _Optional[str] = ..., tenant: _Optional[str] = ..., peer: _Optional[str] = ..., outcome: _Optional[str] = ..., detail: _Optional[str] = ..., duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class ListAuditEventsRequest(_message.Message):
+    __slots__ = ("limit", "principal", "method", "kind", "outcome", "before", "page_token")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    principal: str
+    method: str
+    kind: AuditKind
+    outcome: str
+    before: _timestamp_pb2.Timestamp
+    page_token: str
+    def __init__(self, limit: _Optional[int] = ..., principal: _Optional[str] = ..., method: _Optional[str] = ..., kind: _Optional[_Union[AuditKind, str]] = ..., outcome: _Optional[str] = ..., before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListAuditEventsResponse(_message.Message):
+    __slots__ = ("events", "next_page_token")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[AuditEvent]
+    next_page_token: str
+    def __init__(self, events: _Optional[_Iterable[_Union[AuditEvent, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

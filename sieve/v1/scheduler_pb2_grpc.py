@@ -60,6 +60,11 @@ class SchedulerServiceStub:
                 request_serializer=sieve_dot_v1_dot_scheduler__pb2.PurgeDeadLettersRequest.SerializeToString,
                 response_deserializer=sieve_dot_v1_dot_scheduler__pb2.PurgeDeadLettersResponse.FromString,
                 _registered_method=True)
+        self.ListAuditEvents = channel.unary_unary(
+                '/sieve.v1.SchedulerService/ListAuditEvents',
+                request_serializer=sieve_dot_v1_dot_scheduler__pb2.ListAuditEventsRequest.SerializeToString,
+                response_deserializer=sieve_dot_v1_dot_scheduler__pb2.ListAuditEventsResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -101,6 +106,13 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAuditEvents(self, request, context):
+        """The audit log, newest first: operator calls, refused attempts at them, operators' cross-tenant accesses.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -128,6 +140,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.PurgeDeadLetters,
                     request_deserializer=sieve_dot_v1_dot_scheduler__pb2.PurgeDeadLettersRequest.FromString,
                     response_serializer=sieve_dot_v1_dot_scheduler__pb2.PurgeDeadLettersResponse.SerializeToString,
+            ),
+            'ListAuditEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAuditEvents,
+                    request_deserializer=sieve_dot_v1_dot_scheduler__pb2.ListAuditEventsRequest.FromString,
+                    response_serializer=sieve_dot_v1_dot_scheduler__pb2.ListAuditEventsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -266,6 +283,33 @@ class SchedulerService:
             '/sieve.v1.SchedulerService/PurgeDeadLetters',
             sieve_dot_v1_dot_scheduler__pb2.PurgeDeadLettersRequest.SerializeToString,
             sieve_dot_v1_dot_scheduler__pb2.PurgeDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAuditEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sieve.v1.SchedulerService/ListAuditEvents',
+            sieve_dot_v1_dot_scheduler__pb2.ListAuditEventsRequest.SerializeToString,
+            sieve_dot_v1_dot_scheduler__pb2.ListAuditEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -37,7 +37,7 @@ async def start_core(c: Cluster) -> None:
 async def start_worker(c: Cluster, name: str, readings: Path) -> None:
     port = free_port()
     c.start(name, "worker_svc", SIEVE_WORKER_ID=name, SIEVE_WORKER_HEALTH_ADDR=f"127.0.0.1:{port}",
-            SIEVE_FIXED_RESOURCES=f"file:{readings}")
+            SIEVE_FIXED_RESOURCES=f"file:{readings}", SIEVE_TEST_HOOKS="true")
     await c.wait_healthy(f"127.0.0.1:{port}", name)
 
 

@@ -164,7 +164,8 @@ async def test_an_injected_gpu_out_of_memory_switches_the_worker_to_cpu_and_the_
     caplog.set_level(logging.WARNING, logger="sieve.worker")
     records = WorkerRecords(platform.redis, platform.settings)
     # Given a worker in (simulated) GPU mode whose first inference runs out of GPU memory
-    worker = await platform.add_worker(worker_id="ocr-gpu", ocr_fault="gpu_oom_once", **OCR_WORKER)
+    worker = await platform.add_worker(worker_id="ocr-gpu", ocr_fault="gpu_oom_once", test_hooks=True,
+                                       **OCR_WORKER)
     assert worker.ocr is not None and worker.ocr.gpu
     assert worker.puller.gpu
     record = await _wait_record(records, "ocr-gpu", lambda r: r.gpu_available)
@@ -210,7 +211,7 @@ async def test_an_injected_gpu_out_of_memory_switches_the_worker_to_cpu_and_the_
 async def test_an_engine_failure_fails_the_task_once_instead_of_retrying_it(platform: Platform) -> None:
     font = require_cjk_font()
     # Given a CPU worker whose every inference fails
-    await platform.add_worker(worker_id="ocr-broken", ocr_fault="oom_always", **OCR_WORKER)
+    await platform.add_worker(worker_id="ocr-broken", ocr_fault="oom_always", test_hooks=True, **OCR_WORKER)
     # When an image is submitted, Then it fails in its first attempt with the engine's error
     task = await wait_final(platform.intake, await submit(platform, image_spec(render(SAMPLES[0], font))),
                             OCR_WAIT_S)

@@ -62,7 +62,7 @@ def test_modes_follow_the_seed_and_the_fault_hook_simulates_gpu_mode() -> None:
     assert (cpu.device, cpu.rec_batch_size, cpu.mkldnn, cpu.cpu_threads) == ("cpu", 2, True, 3)
     assert cpu.engine_config() == {"cpu_threads": 3, "enable_new_ir": False, "run_mode": "mkldnn"}
     assert (gpu.device, gpu.rec_batch_size, gpu.mkldnn) == ("gpu:0", 4, False)
-    mode, why = detect_mode(settings.replace(ocr_fault="gpu_oom_once"))
+    mode, why = detect_mode(settings.replace(ocr_fault="gpu_oom_once", test_hooks=True))
     assert mode.gpu and mode.simulated and mode.device == "cpu" and "simulated" in why
     assert mode.build_key() == cpu.build_key()
     assert detect_mode(settings.replace(ocr_device="cpu"))[0] == cpu
@@ -82,7 +82,7 @@ def test_an_ocr_worker_holds_a_few_tasks_per_core_on_cpu_and_more_on_gpu() -> No
 ])
 def test_impossible_ocr_settings_are_refused_naming_the_variable(name: str, value: object) -> None:
     with pytest.raises(SettingsError, match=f"SIEVE_{name.upper()}"):
-        check_settings(Settings.from_env({}, **{name: value}))
+        check_settings(Settings.from_env({}, test_hooks=True, **{name: value}))
 
 
 def test_the_shipped_models_get_an_inference_yml_in_the_cache_folder(tmp_path: Path) -> None:
