@@ -73,12 +73,21 @@ class SecureStack:
     scheduler: Scheduler
     pg: asyncpg.Pool
     redis: Redis
+    credentials: Credentials
     workers: list[Worker] = field(default_factory=list)
     channels: list[grpc.aio.Channel] = field(default_factory=list)
 
     def as_caller(self, token: str) -> Settings:
         """Client settings sending `token` ("" sends none)."""
         return self.settings.replace(auth_token=token)
+
+    def token(self, name: str) -> str:
+        """The (first) token of credential `name`."""
+        return self.credentials.tokens[name]
+
+    def as_(self, name: str) -> Settings:
+        """Client settings sending the token of credential `name`."""
+        return self.as_caller(self.token(name))
 
     def channel(self, service: str, token: str) -> grpc.aio.Channel:
         """A sieve client channel to `service` (intake, scheduler, registry), closed with the stack."""
@@ -129,7 +138,8 @@ async def secure_stack(settings: Settings, redis: Redis, pg: asyncpg.Pool, crede
     for server in (registry, sched_server, intake):
         hosts.update(dict.fromkeys(server.service.service_names, f"127.0.0.1:{server.port}"))
     stack = SecureStack(settings, {"intake": settings.intake_addr, "scheduler": settings.scheduler_addr,
-                                   "registry": settings.registry_addr}, hosts, scheduler, pg, redis)
+                                   "registry": settings.registry_addr}, hosts, scheduler, pg, redis,
+                        credentials)
     try:
         yield stack
     finally:
