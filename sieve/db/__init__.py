@@ -64,7 +64,7 @@ async def create_pool(settings: Settings, *, attempts: int = 30, delay_s: float 
     for left in range(attempts - 1, -1, -1):
         try:
             if migrate_now:
-                await migrate(settings)
+                await apply_migrations(settings)
             pool = await asyncpg.create_pool(
                 settings.database_url,
                 min_size=settings.db_pool_min,
@@ -119,7 +119,7 @@ async def check_migrated(pool: asyncpg.Pool, schema: str) -> None:
                              "with the owner role")
 
 
-async def migrate(settings: Settings) -> list[str]:
+async def apply_migrations(settings: Settings) -> list[str]:
     """Applies every migration not yet applied in the configured schema; returns those applied."""
     conn = await asyncpg.connect(settings.database_url)
     schema = settings.database_schema

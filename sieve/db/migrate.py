@@ -25,19 +25,24 @@ from collections.abc import Mapping, Sequence
 
 import asyncpg
 
-from sieve.db import _quote_ident, applied_migrations, migrate, migration_files
+from sieve.db import _quote_ident, applied_migrations, apply_migrations, migration_files
 from sieve.settings import Settings, SettingsError
 
 log = logging.getLogger("sieve.db.migrate")
 
 #: service -> table -> privileges: what each service's SQL does (sieve/db/tasks.py, payloads.py, audit.py,
-#: worker_svc/lexicon.py). Nothing updates or deletes audit_events; only the intake deletes tasks (a task it
-#: recorded but could not queue); the lexicon trigger bumps lexicon_version as the worker that seeds the lexicon.
+#: intake_svc/ownership.py, worker_svc/lexicon.py). Nothing updates or deletes audit_events; only the intake
+#: deletes tasks (a task it recorded but could not queue, with its idempotency key); the lexicon trigger bumps
+#: lexicon_version as the worker that seeds the lexicon. Partition maintenance and retention (sieve/db/retention.py:
+#: CREATE / DROP of day partitions) are the owner's: `python -m sieve.db.retention` with the owner role.
+#: A table or sequence listed here that this schema does not have (yet) is skipped with a warning.
 SERVICE_GRANTS: dict[str, dict[str, tuple[str, ...]]] = {
     "intake": {
         "schema_migrations": ("SELECT",),
         "tasks": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+        "idempotency_keys": ("SELECT", "INSERT", "DELETE"),
         "results": ("SELECT",),
+        "device_owners": ("SELECT", "INSERT", "UPDATE"),
         "audit_events": ("INSERT",),
     },
     "scheduler": {
@@ -53,10 +58,15 @@ SERVICE_GRANTS: dict[str, dict[str, tuple[str, ...]]] = {
         "lexicon_version": ("SELECT", "UPDATE"),
     },
 }
+#: service -> sequence -> privileges (nextval needs USAGE)
+SEQUENCE_GRANTS: dict[str, dict[str, tuple[str, ...]]] = {
+    "intake": {"device_owner_version": ("USAGE",)},
+}
 
 
-def grant_statements(schema: str, service: str, role: str) -> list[str]:
-    """The statements that give `role` what `service` needs in `schema`, and nothing more."""
+def grant_statements(schema: str, service: str, role: str, existing: set[str] | None = None) -> list[str]:
+    """The statements that give `role` what `service` needs in `schema`, and nothing more (`existing`: the
+    relations the schema has; others are left out)."""
     if service not in SERVICE_GRANTS:
         raise ValueError(f"unknown service {service!r}: one of {', '.join(SERVICE_GRANTS)}")
     s, r = _quote_ident(schema), _quote_ident(role)
@@ -66,9 +76,20 @@ def grant_statements(schema: str, service: str, role: str) -> list[str]:
         f"REVOKE CREATE ON SCHEMA {s} FROM {r}",
         f"GRANT USAGE ON SCHEMA {s} TO {r}",
     ]
-    for table, privileges in SERVICE_GRANTS[service].items():
-        statements.append(f"GRANT {', '.join(privileges)} ON {s}.{_quote_ident(table)} TO {r}")
+    for kind, grants in (("TABLE", SERVICE_GRANTS), ("SEQUENCE", SEQUENCE_GRANTS)):
+        for name, privileges in grants.get(service, {}).items():
+            if existing is not None and name not in existing:
+                log.warning("schema %s has no %s %s: %s gets no grant on it", schema, kind.lower(), name, service)
+                continue
+            statements.append(f"GRANT {', '.join(privileges)} ON {kind} {s}.{_quote_ident(name)} TO {r}")
     return statements
+
+
+async def relations(conn: asyncpg.Connection, schema: str) -> set[str]:
+    """Names of the tables (plain and partitioned) and sequences of `schema`."""
+    rows = await conn.fetch("SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                            "WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'S')", schema)
+    return {r["relname"] for r in rows}
 
 
 def parse_grants(items: Sequence[str]) -> dict[str, str]:
@@ -90,8 +111,9 @@ async def apply_grants(settings: Settings, grants: Mapping[str, str]) -> None:
     conn = await asyncpg.connect(settings.database_url)
     try:
         async with conn.transaction():
+            existing = await relations(conn, settings.database_schema)
             for service, role in grants.items():
-                for statement in grant_statements(settings.database_schema, service, role):
+                for statement in grant_statements(settings.database_schema, service, role, existing):
                     await conn.execute(statement)
     finally:
         await conn.close()
@@ -143,7 +165,7 @@ async def run(argv: Sequence[str] | None = None, settings: Settings | None = Non
             missing = await pending(settings)
             print(f"schema {settings.database_schema}: " + (f"pending {missing}" if missing else "up to date"))
             return 1 if missing else 0
-        applied = await migrate(settings)
+        applied = await apply_migrations(settings)
         await apply_grants(settings, grants)
         print(f"schema {settings.database_schema}: applied {applied or 'nothing'}"
               + (f"; granted {', '.join(f'{s}={r}' for s, r in grants.items())}" if grants else ""))
