@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -22,7 +22,7 @@ from scheduler_svc.dead_letters import DeadLetters, Filter, to_proto
 from scheduler_svc.outcomes import Outcomes
 from scheduler_svc.watermark import Watermark
 from sieve import rpc, telemetry
-from sieve.auth import current_principal
+from sieve.auth import current_credential_valid, current_principal
 from sieve.backoff import compute_backoff
 from sieve.coalesce import coalesce
 from sieve.errors import InvalidInput
@@ -41,6 +41,8 @@ def _append_batch(first: scheduler_pb2.PullResponse, later: scheduler_pb2.PullRe
 MAX_REASON_CHARS = 500
 #: most acks or nacks honoured in one message (a worker never holds more than its concurrency)
 MAX_SETTLEMENTS = 10_000
+#: how often an open stream's credential is checked again (a revoked one ends the stream)
+CREDENTIAL_RECHECK_S = 1.0
 
 
 def _hello_problem(hello: scheduler_pb2.WorkerHello, field: str = "hello") -> tuple[str, str] | None:
@@ -107,20 +109,37 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             raise
         # acks and nacks are handled outside the stream's span (it lasts as long as the worker is connected)
         reader = asyncio.create_task(self._read(session, context), context=telemetry.detached_context())
+        revoked = asyncio.Event()
+        guard = asyncio.create_task(self._watch_credential(session, current_credential_valid.get(), revoked))
         try:
             while True:
                 message = await session.outbound.get()
-                if message is None:
+                if message is None or revoked.is_set():
                     break
                 closing = coalesce(session.outbound, message, _append_batch)
                 yield message
                 if closing:
                     break
+            if revoked.is_set():  # what it held goes back (finally); it gets nothing more
+                log.warning("worker %s: credential revoked, stream ended", session.worker_id,
+                            extra={"worker": session.worker_id})
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "the credential of this stream was revoked")
         finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+            for task in (reader, guard):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await self.end_session(session, "worker stream closed")
+
+    @staticmethod
+    async def _watch_credential(session: Session, valid: Callable[[], bool], revoked: asyncio.Event) -> None:
+        """Ends the stream (within about a second) once its credential is revoked."""
+        while not session.closed:
+            await asyncio.sleep(CREDENTIAL_RECHECK_S)
+            if not valid():
+                revoked.set()
+                session.outbound.put_nowait(None)
+                return
 
     async def _read(self, session: Session, context: grpc.aio.ServicerContext) -> None:
         try:

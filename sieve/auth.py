@@ -81,6 +81,11 @@ ANONYMOUS = Principal("anonymous", frozenset(Role), anonymous=True)
 #: the principal of the RPC being served (set by AuthInterceptor)
 current_principal: contextvars.ContextVar[Principal] = contextvars.ContextVar("sieve_principal", default=ANONYMOUS)
 
+#: re-checks the credential of the RPC being served against the credentials as they are now (set by
+#: AuthInterceptor): a long-lived stream (Pull) asks it again and ends when its token was revoked
+current_credential_valid: contextvars.ContextVar[Callable[[], bool]] = contextvars.ContextVar(
+    "sieve_credential_valid", default=lambda: True)
+
 #: peer address of the RPC being served, for the audit log
 current_peer: contextvars.ContextVar[str] = contextvars.ContextVar("sieve_peer", default="")
 
@@ -331,6 +336,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     def _check(self, method: str, token: str | None) -> tuple[grpc.StatusCode, str] | None:
         if token is None and self.allow_anonymous:
             current_principal.set(ANONYMOUS)
+            current_credential_valid.set(_always)
             return None
         if token is None:
             return grpc.StatusCode.UNAUTHENTICATED, "missing 'authorization: Bearer <token>' metadata"
@@ -342,7 +348,18 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             needs = " or ".join(sorted(r.value for r in allowed)) or "a role no caller has"
             return grpc.StatusCode.PERMISSION_DENIED, f"{method} needs the {needs} role"
         current_principal.set(principal)
+        current_credential_valid.set(lambda: self._still_valid(method, token, principal.name))
         return None
+
+    def _still_valid(self, method: str, token: str, name: str) -> bool:
+        """True while `token` still names the same caller with a role that may call `method`."""
+        principal = self.authenticator.principal(token)
+        return (principal is not None and principal.name == name
+                and bool(METHOD_ROLES.get(method, frozenset()) & principal.roles))
+
+
+def _always() -> bool:
+    return True
 
 
 # --- client side ---------------------------------------------------------------------------------------
@@ -405,6 +422,7 @@ __all__ = [
     "bearer_interceptors",
     "client_token",
     "credential_line",
+    "current_credential_valid",
     "current_peer",
     "current_principal",
     "hash_token",

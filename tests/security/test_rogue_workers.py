@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import asyncpg
 import grpc
@@ -291,3 +292,30 @@ async def test_an_unauthenticated_gpu_rogue_with_100000_credits_beside_a_real_wo
     assert taken == []
     assert refusals and set(refusals) == {grpc.StatusCode.UNAUTHENTICATED}
     assert {s.worker_id for s in stack.scheduler.board.sessions} == {"real"}
+
+
+# --- revocation ------------------------------------------------------------------------------------------
+async def test_revoking_a_worker_credential_ends_its_open_stream_and_what_it_held_goes_back(
+        settings: Settings, redis: Redis, pg: asyncpg.Pool, credentials: Credentials, tmp_path: Path) -> None:
+    path = tmp_path / "credentials"
+    credentials.write(path)
+    async with secure_stack(settings, redis, pg, Credentials(), auth_tokens_file=str(path)) as s:
+        s.credentials = credentials
+        await s.register("w1", s.token("w1"), concurrency=2)
+        ids = await submit(s, 2, devices=1)
+        async with RawPull.hello(s.as_("w1"), "w1", credits=2) as stream, \
+                RawPull.hello(s.as_("w2"), "w2") as bystander:
+            await stream.wait_for(2)
+            # When w1's entry is removed from the credentials file (w1 stops answering: a stolen token)
+            kept = Credentials(lines=[line for line in credentials.lines if not line.startswith("w1:")])
+            kept.write(path)
+            # Then within a couple of seconds its stream ends UNAUTHENTICATED, and what it held goes back
+            assert await stream.refused(timeout_s=4) == grpc.StatusCode.UNAUTHENTICATED
+            assert await s.scheduler.queues.pending() == 2
+            assert not sessions_of(s, "w1")
+            # and a new stream with the revoked token is refused, while other workers' streams stay open
+            async with RawPull.hello(s.as_("w1"), "w1", credits=2) as again:
+                assert await again.refused() == grpc.StatusCode.UNAUTHENTICATED
+            assert again.received == [] and len(stream.received) == 2
+            assert bystander.error is None and sessions_of(s, "w2")
+        assert await statuses(s, ids) == Counter({"PENDING": 2})
