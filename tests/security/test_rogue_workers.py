@@ -139,37 +139,40 @@ async def _true(value: bool) -> bool:
 
 
 # --- settling leases -----------------------------------------------------------------------------------
-async def test_a_worker_cannot_ack_or_nack_another_streams_lease(stack: SecureStack) -> None:
+@pytest.mark.parametrize("thief_id", ["w2", "w1"], ids=["another worker", "a second stream of the same worker"])
+async def test_a_worker_cannot_ack_or_nack_another_streams_lease(stack: SecureStack, thief_id: str) -> None:
     for name in ("w1", "w2"):
         await stack.register(name, stack.token(name), concurrency=1)
     [task_id] = await submit(stack, 1)
     servicer = stack.scheduler.servicer
-    async with RawPull.hello(stack.as_("w1"), "w1", credits=1) as owner, \
-            RawPull.hello(stack.as_("w2"), "w2") as thief:
+    async with RawPull.hello(stack.as_("w1"), "w1", credits=1) as owner:
         [assignment] = await owner.wait_for(1)
         token = assignment.lease_token
-        await eventually(lambda: _true(bool(sessions_of(stack, "w2"))), 5, "w2's stream did not open")
-        refused = servicer.fencing_refusals
-        # When the other stream acks and nacks it with the real token (stolen), and with guesses
-        thief.send(scheduler_pb2.PullRequest(
-            acks=[scheduler_pb2.Ack(task_id=task_id, lease_token=token),
-                  scheduler_pb2.Ack(task_id=task_id, lease_token=token.split(".")[0])],
-            nacks=[scheduler_pb2.Nack(task_id=task_id, lease_token=token, count_attempt=True, reason="stolen"),
-                   scheduler_pb2.Nack(task_id=task_id, lease_token="", count_attempt=True)]))
-        await eventually(lambda: _true(servicer.fencing_refusals >= refused + 4), 5, "thief's settlements seen")
-        # Then the owner's lease stays: it still holds the task, which is neither queued nor final nor retried
         [session] = sessions_of(stack, "w1")
-        assert task_id in session.held and session.tokens[task_id] == token
-        assert await stack.scheduler.queues.pending() == 0
-        assert await stack.status(task_id) in ("PENDING", "ASSIGNED", "RUNNING")
-        assert thief.received == [] and thief.error is None
+        async with RawPull.hello(stack.as_(thief_id), thief_id) as thief:
+            streams = 2 if thief_id == "w1" else 1
+            await eventually(lambda: _true(len(sessions_of(stack, thief_id)) == streams), 5,
+                             "the thief's stream did not open")
+            refused = servicer.fencing_refusals
+            # When the other stream acks and nacks it with the real token (stolen), and with guesses
+            thief.send(scheduler_pb2.PullRequest(
+                acks=[scheduler_pb2.Ack(task_id=task_id, lease_token=token),
+                      scheduler_pb2.Ack(task_id=task_id, lease_token=token.split(".")[0])],
+                nacks=[scheduler_pb2.Nack(task_id=task_id, lease_token=token, count_attempt=True, reason="stolen"),
+                       scheduler_pb2.Nack(task_id=task_id, lease_token="", count_attempt=True)]))
+            await eventually(lambda: _true(servicer.fencing_refusals >= refused + 4), 5, "thief's settlements seen")
+            # Then the owner's lease stays: it still holds the task, which is neither queued nor final
+            assert task_id in session.held and session.tokens[task_id] == token
+            assert await stack.scheduler.queues.pending() == 0
+            assert await stack.status(task_id) in ("PENDING", "ASSIGNED", "RUNNING")
+            assert thief.received == [] and thief.error is None
         # and the owner can still settle it with its own token (a nack: it goes back, uncounted)
         owner.send(scheduler_pb2.PullRequest(nacks=[scheduler_pb2.Nack(task_id=task_id, lease_token=token,
                                                                        reason="owner gives it back")]))
         await eventually(lambda: _true(task_id not in session.held), 5, "the owner's nack was not honoured")
-        # back in its queue with no failure counted: the thief's counted nack did not count either
-        [entry] = await stack.scheduler.queues.queued("AA:BB:CC:DD:EE:00")
-        assert entry.task_id == task_id and entry.failures == 0
+    # back in its queue with no failure counted: the thief's counted nack did not count either
+    [entry] = await stack.scheduler.queues.queued("AA:BB:CC:DD:EE:00")
+    assert entry.task_id == task_id and entry.failures == 0
 
 
 async def test_a_guessed_lease_token_is_refused(stack: SecureStack) -> None:
