@@ -4,8 +4,10 @@
   now — (pending + incoming - limit) / drain rate, where the drain rate is what the scheduler replicas took
   from the queues over the last second (`scheduler_svc.drain`, read at most every `RATE_CACHE_S`) — jittered
   by +-`GLOBAL_JITTER` so that refused clients do not all come back at once, within
-  [`MIN_GLOBAL_RETRY_S`, retry_after_s]. When no replica dispatched anything lately nothing drains, and the
-  delay is the configured maximum, spread over its upper half.
+  [`MIN_GLOBAL_RETRY_S`, retry_after_s]. When no replica dispatched anything in the last `RATE_FRESH_S`, the
+  queues are not draining now (every worker full or holding back, or none connected): the delay is about as
+  long again as that pause has lasted (from 1 s); when none has dispatched for an hour, or ever, the configured
+  maximum. Both jittered the same way.
 - Over a device's own limit: what that device needs to drain below its limit at its recent service rate,
   within [1 s, max_wait]; a device never served yet gets the configured maximum.
 """
@@ -17,7 +19,7 @@ import time
 from collections.abc import Callable
 
 from sieve.errors import AdmissionRefused
-from sieve.queue_store import QueueStore
+from sieve.queue_store import Drain, QueueStore, now_ms
 from sieve.settings import Settings
 
 MIN_RETRY_S = 1.0
@@ -29,6 +31,8 @@ GLOBAL_JITTER = 0.15
 RATE_CACHE_S = 0.25
 #: a replica's published rate older than this is not counted (it dispatches nothing now)
 RATE_FRESH_S = 3.0
+#: shortest delay while the queues are not draining
+PAUSED_MIN_RETRY_S = 1.0
 
 
 def device_retry_after_s(meta: dict[str, str], incoming: int, settings: Settings,
@@ -46,17 +50,20 @@ def device_retry_after_s(meta: dict[str, str], incoming: int, settings: Settings
     return min(max(delay, MIN_RETRY_S), settings.aging_max_wait_s)
 
 
-def global_retry_after_s(pending: int, incoming: int, drain_per_s: float | None, settings: Settings,
-                         rng: random.Random | None = None) -> float:
-    """Seconds until the global backlog has room for `incoming` more tasks at `drain_per_s`, jittered and
-    bounded by retry_after_s; the maximum (spread over its upper half) when nothing drains."""
+def global_retry_after_s(pending: int, incoming: int, drain: Drain, settings: Settings,
+                         rng: random.Random | None = None, now: float | None = None) -> float:
+    """Seconds until the global backlog has room for `incoming` more tasks at the measured drain, jittered and
+    bounded by retry_after_s (see the module's docstring for a pause in draining)."""
     rng = rng or random
     ceiling = max(MIN_GLOBAL_RETRY_S, settings.retry_after_s)
-    if not drain_per_s or drain_per_s <= 0:
-        return ceiling * rng.uniform(0.5, 1.0)
-    excess = max(1, pending + incoming - settings.max_total_pending)
-    estimate = excess / drain_per_s * rng.uniform(1 - GLOBAL_JITTER, 1 + GLOBAL_JITTER)
-    return min(ceiling, max(MIN_GLOBAL_RETRY_S, estimate))
+    jitter = rng.uniform(1 - GLOBAL_JITTER, 1 + GLOBAL_JITTER)
+    if drain.rate_per_s is not None and drain.rate_per_s > 0:
+        excess = max(1, pending + incoming - settings.max_total_pending)
+        return min(ceiling, max(MIN_GLOBAL_RETRY_S, excess / drain.rate_per_s * jitter))
+    if drain.last_ms is None:  # nothing dispatched for an hour, or ever
+        return ceiling * rng.uniform(1 - 2 * GLOBAL_JITTER, 1.0)
+    paused_s = max(0.0, ((now or now_ms()) - drain.last_ms) / 1000)
+    return min(ceiling, max(PAUSED_MIN_RETRY_S, paused_s) * jitter)
 
 
 class RetryAdvisor:
@@ -68,23 +75,22 @@ class RetryAdvisor:
         self.settings = settings
         self._clock = clock
         self._rng = rng or random.Random()
-        self._rate: float | None = None
+        self._drain = Drain(None, None)
         self._read_at = -RATE_CACHE_S
 
-    async def drain_per_s(self) -> float | None:
-        """The queues' drain rate now (tasks/s), None when nothing drains; read at most every RATE_CACHE_S."""
+    async def drain(self) -> Drain:
+        """How fast the queues drain now; read from Redis at most every RATE_CACHE_S."""
         now = self._clock()
         if now - self._read_at >= RATE_CACHE_S:
             self._read_at = now
-            self._rate = await self.queues.drain_rate(fresh_ms=RATE_FRESH_S * 1000)
-        return self._rate
+            self._drain = await self.queues.drain_rate(fresh_ms=RATE_FRESH_S * 1000)
+        return self._drain
 
     async def after_s(self, refusal: AdmissionRefused, meta: dict[str, str], incoming: int) -> float:
         """The delay to tell a caller refused with `refusal` for `incoming` tasks (`meta`: the device's, for a
         device refusal)."""
         if refusal.is_global:
-            return global_retry_after_s(refusal.pending, incoming, await self.drain_per_s(), self.settings,
-                                        self._rng)
+            return global_retry_after_s(refusal.pending, incoming, await self.drain(), self.settings, self._rng)
         return device_retry_after_s(meta, incoming, self.settings)
 
 

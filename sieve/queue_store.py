@@ -69,6 +69,19 @@ class Deferred:
 
 
 @dataclass(frozen=True, slots=True)
+class Drain:
+    """How fast the queues drain (tasks/s; None when no scheduler replica is dispatching now) and when a
+    replica last published its rate (ms; None when none did within DRAIN_KEEP_MS)."""
+
+    rate_per_s: float | None
+    last_ms: int | None
+
+
+#: the drain record lives this long after its last write
+DRAIN_KEEP_MS = 3_600_000
+
+
+@dataclass(frozen=True, slots=True)
 class TypesDeferred:
     """Tasks of some types of one device sent to wait (the device itself keeps being served)."""
 
@@ -399,20 +412,27 @@ class QueueStore:
 
     # --- drain rate -------------------------------------------------------------------------------
     async def publish_drain(self, replica: str, tasks_per_s: float, *, now: float | None = None) -> None:
-        """Records how fast this scheduler replica takes tasks from the queues (the entries expire together
-        a minute after the last write; readers ignore stale ones)."""
+        """Records how fast this scheduler replica takes tasks from the queues (the entries expire together,
+        DRAIN_KEEP_MS after the last write; readers tell fresh ones from stale ones)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(self.keys.drain, replica, f"{max(0.0, tasks_per_s):.3f}|{int(now or now_ms())}")
-            pipe.pexpire(self.keys.drain, 60_000)
+            pipe.pexpire(self.keys.drain, DRAIN_KEEP_MS)
             await pipe.execute()
 
-    async def drain_rate(self, *, fresh_ms: float, now: float | None = None) -> float | None:
-        """Tasks per second all scheduler replicas took from the queues lately: the sum of the rates published
-        within `fresh_ms`; None when none is that fresh (no replica is dispatching)."""
+    async def drain_rate(self, *, fresh_ms: float, now: float | None = None) -> Drain:
+        """How fast the queues drain: the sum of the rates the scheduler replicas published within `fresh_ms`
+        (None when none is that fresh: nothing is dispatched now), and when the newest one was published."""
         now = now or now_ms()
-        rates = [float(rate) for rate, _, at in (v.partition("|") for v in (await self.redis.hgetall(
-            self.keys.drain)).values()) if at.isdigit() and now - int(at) <= fresh_ms]
-        return sum(rates) if rates else None
+        rates: list[float] = []
+        newest: int | None = None
+        for value in (await self.redis.hgetall(self.keys.drain)).values():
+            rate, _, at = value.partition("|")
+            if not at.isdigit():
+                continue
+            newest = max(newest or 0, int(at))
+            if now - int(at) <= fresh_ms:
+                rates.append(float(rate))
+        return Drain(sum(rates) if rates else None, newest)
 
     # --- generation ---------------------------------------------------------------------------------
     async def generation(self) -> str | None:

@@ -7,6 +7,9 @@ The rule (the README's "Configuration" section gives the reasoning):
   its own process tree is left out, its concurrency bounds that), memory in use in its domain (all of it,
   the worker's own included: memory is not time-shared and the limit kills whoever fills it), GPU memory held
   by other processes;
+- CPU holds it back only once it has stayed at or over its watermark for `CPU_ENTER_AFTER_S` (CPU is shared
+  by time: a burst of others' work slows this worker's tasks a little, it does not endanger them), memory and
+  GPU memory at once (what fills them gets killed);
 - it takes work again once every reading is `watermark_hysteresis_pct` points under its watermark (so that a
   reading hovering at the watermark does not make it flap);
 - CPU is read over the last second (`worker_svc.resources.CPU_WINDOW_S`) and sampled at most every
@@ -34,6 +37,8 @@ from worker_svc.resources import ResourceSampler
 log = logging.getLogger("sieve.worker.pressure")
 
 SAMPLE_EVERY_S = 0.25
+#: CPU over its watermark holds the worker back once it has stayed there this long (s)
+CPU_ENTER_AFTER_S = 1.0
 #: shortest delay of a task put back under pressure
 MIN_RETRY_S = 1.0
 #: a put-back's delay is spread over [1 - JITTER, 1 + JITTER] x the estimate
@@ -55,6 +60,8 @@ class Pressure:
         self.last: registry_pb2.Resources | None = None
         #: resource -> when it started holding the worker back (monotonic s)
         self._since: dict[str, float] = {}
+        #: resource -> since when it has been over its watermark without holding the worker back yet
+        self._over_since: dict[str, float] = {}
         #: time held back by each resource in episodes that have ended (s)
         self._ended: dict[str, float] = dict.fromkeys(WATERMARK_RESOURCES, 0.0)
         #: since when the worker holds back at all (None: it takes work)
@@ -96,9 +103,16 @@ class Pressure:
             holding = level.resource in self._since
             # a resource that holds the worker back lets go only `hysteresis` points under its watermark
             threshold = level.watermark - hysteresis if holding else level.watermark
-            if level.value >= threshold:
-                over.add(level.resource)
-                reasons.append(level.describe(None if level.value >= level.watermark else threshold))
+            if level.value < threshold:
+                self._over_since.pop(level.resource, None)
+                continue
+            if not holding and level.resource == "cpu":
+                first = self._over_since.setdefault(level.resource, now)
+                if now - first < CPU_ENTER_AFTER_S:
+                    continue
+            self._over_since.pop(level.resource, None)
+            over.add(level.resource)
+            reasons.append(level.describe(None if level.value >= level.watermark else threshold))
         before = set(self._since)
         for resource in before - over:
             self._ended[resource] += now - self._since.pop(resource)
@@ -129,4 +143,4 @@ class Pressure:
         return min(ceiling, max(MIN_RETRY_S, estimate * self._rng.uniform(1 - JITTER, 1 + JITTER)))
 
 
-__all__ = ["MIN_RETRY_S", "SAMPLE_EVERY_S", "Pressure"]
+__all__ = ["CPU_ENTER_AFTER_S", "MIN_RETRY_S", "SAMPLE_EVERY_S", "Pressure"]

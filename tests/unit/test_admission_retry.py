@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 
 from intake_svc.admission import RetryAdvisor, device_retry_after_s, global_retry_after_s
 from sieve.errors import AdmissionRefused, ScriptCode
-from sieve.queue_store import QueueStore, now_ms
+from sieve.queue_store import Drain, QueueStore, now_ms
 from sieve.settings import Settings
 
 SETTINGS = Settings(max_per_device_pending=200, retry_after_s=30, aging_max_wait_s=600)
@@ -41,12 +41,17 @@ def test_a_device_never_served_gets_the_configured_maximum() -> None:
 
 # --- global refusals: from the measured drain rate ------------------------------------------------
 GLOBAL = Settings(max_total_pending=5000, retry_after_s=30)
+T = 1_700_000_000_000.0
+
+
+def draining(rate: float) -> Drain:
+    return Drain(rate, int(T))
 
 
 def test_a_global_refusal_says_when_the_room_for_the_request_drains_free() -> None:
     # Given 5 000 pending, a request of 500 and queues draining at 2 500 tasks/s
     rng = random.Random(7)
-    delays = [global_retry_after_s(5000, 500, 2500.0, GLOBAL, rng) for _ in range(200)]
+    delays = [global_retry_after_s(5000, 500, draining(2500.0), GLOBAL, rng) for _ in range(200)]
 
     # Then the delay is about 500 / 2 500 = 0.2 s, jittered by +-15 %, not the seed's 30 s
     assert all(0.2 * 0.85 <= d <= 0.2 * 1.15 for d in delays)
@@ -56,23 +61,30 @@ def test_a_global_refusal_says_when_the_room_for_the_request_drains_free() -> No
 
 def test_a_slower_drain_or_a_larger_request_waits_longer_and_never_past_the_maximum() -> None:
     rng = random.Random(1)
-    assert 0.85 * 4 <= global_retry_after_s(5000, 400, 100.0, GLOBAL, rng) <= 1.15 * 4
-    assert 0.85 * 10 <= global_retry_after_s(5200, 800, 100.0, GLOBAL, rng) <= 1.15 * 10
-    assert global_retry_after_s(5000, 500, 1.0, GLOBAL, rng) == 30.0
+    assert 0.85 * 4 <= global_retry_after_s(5000, 400, draining(100.0), GLOBAL, rng) <= 1.15 * 4
+    assert 0.85 * 10 <= global_retry_after_s(5200, 800, draining(100.0), GLOBAL, rng) <= 1.15 * 10
+    assert global_retry_after_s(5000, 500, draining(1.0), GLOBAL, rng) == 30.0
     # a drain this fast still gets a small positive delay
-    assert global_retry_after_s(5000, 1, 1e9, GLOBAL, rng) == 0.1
+    assert global_retry_after_s(5000, 1, draining(1e9), GLOBAL, rng) == 0.1
 
 
-def test_when_nothing_drains_the_delay_is_the_maximum_spread_over_its_upper_half() -> None:
+def test_a_pause_in_draining_is_expected_to_last_about_as_long_again() -> None:
     rng = random.Random(3)
-    for rate in (None, 0.0):
-        delays = [global_retry_after_s(5000, 10, rate, GLOBAL, rng) for _ in range(100)]
-        assert all(15.0 <= d <= 30.0 for d in delays)
-        assert max(delays) - min(delays) > 5
+    # the last dispatch was 4 s ago: about 4 s; 0.2 s ago: at least a second; 10 minutes ago: the maximum
+    assert 4 * 0.85 <= global_retry_after_s(5000, 10, Drain(None, int(T - 4000)), GLOBAL, rng, T) <= 4 * 1.15
+    assert 0.85 <= global_retry_after_s(5000, 10, Drain(None, int(T - 200)), GLOBAL, rng, T) <= 1.15
+    assert global_retry_after_s(5000, 10, Drain(None, int(T - 600_000)), GLOBAL, rng, T) == 30.0
+
+
+def test_when_nothing_ever_drained_the_delay_is_the_maximum_jittered_below_it() -> None:
+    rng = random.Random(3)
+    delays = [global_retry_after_s(5000, 10, Drain(None, None), GLOBAL, rng) for _ in range(100)]
+    assert all(30 * 0.7 <= d <= 30.0 for d in delays)
+    assert max(delays) - min(delays) > 3
 
 
 async def test_the_advisor_reads_the_drain_rate_the_schedulers_publish(redis: Redis, settings: Settings) -> None:
-    # Given two scheduler replicas that published their dispatch rates, one of them long ago
+    # Given two scheduler replicas that published their dispatch rates, and a third long ago
     queues = QueueStore(redis, settings)
     now = now_ms()
     await queues.publish_drain("replica-a", 1500.0, now=now)
@@ -81,9 +93,9 @@ async def test_the_advisor_reads_the_drain_rate_the_schedulers_publish(redis: Re
     advisor = RetryAdvisor(queues, settings.replace(max_total_pending=5000), rng=random.Random(5))
 
     # Then the fresh ones count, summed, and a global refusal's delay follows from them
-    assert await advisor.drain_per_s() == 2500.0
+    assert await advisor.drain() == Drain(2500.0, int(now))
     delay = await advisor.after_s(AdmissionRefused(ScriptCode.GLOBAL_LIMIT, 0, 5000), {}, 500)
     assert 0.2 * 0.85 <= delay <= 0.2 * 1.15
 
-    # And with nothing fresh, nothing drains
-    assert await queues.drain_rate(fresh_ms=3000, now=now + 10_000) is None
+    # And with nothing fresh, nothing drains now, and it is known since when
+    assert await queues.drain_rate(fresh_ms=3000, now=now + 10_000) == Drain(None, int(now))

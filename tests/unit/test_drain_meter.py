@@ -31,7 +31,7 @@ async def test_the_published_rate_is_what_was_dispatched_over_the_last_second(
         dispatched[0] += 100
         await meter.tick()
     assert meter.rate_per_s == pytest.approx(2000.0)
-    rate = await queues.drain_rate(fresh_ms=3000)
+    rate = (await queues.drain_rate(fresh_ms=3000)).rate_per_s
     assert rate == pytest.approx(2000.0, abs=0.01)
     # then 500 a second: within a second the published rate follows
     for _ in range(25):

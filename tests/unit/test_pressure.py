@@ -47,7 +47,10 @@ def test_a_worker_holds_back_at_the_watermark_and_takes_work_again_only_under_th
     clock = Clock()
     p = pressure_of(readings, clock)
     assert p.reasons() == [] and not p.held
-    # others' CPU reaches the 75 % watermark: hold back
+    # others' CPU reaches the 75 % watermark: a second of it holds the worker back (a burst does not)
+    for _ in range(3):
+        assert step(p, clock, readings, "cpu=80,cpu_own=5,memory=10") == []
+    assert step(p, clock, readings, "cpu=80,cpu_own=5,memory=10") == []
     assert step(p, clock, readings, "cpu=80,cpu_own=5,memory=10") == ["cpu 75.0% besides this worker's 5.0% >= 75.0%"]
     assert p.held and p.held_resources() == ["cpu"]
     # down to 70 %: still within the 10-point hysteresis, still held (and says what it waits for)
@@ -62,7 +65,7 @@ def test_a_worker_holds_back_at_the_watermark_and_takes_work_again_only_under_th
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2, lines
     assert lines[0].startswith("holding back (no new work): cpu 75.0%")
-    assert lines[1].startswith("taking work again after 1.8s held back (cpu)")
+    assert lines[1].startswith("taking work again after 1.8s held back (cpu)"), lines
 
 
 def test_the_worker_s_own_cpu_never_holds_it_back(readings: Path) -> None:
@@ -76,17 +79,18 @@ def test_the_worker_s_own_cpu_never_holds_it_back(readings: Path) -> None:
 def test_time_held_back_is_kept_per_resource_including_the_episode_going_on(readings: Path) -> None:
     clock = Clock()
     p = pressure_of(readings, clock)
-    step(p, clock, readings, "cpu=90,memory=10")  # cpu from t0
-    step(p, clock, readings, "cpu=90,memory=80", 1.0)  # memory joins 1 s later
-    step(p, clock, readings, "cpu=10,memory=80", 2.0)  # cpu lets go 2 s after that
+    step(p, clock, readings, "cpu=10,memory=90")  # memory from t0, at once
+    step(p, clock, readings, "cpu=90,memory=90", 1.0)  # cpu over from t0 + 1 s ...
+    step(p, clock, readings, "cpu=90,memory=90", 1.0)  # ... holds from t0 + 2 s
+    step(p, clock, readings, "cpu=10,memory=90", 3.0)  # and lets go 3 s after that
     held = p.held_back_seconds()
     assert held["cpu"] == pytest.approx(3.0)
-    assert held["memory"] == pytest.approx(2.0)
+    assert held["memory"] == pytest.approx(5.0)
     clock.now += 4.0  # still held by memory: the running episode counts
-    assert p.held_back_seconds()["memory"] == pytest.approx(6.0)
+    assert p.held_back_seconds()["memory"] == pytest.approx(9.0)
     step(p, clock, readings, "cpu=10,memory=10", 0.0)
     clock.now += 100
-    assert p.held_back_seconds() == {"cpu": pytest.approx(3.0), "memory": pytest.approx(6.0), "gpu_memory": 0.0}
+    assert p.held_back_seconds() == {"cpu": pytest.approx(3.0), "memory": pytest.approx(9.0), "gpu_memory": 0.0}
     assert p.episodes == 1
 
 
