@@ -7,13 +7,12 @@ from redis.asyncio import Redis
 from intake_svc.rejections import RejectionCounter
 from intake_svc.servicer import IntakeServicer
 from sieve import rpc
-from sieve.db import create_pool
 from sieve.db.audit import AuditLog
 from sieve.db.tasks import TaskStore
 from sieve.logs import setup_logging
 from sieve.metrics import start_metrics_server
 from sieve.queue_store import QueueStore
-from sieve.redis_conn import create_redis
+from sieve.readiness import Built, Readiness, Stores
 from sieve.settings import Settings
 from sieve.telemetry import setup_telemetry
 from sieve.v1 import intake_pb2, intake_pb2_grpc
@@ -37,15 +36,13 @@ async def main() -> None:
     setup_logging("sieve-intake", settings.log_level)
     setup_telemetry("sieve-intake", settings)
     start_metrics_server(settings.intake_metrics_addr)
-    redis = await create_redis(settings)
-    pool = await create_pool(settings)
-    running = await rpc.create_server(build_service(settings, redis, TaskStore(pool)),
-                                      settings.intake_addr, settings)
-    try:
-        await rpc.serve(running, settings)
-    finally:
-        await pool.close()
-        await redis.aclose()
+
+    async def build(stores: Stores) -> Built:
+        return Built(build_service(settings, stores.redis, TaskStore(stores.pool)))
+
+    # listens at once (health NOT_SERVING) and serves once Redis and PostgreSQL answer (sieve/readiness.py)
+    readiness = Readiness(settings, "sieve-intake", [SERVICE_NAME], build, redis=True, postgres=True)
+    await readiness.run(settings.intake_addr)
 
 
 def run() -> None:

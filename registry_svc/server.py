@@ -10,9 +10,9 @@ from redis.asyncio import Redis
 from registry_svc.metrics import RegistryCollector
 from registry_svc.servicer import RegistryServicer
 from sieve.logs import setup_logging
-from sieve.metrics import start_metrics_server
-from sieve.redis_conn import create_redis
-from sieve.rpc import Service, create_server, serve
+from sieve.metrics import REGISTRY, start_metrics_server
+from sieve.readiness import Built, Readiness, Stores
+from sieve.rpc import Service
 from sieve.settings import Settings
 from sieve.telemetry import setup_telemetry
 from sieve.v1 import registry_pb2, registry_pb2_grpc
@@ -37,10 +37,12 @@ async def main() -> None:
     settings = Settings.from_env()
     setup_logging("sieve-registry", settings.log_level)
     setup_telemetry("sieve-registry", settings)
-    redis = await create_redis(settings)
-    start_metrics_server(settings.registry_metrics_addr, RegistryCollector(WorkerRecords(redis, settings)))
-    try:
-        running = await create_server(build_service(settings, redis), settings.registry_addr, settings)
-        await serve(running, settings)
-    finally:
-        await redis.aclose()
+    start_metrics_server(settings.registry_metrics_addr)
+
+    async def build(stores: Stores) -> Built:
+        REGISTRY.register(RegistryCollector(WorkerRecords(stores.redis, settings)))
+        return Built(build_service(settings, stores.redis))
+
+    # listens at once (health NOT_SERVING) and serves once Redis answers (sieve/readiness.py)
+    readiness = Readiness(settings, "sieve-registry", [SERVICE_NAME], build, redis=True, postgres=False)
+    await readiness.run(settings.registry_addr)

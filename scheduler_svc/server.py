@@ -24,13 +24,12 @@ from scheduler_svc.rebuild import Rebuilder
 from scheduler_svc.routing import Router
 from scheduler_svc.watermark import Watermark
 from sieve import rpc
-from sieve.db import create_pool
 from sieve.db.audit import AuditLog
 from sieve.db.tasks import TaskStore
 from sieve.logs import setup_logging
-from sieve.metrics import start_metrics_server
+from sieve.metrics import REGISTRY, start_metrics_server
 from sieve.queue_store import QueueStore
-from sieve.redis_conn import create_redis
+from sieve.readiness import Built, Readiness, Stores
 from sieve.settings import Settings
 from sieve.telemetry import setup_telemetry
 from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -87,19 +86,18 @@ async def main() -> None:
     settings = Settings.from_env()
     setup_logging("sieve-scheduler", settings.log_level)
     setup_telemetry("sieve-scheduler", settings)
-    redis = await create_redis(settings)
-    pool = await create_pool(settings)
-    scheduler, service = build_scheduler(settings, redis, TaskStore(pool))
-    start_metrics_server(settings.scheduler_metrics_addr, SchedulerCollector(scheduler))
-    # Redis must hold every unfinished task before anything is dispatched or accepted
-    await scheduler.housekeeping.rebuilder.ensure()
-    running = await rpc.create_server(service, settings.scheduler_addr, settings)
-    try:
-        await rpc.serve(running, settings)
-    finally:
-        with contextlib.suppress(Exception):
-            await pool.close()
-        await redis.aclose()
+    start_metrics_server(settings.scheduler_metrics_addr)
+
+    async def build(stores: Stores) -> Built:
+        scheduler, service = build_scheduler(settings, stores.redis, TaskStore(stores.pool))
+        REGISTRY.register(SchedulerCollector(scheduler))
+        # Redis must hold every unfinished task before anything is dispatched or accepted: the rebuild runs
+        # before the first SERVING (and before the dispatcher starts), and again after Redis was away
+        return Built(service, before_serving=scheduler.housekeeping.rebuilder.ensure)
+
+    # listens at once (health NOT_SERVING) and serves once Redis and PostgreSQL answer (sieve/readiness.py)
+    readiness = Readiness(settings, "sieve-scheduler", [SERVICE_NAME], build, redis=True, postgres=True)
+    await readiness.run(settings.scheduler_addr)
 
 
 def run() -> None:

@@ -117,10 +117,15 @@ class RunningServer:
     service: Service
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
+    async def set_serving(self, serving: bool) -> None:
+        """Health of every service name of this server (and the server as a whole, ""): SERVING or NOT_SERVING."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in (*self.service.service_names, ""):
+            await self.health.set(name, status)
+
     async def stop(self, grace_s: float) -> None:
         """Ordered, bounded shutdown: NOT_SERVING, drain, stop RPCs, end background loops."""
-        for name in (*self.service.service_names, ""):
-            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.set_serving(False)
         if self.service.before_stop is not None:
             try:
                 await asyncio.wait_for(self.service.before_stop(), timeout=grace_s)
@@ -134,8 +139,10 @@ class RunningServer:
                 await task
 
 
-async def create_server(service: Service, address: str, settings: Settings) -> RunningServer:
-    """Builds and starts a server for `service` on `address` (port 0 picks one); returns it with its port."""
+async def create_server(service: Service, address: str, settings: Settings, *,
+                        serving: bool = True) -> RunningServer:
+    """Builds and starts a server for `service` on `address` (port 0 picks one); returns it with its port.
+    Health says SERVING at once, or NOT_SERVING with `serving=False` (sieve.readiness flips it later)."""
     authenticator = auth.load_authenticator(settings.auth_tokens, settings.auth_tokens_file)
     if service.service_names:  # a health-only server (a worker's) has no RPC that needs a credential
         auth.require_credentials(authenticator, settings.allow_anonymous, service.name)
@@ -158,17 +165,16 @@ async def create_server(service: Service, address: str, settings: Settings) -> R
     if port == 0:
         raise OSError(f"{service.name}: cannot bind {address}")
     await server.start()
-    for name in (*service.service_names, ""):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     running = RunningServer(server, port, health_servicer, service)
+    await running.set_serving(serving)
     running.tasks = [asyncio.create_task(loop(), name=f"{service.name}-bg") for loop in service.background]
     log.info("%s listening on port %d", service.name, port)
     return running
 
 
-async def serve(running: RunningServer, settings: Settings) -> None:
-    """Runs until SIGTERM or SIGINT, then shuts down in order within the grace period."""
-    stop = asyncio.Event()
+async def serve(running: RunningServer, settings: Settings, *, stop: asyncio.Event | None = None) -> None:
+    """Runs until SIGTERM or SIGINT (or `stop` is set), then shuts down in order within the grace period."""
+    stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

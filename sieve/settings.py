@@ -29,6 +29,8 @@ class Settings:
     redis_url: str = "redis://127.0.0.1:6379/0"
     #: Every Redis key starts with "{prefix}:" (one hash tag: all keys live in one Cluster slot).
     redis_prefix: str = "sieve"
+    #: Stay NOT_SERVING while Redis' maxmemory-policy is not noeviction (false: serve, logging an error).
+    redis_require_noeviction: bool = True
     #: PostgreSQL holding tasks, results and the lexicon (the record).
     database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     #: PostgreSQL schema of Sieve's tables (tests use one schema each).
@@ -46,6 +48,10 @@ class Settings:
     grpc_max_message_bytes: int = 16 * 1024 * 1024
     #: Seconds a server waits for in-flight RPCs on SIGTERM.
     shutdown_grace_s: float = 10.0
+    #: Longest wait between two tries to reach Redis / PostgreSQL while a service is not ready (sieve/readiness.py).
+    store_retry_max_s: float = 10.0
+    #: How often a ready service checks that its stores still answer (PING / SELECT 1).
+    store_probe_interval_s: float = 2.0
 
     # --- trust: credentials, TLS (see sieve/auth.py and the README's "Security" section) ----------------
     #: Credentials a server accepts: "name:role:sha256hex" entries (role client | worker | operator; the

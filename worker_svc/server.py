@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 import asyncpg
 
 from sieve import rpc
-from sieve.db import create_pool
 from sieve.db.tasks import TaskStore, type_value
 from sieve.logs import setup_logging
-from sieve.metrics import start_metrics_server
+from sieve.metrics import REGISTRY, start_metrics_server
+from sieve.readiness import Built, Readiness, Stores
 from sieve.settings import Settings
 from sieve.telemetry import setup_telemetry
 from worker_svc.lexicon import Lexicon
@@ -121,18 +121,23 @@ async def main() -> None:
     settings = Settings.from_env()
     setup_logging("sieve-worker", settings.log_level)
     setup_telemetry("sieve-worker", settings)
-    pool = await create_pool(settings)
-    worker = Worker(settings, pool)
-    await worker.start()
-    start_metrics_server(settings.worker_metrics_addr, WorkerCollector(worker))
-    service = rpc.Service(name="sieve-worker", service_names=[], register=lambda server: None,
-                          before_stop=worker.drain)
-    running = await rpc.create_server(service, settings.worker_health_addr, settings)
-    try:
-        await rpc.serve(running, settings)
-    finally:
-        await worker.close()
-        await pool.close()
+    start_metrics_server(settings.worker_metrics_addr)
+
+    async def build(stores: Stores) -> Built:
+        worker = Worker(settings, stores.pool)
+        try:
+            await worker.start()  # lexicon from PostgreSQL, OCR engine; then registry and Pull (they retry)
+        except BaseException:
+            await worker.close()
+            raise
+        REGISTRY.register(WorkerCollector(worker))
+        service = rpc.Service(name="sieve-worker", service_names=[], register=lambda server: None,
+                              before_stop=worker.drain)
+        return Built(service, close=worker.close)
+
+    # the health server listens at once (NOT_SERVING) and serves once PostgreSQL answers (sieve/readiness.py)
+    readiness = Readiness(settings, "sieve-worker", [], build, redis=False, postgres=True)
+    await readiness.run(settings.worker_health_addr)
 
 
 def run() -> None:

@@ -29,4 +29,5 @@ registry=$(digest redis-registry)
 umask 077
 sed -e "s/@INTAKE_SHA256@/$intake/" -e "s/@SCHEDULER_SHA256@/$scheduler/" -e "s/@REGISTRY_SHA256@/$registry/" \
     -e "s/@PREFIX@/$prefix/g" "$template" > "$out"
-exec redis-server --aclfile "$out" "$@"
+# noeviction: Sieve's services may not run CONFIG to check it (sieve/redis_conn.py), so it is set here
+exec redis-server --aclfile "$out" --maxmemory-policy noeviction "$@"
