@@ -7,9 +7,11 @@ records one `AuditEvent` for:
   it ends, with its status (OK, INVALID_ARGUMENT, ...), the request as compact JSON (the filter, the ids), the
   caller's name and roles and `context.peer()`;
 - **refused**: every attempt at an operator-only method that the auth interceptor refused (UNAUTHENTICATED,
-  PERMISSION_DENIED), named by the credential presented when it is a valid one ('' otherwise). These are
-  written in the background, batched, from a bounded queue (a flood of refused calls costs one INSERT per
-  batch, and beyond `MAX_QUEUED_REFUSALS` waiting events they are counted and logged instead of stored);
+  PERMISSION_DENIED), named by the credential presented when it is a valid one ('' otherwise), with what it
+  asked for (its request, parsed when small). Anyone can make these, so they cost little and cannot fill the
+  disk: written in the background, batched (one INSERT per batch), at most `REFUSAL_RATE_PER_S` a second per
+  process (bursts of `REFUSAL_BURST`); beyond that they are counted, and once a second one row of method `*` and
+  outcome `DROPPED` says how many were not recorded one by one (and a warning is logged);
 - **cross_tenant**: an operator's call that read or changed another caller's data. The servicer says so with
   `cross_tenant(tenant, target)` while it serves the call (the intake's GetTask / CancelTask of a task whose
   caller is not the operator); one event per access is recorded when the call ends, with its status.
@@ -45,6 +47,7 @@ from sieve.auth import (
     METHOD_ROLES,
     Authenticator,
     Principal,
+    Role,
     bearer_of,
     current_peer,
     current_principal,
@@ -57,8 +60,13 @@ log = logging.getLogger("sieve.audit")
 
 #: an operator or cross-tenant event's write may hold the call's answer back this long at most
 WRITE_TIMEOUT_S = 2.0
-#: refused attempts waiting to be written; more are counted and logged, not stored
+#: refused attempts waiting to be written; more are counted, not stored one by one
 MAX_QUEUED_REFUSALS = 2000
+#: refused attempts recorded one by one, per second and process, and the burst allowed above that rate
+REFUSAL_RATE_PER_S = 20.0
+REFUSAL_BURST = 200.0
+#: how often a row sums up the refused attempts that were over the rate
+DROPPED_SUMMARY_S = 1.0
 #: refused attempts written per statement
 REFUSAL_BATCH = 500
 #: longest target (request JSON) and detail (status message) kept
@@ -243,8 +251,11 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):
         self.authenticator = authenticator
         self._refusals: list[AuditEvent] = []
         self._writer: asyncio.Task[None] | None = None
-        #: refused attempts not stored because the queue was full (since the last warning)
+        #: refused attempts not stored one by one (over the rate, or the queue full) since the last summary row
         self.dropped_refusals = 0
+        self._tokens = REFUSAL_BURST
+        self._refilled = time.monotonic()
+        self._summary_due = False
         #: events whose write failed (since start)
         self.failed_writes = 0
 
@@ -267,7 +278,8 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):
             return wrap_handler(handler, lambda b, s: self._wrap(b, s, "refused", method, caller))
         if operator_only:
             return wrap_handler(handler, lambda b, s: self._wrap(b, s, "operator", method, principal))
-        if principal.is_operator:  # may touch other callers' data: listen for cross_tenant()
+        if principal.is_operator and Role.CLIENT in METHOD_ROLES[method]:
+            # an operator calling a client method may touch other callers' data: listen for cross_tenant()
             return wrap_handler(handler, lambda b, s: self._wrap(b, s, None, method, principal))
         return handler
 
@@ -349,22 +361,43 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):
 
     # --- refused attempts: bounded queue, one writer, batched -------------------------------------------
     def _queue_refusals(self, events: Sequence[AuditEvent]) -> None:
+        now = time.monotonic()
+        self._tokens = min(REFUSAL_BURST, self._tokens + (now - self._refilled) * REFUSAL_RATE_PER_S)
+        self._refilled = now
+        loop = asyncio.get_running_loop()
         for event in events:
-            if len(self._refusals) >= MAX_QUEUED_REFUSALS:
-                self.dropped_refusals += 1
-            else:
+            if self._tokens >= 1 and len(self._refusals) < MAX_QUEUED_REFUSALS:
+                self._tokens -= 1
                 self._refusals.append(event)
-        if self._writer is None or self._writer.done():
+            else:
+                self.dropped_refusals += 1
+                if not self._summary_due:
+                    self._summary_due = True
+                    loop.call_later(DROPPED_SUMMARY_S, self._summarize_dropped)
+        self._start_writer()
+
+    def _start_writer(self) -> None:
+        if self._refusals and (self._writer is None or self._writer.done()):
             self._writer = asyncio.get_running_loop().create_task(self._write_refusals())
+
+    def _summarize_dropped(self) -> None:
+        """One row for the refused attempts over the rate since the last one (and a warning)."""
+        self._summary_due = False
+        dropped, self.dropped_refusals = self.dropped_refusals, 0
+        if not dropped:
+            return
+        log.warning("%d refused attempts at operator RPCs were not recorded one by one (over %.0f/s)", dropped,
+                    REFUSAL_RATE_PER_S)
+        self._refusals.append(AuditEvent(
+            kind="refused", principal="", roles=(), method="*", outcome="DROPPED", target=f"{dropped} attempts",
+            detail=f"{dropped} refused attempts at operator RPCs in the last {DROPPED_SUMMARY_S:.0f} s were not "
+                   f"recorded one by one (more than {REFUSAL_RATE_PER_S:.0f}/s)"))
+        self._start_writer()
 
     async def _write_refusals(self) -> None:
         while self._refusals:
             batch, self._refusals = self._refusals[:REFUSAL_BATCH], self._refusals[REFUSAL_BATCH:]
             await self.write(batch)
-        if self.dropped_refusals:
-            log.warning("%d refused attempts at operator RPCs were not recorded (audit queue full)",
-                        self.dropped_refusals)
-            self.dropped_refusals = 0
 
     async def flush(self) -> None:
         """Waits until the refused attempts queued so far are written (tests, shutdown)."""

@@ -344,3 +344,35 @@ def test_a_request_is_described_as_compact_sorted_json_and_truncated() -> None:
     assert len(described) == MAX_TARGET_CHARS
     assert describe_request(scheduler_pb2.GetWatermarkRequest()) == ""
     assert describe_request(iter(())) == ""
+
+
+async def test_a_flood_of_refused_attempts_is_rate_limited_and_summed_up(stack: SecureStack) -> None:
+    # When a caller without a credential hammers an operator RPC
+    async with grpc.aio.insecure_channel(stack.addresses["scheduler"]) as ch:
+        stub = scheduler_pb2_grpc.SchedulerServiceStub(ch)
+
+        async def attempt() -> grpc.StatusCode:
+            try:
+                await stub.GetWatermark(scheduler_pb2.GetWatermarkRequest(), timeout=10)
+            except grpc.aio.AioRpcError as exc:
+                return exc.code()
+            return grpc.StatusCode.OK
+
+        codes = await asyncio.gather(*(attempt() for _ in range(500)))
+    assert set(codes) == {grpc.StatusCode.UNAUTHENTICATED}
+
+    # Then every attempt is accounted for: one row each up to the burst, the rest counted in summary rows
+    async def accounted() -> int:
+        found = await rows(stack.pg, "kind = 'refused'")
+        return sum(1 if r["outcome"] != "DROPPED" else int(r["target"].split()[0]) for r in found)
+
+    async def all_accounted() -> bool:
+        return await accounted() >= 500
+
+    await eventually(all_accounted, 15, "refused attempts not accounted for")
+    found = await rows(stack.pg, "kind = 'refused'")
+    single = [r for r in found if r["outcome"] == "UNAUTHENTICATED"]
+    summaries = [r for r in found if r["outcome"] == "DROPPED"]
+    assert await accounted() == 500
+    assert 200 <= len(single) < 500 and summaries
+    assert all(r["method"] == "*" and r["principal"] == "" for r in summaries)
