@@ -8,7 +8,8 @@ OCR goes to GPU workers first. When no GPU worker is alive, what happens depends
   device's OCR tasks wait, with exponential delays, and are dead-lettered after max_attempts defers), `cpu`
   (CPU workers that take OCR run it) or `dead_letter`.
 - No GPU worker seen recently (a fleet without GPUs, or one whose GPUs have been gone longer than the window):
-  CPU workers that take OCR run it, as the ordinary route; with none, the OCR tasks wait as for `defer`.
+  CPU workers that take OCR run it, as the ordinary route. With no CPU worker taking OCR either, nobody can run
+  it, and the strategy decides as above.
 
 Other types go to any worker that takes them. A type nobody can run waits on its own (`Action.DEFER`:
 `QueueStore.defer_types`): the device's other types keep flowing. A type whose workers are only full for the
@@ -103,10 +104,8 @@ class Router:
         if self.gpu_alive_elsewhere:
             return Route(gpus, Action.WAIT)
         cpus = [s for s in takers if not s.gpu]
-        if not self.gpu_expected:  # a fleet without GPUs: CPU workers run OCR, nothing to note
-            if cpus:
-                return Route(cpus, Action.WAIT)
-            return Route([], Action.DEFER, "no live worker takes OCR_IMAGE")
+        if cpus and not self.gpu_expected:  # a fleet without GPUs: CPU workers run OCR, nothing to note
+            return Route(cpus, Action.WAIT)
         if self.strategy == "cpu":
             if cpus:
                 return Route(cpus, Action.WAIT, "no GPU worker alive: routed to a CPU worker (strategy cpu)")

@@ -2,8 +2,8 @@
 expected after a known workload.
 
 The workload, on the four services running as processes (per-device limit 3): three texts (one with an
-idempotency key, submitted twice), one HIGH-priority OCR image (no worker takes OCR: its device backs off,
-the task stays PENDING), one Submit with a bad MAC, and a SubmitBatch of four texts for one device (all
+idempotency key, submitted twice), one HIGH-priority OCR image (no worker takes OCR: it waits out a delay on its
+own, the task stays PENDING), one Submit with a bad MAC, and a SubmitBatch of four texts for one device (all
 four over its limit).
 """
 
@@ -109,9 +109,10 @@ async def test_every_services_metrics_parse_and_move_with_a_known_workload(clust
                     types_pb2.TASK_STATUS_SUCCEEDED:
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.05)
-    for _ in range(100):  # the OCR task's device backs off (no worker takes OCR)
+    for _ in range(100):  # the OCR task waits out a delay (no worker takes OCR), the texts' acks are in
         after = await scrape_all(cluster)
-        if value(after["scheduler"], "sieve_backoff_devices") == 1:
+        if value(after["scheduler"], "sieve_delayed_tasks") == 1 and value(after["scheduler"],
+                                                                            "sieve_leased_tasks") == 0:
             break
         await asyncio.sleep(0.1)
 
@@ -127,13 +128,14 @@ async def test_every_services_metrics_parse_and_move_with_a_known_workload(clust
     assert delta("intake", "sieve_grpc_server_handled_total", grpc_method=submit, grpc_code="OK") == 5
     assert delta("intake", "sieve_grpc_server_handled_total", grpc_method=submit, grpc_code="INVALID_ARGUMENT") == 1
     assert delta("intake", "sieve_grpc_server_handling_seconds_count", grpc_method=submit) == 6
-    # the scheduler dispatched the 3 texts, holds the image as PENDING HIGH OCR_IMAGE, its device backed off
+    # the scheduler dispatched the 3 texts, holds the image as PENDING HIGH OCR_IMAGE, waiting on its own
     assert delta("scheduler", "sieve_dispatched_tasks_total") == 3
     assert delta("scheduler", "sieve_dispatch_batch_size_sum") == 3
     assert delta("scheduler", "sieve_queue_wait_seconds_count", priority="NORMAL") == 3
     assert value(after["scheduler"], "sieve_pending_tasks", priority="HIGH", type="OCR_IMAGE") == 1
     assert value(after["scheduler"], "sieve_pending_tasks", type="TEXT") == 0
-    assert value(after["scheduler"], "sieve_backoff_devices") == 1
+    assert value(after["scheduler"], "sieve_delayed_tasks") == 1
+    assert value(after["scheduler"], "sieve_backoff_devices") == 0
     assert value(after["scheduler"], "sieve_scheduler_connected_workers") == 2
     assert value(after["scheduler"], "sieve_leased_tasks") == 0
     assert delta("scheduler", "sieve_fencing_refusals_total") == 0
@@ -154,8 +156,12 @@ async def test_every_services_metrics_parse_and_move_with_a_known_workload(clust
         assert value(samples, "sieve_worker_connected") == 1
         assert 0 <= value(samples, "sieve_worker_utilisation_ratio") <= 1
         assert {ls for n, ls in samples if n == "sieve_worker_resource_percent"} == {
-            frozenset({("resource", r)}) for r in ("cpu", "memory", "gpu_memory", "gpu_util")}
+            frozenset({("resource", r)}) for r in ("cpu", "cpu_own", "memory", "gpu_memory", "gpu_memory_own",
+                                                  "gpu_util")}
         assert has(samples, "sieve_worker_credits") and has(samples, "sieve_worker_over_watermark")
+        assert {ls for n, ls in samples if n == "sieve_worker_held_back_seconds_total"} == {
+            frozenset({("resource", r)}) for r in ("cpu", "memory", "gpu_memory")}
+        assert has(samples, "sieve_worker_pressure_put_back_tasks_total")
     # and the registry lists both workers as TEXT workers
     assert value(after["registry"], "sieve_registry_workers", task_type="TEXT") == 2
     assert has(after["registry"], "sieve_registry_resource_percent")

@@ -1,6 +1,6 @@
 """Resource-aware dispatch with real worker processes whose readings are fixed through a file
-(SIEVE_FIXED_RESOURCES=file:...): backpressure, recovery within a heartbeat, execution-time nacks, and
-a worker that stops heartbeating."""
+(SIEVE_FIXED_RESOURCES=file:...): backpressure, recovery within a heartbeat, a hot worker withdrawing its
+credits (and saying so in its metrics), and a worker that stops heartbeating."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import asyncio
 import os
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 import asyncpg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from sieve import rpc
@@ -36,7 +38,9 @@ async def start_core(c: Cluster) -> None:
 
 async def start_worker(c: Cluster, name: str, readings: Path) -> None:
     port = free_port()
+    c.metrics[name] = f"127.0.0.1:{free_port()}"
     c.start(name, "worker_svc", SIEVE_WORKER_ID=name, SIEVE_WORKER_HEALTH_ADDR=f"127.0.0.1:{port}",
+            SIEVE_WORKER_METRICS_ADDR=c.metrics[name],
             SIEVE_FIXED_RESOURCES=f"file:{readings}", SIEVE_TEST_HOOKS="true")
     await c.wait_healthy(f"127.0.0.1:{port}", name)
 
@@ -96,7 +100,7 @@ async def test_a_worker_over_its_memory_watermark_gets_nothing_until_it_drops_be
     assert "worker-hot" in set(await workers_of(pg, await submit(c, 400, "second")))
 
 
-async def test_a_task_received_over_the_watermark_is_nacked_and_done_later_by_another_worker(
+async def test_a_worker_that_gets_hot_withdraws_its_credits_and_another_worker_does_the_work(
         cluster_env: Cluster, pg: asyncpg.Pool, redis: Redis, tmp_path: Path) -> None:
     c = cluster_env
     await start_core(c)
@@ -106,18 +110,35 @@ async def test_a_task_received_over_the_watermark_is_nacked_and_done_later_by_an
     await asyncio.sleep(0.5)
     first.write_text("cpu=10,memory=95,gpu_memory=0")
     await asyncio.sleep(0.6)
-    # When tasks arrive, it still receives them (credits already given) but nacks them
-    ids = await submit(c, 5, "nacked")
+    # When tasks arrive, they wait in their queues: the hot worker withdrew its credits (nothing handed out to
+    # it, nothing to put back)
+    ids = await submit(c, 5, "waiting")
     queues = QueueStore(redis, c.settings)
-    deadline = time.monotonic() + 5
-    while await redis.zcard(queues.keys.delayed) < 5:
-        assert time.monotonic() < deadline, "the hot worker did not nack"
-        await asyncio.sleep(0.05)
-    # Then another worker does them after the retry delay, and the attempt did not count
+    await asyncio.sleep(1.0)
+    assert await queues.pending() == 5
+    assert await redis.zcard(queues.keys.leases) == 0
+    # Then another worker does them, and no attempt was counted against them
     await start_worker(c, "worker-b", readings(tmp_path, "second", 20))
     assert set(await workers_of(pg, ids)) == {"worker-b"}
     assert {r["attempts"] for r in await pg.fetch("SELECT attempts FROM tasks WHERE id = ANY($1::uuid[])", ids)} \
         == {1}
+    # And the hot worker's metrics say it holds back for memory (and for how long)
+    metrics = await scrape(c.metrics["worker-a"])
+    assert metrics['sieve_worker_held_back{resource="memory"}'] == 1
+    assert metrics['sieve_worker_held_back_seconds_total{resource="memory"}'] >= 1.0
+
+
+async def scrape(address: str) -> dict[str, float]:
+    def read() -> str:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as reply:
+            return reply.read().decode()
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(await asyncio.to_thread(read)):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return out
 
 
 async def test_a_worker_that_stops_heartbeating_is_dropped_and_its_tasks_are_done_by_another(
