@@ -1,13 +1,15 @@
-"""The IntakeService RPCs: Submit, SubmitBatch, GetTask, CancelTask.
+"""The IntakeService RPCs: Submit, SubmitBatch, GetTask, CancelTask; for operators AssignDevice, GetDeviceOwner.
 
 Only this module turns Sieve's errors into gRPC statuses: InvalidInput -> INVALID_ARGUMENT naming the
-field, a refusal -> RESOURCE_EXHAUSTED with RetryInfo, an unknown task -> NOT_FOUND, PostgreSQL or Redis
-unreachable -> UNAVAILABLE.
+field, a limit -> RESOURCE_EXHAUSTED with RetryInfo, what the caller may not do (a priority it is not
+entitled to, another caller's device) -> PERMISSION_DENIED with an ErrorInfo, an unknown task -> NOT_FOUND,
+PostgreSQL or Redis unreachable -> UNAVAILABLE.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TypeVar
@@ -18,6 +20,8 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from intake_svc.caller_limits import permission_denied
+from intake_svc.ownership import Owner
 from intake_svc.submission import Accepted, Refused, Submitter
 from intake_svc.task_view import new_task_message, task_message
 from intake_svc.validation import parse_task_id, validate_batch, validate_spec
@@ -25,6 +29,7 @@ from sieve import audit, rpc
 from sieve.auth import Principal, current_principal
 from sieve.db.tasks import TaskStore
 from sieve.errors import InvalidInput, RedisNotReady
+from sieve.mac import normalize_mac
 from sieve.queue_store import QueueStore
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
@@ -71,7 +76,7 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
             if not request.HasField("task"):
                 raise InvalidInput("task", "is required")
             task = validate_spec(request.task, "task", current_principal.get().name, self.settings)
-            (decision,) = await self.submitter.submit([task])
+            (decision,) = await self.submitter.submit([task], current_principal.get(), ["task"])
             if isinstance(decision, Refused):
                 return decision
             # a new task is answered from what was recorded; only an earlier one is read back
@@ -80,6 +85,9 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
             return intake_pb2.SubmitResponse(task=view, deduplicated=decision.deduplicated)
 
         outcome = await self._guard(context, run)
+        if isinstance(outcome, Refused) and outcome.code == grpc.StatusCode.PERMISSION_DENIED:
+            await rpc.abort(context, permission_denied(outcome.message, outcome.error_reason,
+                                                       **dict(outcome.error_metadata)))
         if isinstance(outcome, Refused):
             await rpc.abort(context, rpc.resource_exhausted(outcome.message, outcome.retry_after_s))
         assert isinstance(outcome, intake_pb2.SubmitResponse)
@@ -89,7 +97,8 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
                           context: grpc.aio.ServicerContext) -> intake_pb2.SubmitBatchResponse:
         async def run() -> intake_pb2.SubmitBatchResponse:
             batch = validate_batch(request, current_principal.get().name, self.settings)
-            decisions = await self.submitter.submit(batch)
+            decisions = await self.submitter.submit(batch, current_principal.get(),
+                                                    [f"tasks[{i}]" for i in range(len(batch))])
             items = []
             stamps: dict[datetime, timestamp_pb2.Timestamp] = {}
             for task, decision in zip(batch, decisions, strict=True):
@@ -100,9 +109,11 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
                         task=types_pb2.Task(task_id=str(decision.task_id), device_id=task.device,
                                             type=task.task_type, priority=task.priority),
                         deduplicated=True))
+                elif decision.code == grpc.StatusCode.PERMISSION_DENIED:
+                    items.append(intake_pb2.SubmitBatchItem(code=decision.code.value[0], message=decision.message))
                 else:
                     retry = duration_pb2.Duration()
-                    retry.FromMilliseconds(int(decision.retry_after_s * 1000))
+                    retry.FromMilliseconds(math.ceil(decision.retry_after_s * 1000))
                     items.append(intake_pb2.SubmitBatchItem(
                         code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], message=decision.message,
                         retry_after=retry))
@@ -139,3 +150,46 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
             await rpc.abort(context, rpc.plain_status(grpc.StatusCode.NOT_FOUND,
                                                       f"no task {request.task_id}"))
         return intake_pb2.CancelTaskResponse(task=view)
+
+    # --- device ownership (operators) ----------------------------------------------------------------
+    async def AssignDevice(self, request: intake_pb2.AssignDeviceRequest,
+                           context: grpc.aio.ServicerContext) -> intake_pb2.AssignDeviceResponse:
+        async def run() -> intake_pb2.AssignDeviceResponse:
+            device = _device(request.device_id)
+            caller = request.caller.strip()
+            if not caller or len(caller) > 128 or not caller.isprintable() or set("/:,") & set(caller):
+                raise InvalidInput("caller", "must be a credential name (1..128 printable characters, none of / : ,)")
+            owner, previous = await self.submitter.ownership.assign(device, caller, current_principal.get().name)
+            log.info("device %s assigned to %s (was %s)", device, caller, previous or "nobody",
+                     extra={"device": device})
+            return intake_pb2.AssignDeviceResponse(owner=_owner_message(owner), previous_caller=previous or "")
+
+        return await self._guard(context, run)
+
+    async def GetDeviceOwner(self, request: intake_pb2.GetDeviceOwnerRequest,
+                             context: grpc.aio.ServicerContext) -> intake_pb2.GetDeviceOwnerResponse:
+        async def run() -> Owner | None:
+            return await self.submitter.ownership.owner(_device(request.device_id))
+
+        owner = await self._guard(context, run)
+        if owner is None:
+            await rpc.abort(context, rpc.plain_status(grpc.StatusCode.NOT_FOUND,
+                                                      f"nobody owns device {request.device_id!r} yet"))
+        assert owner is not None
+        return intake_pb2.GetDeviceOwnerResponse(owner=_owner_message(owner))
+
+
+def _device(raw: str) -> str:
+    try:
+        if len(raw) > 64:
+            raise ValueError(raw)
+        return normalize_mac(raw)
+    except ValueError:
+        raise InvalidInput("device_id", f"{raw[:40]!r} is not a MAC address") from None
+
+
+def _owner_message(owner: Owner) -> intake_pb2.DeviceOwner:
+    message = intake_pb2.DeviceOwner(device_id=owner.device, caller=owner.caller, assigned_by=owner.assigned_by or "")
+    if owner.since is not None:
+        message.since.FromDatetime(owner.since)
+    return message

@@ -1,8 +1,10 @@
-"""Accepting tasks: admission check, the task row in PostgreSQL first, then the Redis enqueue.
+"""Accepting tasks: the caller's own limits, admission check, the task row in PostgreSQL first, then the enqueue.
 
-A task is accepted only once both are done. If the enqueue is refused (a limit was reached meanwhile)
-or fails, the row is withdrawn, so nothing is left half-accepted; a repeated idempotency key returns the
-first task without queueing anything again.
+First what the caller may do (`caller_limits.py`: priorities, submit rate, device ownership; each refused task
+changes nothing), then the cheap admission check (global, caller quota, device). A task is accepted only once
+its row and its queue entry are both written. If the enqueue is refused (a limit was reached meanwhile) or
+fails, the row is withdrawn, so nothing is left half-accepted; a repeated idempotency key returns the first
+task without queueing anything again.
 """
 
 from __future__ import annotations
@@ -11,10 +13,17 @@ import logging
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import grpc
+
 from intake_svc.admission import RetryAdvisor
+from intake_svc.caller_limits import CallerLimits, priority_name
 from intake_svc.observe import count_decisions, enqueue_span, stamp_trace
+from intake_svc.ownership import DeviceOwners, Ownership
+from sieve.auth import Principal, current_principal
+from sieve.caller_policy import CallerPolicy
 from sieve.db.tasks import NewTask, TaskStore
 from sieve.entry import Entry
 from sieve.errors import AdmissionRefused, ScriptCode
@@ -35,6 +44,11 @@ class Refused:
     reason: str
     message: str
     retry_after_s: float
+    #: RESOURCE_EXHAUSTED (a limit: retry after retry_after_s) or PERMISSION_DENIED (not this caller's to do)
+    code: grpc.StatusCode = grpc.StatusCode.RESOURCE_EXHAUSTED
+    #: ErrorInfo of a PERMISSION_DENIED: its reason and metadata (the field, or the device)
+    error_reason: str = ""
+    error_metadata: tuple[tuple[str, str], ...] = ()
 
 
 Decision = Accepted | Refused
@@ -42,36 +56,100 @@ Decision = Accepted | Refused
 
 def _entry(task: NewTask, enqueued_ms: int) -> Entry:
     return Entry(str(task.task_id), task.task_type, task.priority, enqueued_ms,
-                 int(task.expires_at.timestamp() * 1000), trace=task.trace_context or "")
+                 int(task.expires_at.timestamp() * 1000), trace=task.trace_context or "", caller=task.caller)
 
 
 class Submitter:
     """Admits, records and enqueues validated tasks; one instance per intake process."""
 
-    def __init__(self, tasks: TaskStore, queues: QueueStore, settings: Settings) -> None:
+    def __init__(self, tasks: TaskStore, queues: QueueStore, settings: Settings,
+                 ownership: Ownership | None = None) -> None:
         self.tasks = tasks
         self.queues = queues
         self.settings = settings
         #: retry delays of refusals (the global one from the measured drain rate)
         self.retry = RetryAdvisor(queues, settings)
+        #: what each caller may do: priorities, submit rate, pending quota
+        self.limits = CallerLimits(queues, settings, self.retry)
+        #: who owns which device
+        self.ownership = ownership or Ownership(DeviceOwners(tasks.pool), settings.device_owner_refresh_s)
 
-    async def submit(self, batch: list[NewTask]) -> list[Decision]:
-        """Decides every task of the batch, in order. Raises when PostgreSQL or Redis is unreachable
-        (then nothing of the batch was accepted)."""
+    def _entitled(self, batch: list[NewTask], principal: Principal, policy: CallerPolicy, fields: Sequence[str],
+                  decisions: list[Decision | None]) -> list[int]:
+        """Refuses the tasks of a priority this caller is not entitled to; returns the others' indexes."""
+        allowed: list[int] = []
+        for i, t in enumerate(batch):
+            if policy.may_use(t.priority):
+                allowed.append(i)
+                continue
+            field = f"{fields[i]}.priority"
+            decisions[i] = Refused(
+                "priority", f"{field}: {priority_name(t.priority)} is an entitlement caller {principal.name!r} does "
+                "not have", 0.0, grpc.StatusCode.PERMISSION_DENIED, "PRIORITY_NOT_ENTITLED",
+                (("field", field), ("priority", priority_name(t.priority))))
+        return allowed
+
+    async def _owned(self, batch: list[NewTask], principal: Principal, allowed: list[int],
+                     decisions: list[Decision | None]) -> list[int]:
+        """Refuses the tasks for devices another caller owns (claiming unowned ones); returns the others."""
+        if not allowed or not self.limits.claims_devices(principal):
+            return allowed
+        owners = await self.ownership.owners(sorted({batch[i].device for i in allowed}), principal.name)
+        mine = []
+        for i in allowed:
+            device = batch[i].device
+            if owners[device] == principal.name:
+                mine.append(i)
+            else:  # the device is named, its owner never is
+                decisions[i] = Refused("not_owner", f"device {device} belongs to another caller", 0.0,
+                                       grpc.StatusCode.PERMISSION_DENIED, "DEVICE_NOT_OWNED", (("device", device),))
+        return mine
+
+    async def submit(self, batch: list[NewTask], principal: Principal | None = None,
+                     fields: Sequence[str] | None = None) -> list[Decision]:
+        """Decides every task of the batch, in order, for `principal` (default: the RPC's caller); `fields` name
+        each task in refusals ("task", "tasks[3]"). Raises when PostgreSQL or Redis is unreachable (then nothing
+        of the batch was accepted)."""
+        principal = principal or current_principal.get()
+        fields = fields or [f"tasks[{i}]" for i in range(len(batch))]
         batch = stamp_trace(batch)  # the Submit's trace goes with each task (row and queue entry)
         decisions: list[Decision | None] = [None] * len(batch)
+        policy = self.limits.policy_of(principal)
 
-        # 1. cheap check before writing anything: refuse devices (or all) that are already full
-        devices = sorted({t.device for t in batch})
-        pending, backlogs = await self.queues.admission_snapshot(devices)
+        # 0. priorities this caller may not use
+        allowed = self._entitled(batch, principal, policy, fields, decisions)
+
+        # 1. one round trip: the caller's submit tokens, and the counters of a cheap check before writing anything
+        devices = sorted({batch[i].device for i in allowed})
+        counted = principal.name if policy.max_pending is not None else ""
+        take = self.limits.token_take(principal.name, policy, len(allowed))
+        pending, backlogs, caller_open, granted, wait_s = await self.queues.admission_view(devices, counted, take)
+        if take is not None:
+            for i in allowed[granted:]:
+                decisions[i] = Refused(
+                    "caller_rate", f"caller {principal.name!r} is over its submit rate ({policy.rate_per_s:g} "
+                    f"tasks/s, burst {policy.burst}); retry in {wait_s:.3f}s", wait_s + 0.001)
+            allowed = allowed[:granted]
+
+        # 2. devices of other callers
+        candidates = await self._owned(batch, principal, allowed, decisions)
+
+        # 3. refuse devices (or all) that are already full, and a caller at its quota
         incoming: dict[str, int] = defaultdict(int)
-        for t in batch:
-            incoming[t.device] += 1
+        for i in candidates:
+            incoming[batch[i].device] += 1
         admitted: list[int] = []
-        for i, t in enumerate(batch):
-            if pending + len(batch) > self.settings.max_total_pending:
+        quota = self.limits.quota(policy)
+        over_quota: Refused | None = None  # one answer for every task of the batch
+        for i in candidates:
+            t = batch[i]
+            if pending + len(candidates) > self.settings.max_total_pending:
                 full = AdmissionRefused(ScriptCode.GLOBAL_LIMIT, 0, pending)
-                decisions[i] = await self._refusal(full, t, len(batch))
+                decisions[i] = await self._refusal(full, t, len(candidates))
+            elif caller_open + len(candidates) > quota:
+                over = AdmissionRefused(ScriptCode.CALLER_LIMIT, backlogs[t.device], pending, caller_open)
+                over_quota = over_quota or await self._refusal(over, t, len(candidates), principal)
+                decisions[i] = over_quota
             elif backlogs[t.device] + incoming[t.device] > self.settings.max_per_device_pending:
                 refusal = AdmissionRefused(ScriptCode.DEVICE_LIMIT, backlogs[t.device], pending)
                 decisions[i] = await self._refusal(refusal, t, incoming[t.device])
@@ -95,7 +173,7 @@ class Submitter:
             groups = {mac: [_entry(batch[i], now_ms) for i in idx] for mac, idx in fresh.items()}
             try:
                 with enqueue_span(groups):
-                    results = await self.queues.enqueue_many(groups, now=now_ms)
+                    results = await self.queues.enqueue_many(groups, now=now_ms, caller_limit=quota)
             except Exception:
                 await self._withdraw([batch[i].task_id for idx in fresh.values() for i in idx])
                 raise
@@ -105,7 +183,7 @@ class Submitter:
                 if isinstance(outcome, AdmissionRefused):
                     withdrawn += [batch[i].task_id for i in idx]
                     for i in idx:
-                        decisions[i] = await self._refusal(outcome, batch[i], len(idx))
+                        decisions[i] = await self._refusal(outcome, batch[i], len(idx), principal)
                 else:
                     for i in idx:
                         decisions[i] = Accepted(batch[i].task_id, deduplicated=False)
@@ -113,7 +191,13 @@ class Submitter:
                 await self._withdraw(withdrawn)
         return count_decisions([d for d in decisions if d is not None])
 
-    async def _refusal(self, refusal: AdmissionRefused, task: NewTask, incoming: int) -> Refused:
+    async def _refusal(self, refusal: AdmissionRefused, task: NewTask, incoming: int,
+                       principal: Principal | None = None) -> Refused:
+        if refusal.code is ScriptCode.CALLER_LIMIT:  # the caller's own quota: its devices are not overloaded
+            policy = self.limits.policy_of(principal or current_principal.get())
+            delay = await self.limits.quota_retry_after_s(refusal.caller_open, incoming, policy)
+            return Refused("caller_limit", f"caller {task.caller!r} is at its pending limit ({policy.max_pending} "
+                           f"tasks accepted and not final); retry in {delay:.1f}s", delay)
         meta: dict[str, str] = {}
         if not refusal.is_global:
             await self.queues.mark_overloaded(task.device)

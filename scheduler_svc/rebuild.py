@@ -3,9 +3,10 @@
 Redis holds a generation key while its queues match PostgreSQL. Intake refuses to enqueue without it
 (UNAVAILABLE: clients retry), so a Redis that lost its memory takes no half-state. One scheduler replica
 takes the rebuild lock and re-queues every unfinished task in the order it entered its queue, with its
-attempt counts and lease numbers (so fencing still tells old hand-outs from new ones), refills the
-dead-letter list, and writes a new generation. Tasks that were running are queued again: their workers'
-late results or acks are refused if the new hand-out overtook them.
+attempt counts and lease numbers (so fencing still tells old hand-outs from new ones) and their callers (so
+that each caller's count of open tasks, which its pending quota is checked against, is rebuilt by the same
+enqueue), refills the dead-letter list, and writes a new generation. Tasks that were running are queued again:
+their workers' late results or acks are refused if the new hand-out overtook them.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ class Rebuilder:
             for r in rows:
                 groups[r["device"]].append(Entry(
                     str(r["id"]), type_value(r["type"]), r["priority"], _ms(r["enqueued_at"]), _ms(r["expires_at"]),
-                    attempt=r["lease"], failures=max(0, r["attempts"] - 1), trace=r["trace_context"] or ""))
+                    attempt=r["lease"], failures=max(0, r["attempts"] - 1), trace=r["trace_context"] or "",
+                    caller=r["caller"]))
             await self.queues.enqueue_many(dict(groups), admit=False, rebuilding=True)
             queued += len(rows)
         dead = await self.tasks.recent_dead_letters(self.queues.settings.dead_letter_keep)

@@ -102,7 +102,8 @@ def _methods(service: Any, roles: frozenset[Role], **exceptions: frozenset[Role]
 
 #: every method of every Sieve service -> the roles that may call it
 METHOD_ROLES: dict[str, frozenset[Role]] = {
-    **_methods(intake_pb2.DESCRIPTOR.services_by_name["IntakeService"], _CLIENT),
+    **_methods(intake_pb2.DESCRIPTOR.services_by_name["IntakeService"], _CLIENT,
+               AssignDevice=_OPERATOR, GetDeviceOwner=_OPERATOR),
     **_methods(scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"], _OPERATOR, Pull=_WORKER),
     **_methods(registry_pb2.DESCRIPTOR.services_by_name["RegistryService"], _WORKER, ListWorkers=_OPERATOR),
 }

@@ -57,6 +57,16 @@ class Popped:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenTake:
+    """Submit tokens to take from a caller's token bucket (takeTokens)."""
+
+    caller: str
+    wanted: int
+    rate_per_s: float
+    burst: int
+
+
+@dataclass(frozen=True, slots=True)
 class Requeued:
     requeued: int
     dead_letters: list[dict[str, Any]]
@@ -132,11 +142,12 @@ class QueueStore:
         return dk.block, dk.lock
 
     # --- enqueue ----------------------------------------------------------------------------------
-    async def enqueue(self, mac: str, entries: list[Entry], *, now: float | None = None) -> tuple[int, int]:
+    async def enqueue(self, mac: str, entries: list[Entry], *, now: float | None = None,
+                      caller_limit: int = NO_LIMIT) -> tuple[int, int]:
         """Queues a device's tasks; returns (device backlog, global pending) or raises AdmissionRefused."""
         if not entries:
             raise ValueError("nothing to enqueue")
-        outcome = (await self.enqueue_many({mac: entries}, now=now))[mac]
+        outcome = (await self.enqueue_many({mac: entries}, now=now, caller_limit=caller_limit))[mac]
         if isinstance(outcome, AdmissionRefused):
             raise outcome
         return outcome
@@ -168,19 +179,37 @@ class QueueStore:
 
     async def admission_snapshot(self, devices: list[str]) -> tuple[int, dict[str, int]]:
         """Global pending and each device's backlog, in one round trip (a cheap check before writing)."""
-        pending, backlogs, _ = await self.admission_view(devices, "")
+        pending, backlogs, *_ = await self.admission_view(devices, "")
         return pending, backlogs
 
-    async def admission_view(self, devices: list[str], caller: str) -> tuple[int, dict[str, int], int]:
-        """Global pending, each device's backlog and the caller's open tasks ("": none), in one round trip."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.get(self.keys.pending)
-            pipe.hget(self.keys.caller_open, caller)
-            for mac in devices:
-                pipe.hget(self.keys.meta(mac), "backlog")
-            values = await pipe.execute()
+    async def admission_view(self, devices: list[str], caller: str,
+                             take: TokenTake | None = None) -> tuple[int, dict[str, int], int, int, float]:
+        """Global pending, each device's backlog and the caller's open tasks ("": none) — and with `take`, the
+        submit tokens taken from a caller's bucket (granted, seconds until the rest is back; else 0, 0) — in one
+        round trip."""
+        for attempt in (1, 2):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                if take is not None:
+                    pipe.evalsha(self._scripts["takeTokens"].sha, 1, self.keys.submit_bucket(take.caller), "",
+                                 take.rate_per_s, take.burst, take.wanted)
+                pipe.get(self.keys.pending)
+                pipe.hget(self.keys.caller_open, caller)
+                for mac in devices:
+                    pipe.hget(self.keys.meta(mac), "backlog")
+                values = await pipe.execute(raise_on_error=False)
+            if attempt == 1 and take is not None and isinstance(values[0], NoScriptError):
+                await self.redis.script_load(self._scripts["takeTokens"].script)
+                continue
+            for value in values:
+                if isinstance(value, Exception):
+                    raise value
+            break
+        granted, wait_s = 0, 0.0
+        if take is not None:
+            (granted, wait_ms), values = values[0], values[1:]
+            granted, wait_s = int(granted), int(wait_ms) / 1000
         backlogs = {m: int(v or 0) for m, v in zip(devices, values[2:], strict=True)}
-        return int(values[0] or 0), backlogs, int(values[1] or 0) if caller else 0
+        return int(values[0] or 0), backlogs, int(values[1] or 0) if caller else 0, granted, wait_s
 
     async def caller_open(self, callers: list[str] | None = None) -> dict[str, int]:
         """Open tasks (queued, leased or delayed) per caller: of `callers`, or of every caller that has some."""

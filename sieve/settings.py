@@ -90,6 +90,21 @@ class Settings:
     #: be free at the measured drain rate (intake_svc/admission.py), jittered, never longer than this.
     retry_after_s: float = 30.0
 
+    # --- tenants: per-caller limits and entitlements (sieve/caller_policy.py; README "Tenants") ---------------
+    #: Tasks one caller may have open (accepted, not final); 0: caller_max_pending_fraction x max_total_pending,
+    #: so that no single caller can fill the global limit alone. Operators have no quota by default.
+    caller_max_pending: int = 0
+    caller_max_pending_fraction: float = 0.8
+    #: Each caller's submit token bucket (one token per task): refill per second (0: no rate limit), and size.
+    caller_submit_rate_per_s: float = 10000.0
+    caller_submit_burst: int = 20000
+    #: Per-caller overrides and entitlements: "name:max_pending=N,rate_per_s=R,burst=B,priorities=HIGH|CRITICAL;
+    #: name:..." (every key optional; HIGH and CRITICAL need an entitlement). See sieve/caller_policy.py.
+    caller_policies: str = ""
+    #: A device belongs to the caller that first submitted for it; each intake replica reads re-assignments
+    #: (AssignDevice) from PostgreSQL at least this often.
+    device_owner_refresh_s: float = 1.0
+
     # --- scheduling -------------------------------------------------------------------------------
     #: Aging: score = min(wait, aging_max_wait_s) x weight.
     aging_max_wait_s: float = 600.0
@@ -197,6 +212,7 @@ class Settings:
         for name in positive:
             if getattr(self, name) < 1:
                 raise SettingsError(f"{ENV_PREFIX}{name.upper()} must be at least 1")
+        self._validate_tenants()
         if self.min_batch_size > self.batch_size:
             raise SettingsError("SIEVE_MIN_BATCH_SIZE must not exceed SIEVE_BATCH_SIZE")
         if self.no_gpu_strategy not in ("defer", "cpu", "dead_letter"):
@@ -219,6 +235,24 @@ class Settings:
             if getattr(self, hook) and not self.test_hooks:
                 raise SettingsError(f"{ENV_PREFIX}{hook.upper()} is a test-only hook: it needs "
                                     f"{ENV_PREFIX}TEST_HOOKS=true")
+
+    def _validate_tenants(self) -> None:
+        if self.caller_max_pending < 0:
+            raise SettingsError("SIEVE_CALLER_MAX_PENDING must be 0 (a fraction of the global limit) or more")
+        if not 0 < self.caller_max_pending_fraction <= 1:
+            raise SettingsError("SIEVE_CALLER_MAX_PENDING_FRACTION must be in (0, 1]")
+        if not 0 <= self.caller_submit_rate_per_s < float("inf"):
+            raise SettingsError("SIEVE_CALLER_SUBMIT_RATE_PER_S must be 0 (no limit) or more")
+        if self.caller_submit_burst < 1:
+            raise SettingsError("SIEVE_CALLER_SUBMIT_BURST must be at least 1")
+        if not 0 < self.device_owner_refresh_s < float("inf"):
+            raise SettingsError("SIEVE_DEVICE_OWNER_REFRESH_S must be more than 0")
+        from sieve.caller_policy import PolicyError, parse_policies
+
+        try:
+            parse_policies(self.caller_policies)
+        except PolicyError as exc:
+            raise SettingsError(str(exc)) from None
 
     @property
     def weights_by_device(self) -> dict[str, int]:

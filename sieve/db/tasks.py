@@ -200,7 +200,7 @@ class TaskStore:
 
     async def revive(self, task_ids: Sequence[uuid.UUID], detail: str, ttl_s: float) -> list[asyncpg.Record]:
         """Dead-lettered tasks become PENDING again, keeping their id and history, with fresh attempts and
-        at least `ttl_s` to live; returns (id, device, type, priority, expires_at) of those revived."""
+        at least `ttl_s` to live; returns (id, device, type, priority, expires_at, caller) of those revived."""
         return await self.pool.fetch(
             """
             UPDATE tasks SET status = 'PENDING', attempts = 0, error = NULL, updated_at = now(),
@@ -208,7 +208,7 @@ class TaskStore:
                    history = history || jsonb_build_array(jsonb_build_object(
                        'status', 'PENDING', 'at', now(), 'attempt', 0, 'detail', $2::text))
             WHERE id = ANY($1::uuid[]) AND status = 'DEAD_LETTERED'
-            RETURNING id, device, type, priority, expires_at
+            RETURNING id, device, type, priority, expires_at, caller
             """, list(task_ids), detail, ttl_s)
 
     # --- rebuilding Redis --------------------------------------------------------------------------
@@ -216,7 +216,7 @@ class TaskStore:
         """Every unfinished task, in the order it entered its queue, in chunks (a rebuild of Redis)."""
         async with self.pool.acquire() as conn, conn.transaction():
             cursor = conn.cursor(
-                "SELECT id, device, type, priority, enqueued_at, expires_at, lease, attempts, trace_context "
+                "SELECT id, device, type, priority, enqueued_at, expires_at, lease, attempts, trace_context, caller "
                 "FROM tasks WHERE status = ANY($1::text[]) ORDER BY enqueued_at, created_at, id",
                 list(OPEN_STATUSES), prefetch=chunk)
             rows: list[asyncpg.Record] = []

@@ -1,6 +1,7 @@
 import datetime
 
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from sieve.v1 import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -93,3 +94,43 @@ class CancelTaskResponse(_message.Message):
     TASK_FIELD_NUMBER: _ClassVar[int]
     task: _types_pb2.Task
     def __init__(self, task: _Optional[_Union[_types_pb2.Task, _Mapping]] = ...) -> None: ...
+
+class DeviceOwner(_message.Message):
+    __slots__ = ("device_id", "caller", "since", "assigned_by")
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNED_BY_FIELD_NUMBER: _ClassVar[int]
+    device_id: str
+    caller: str
+    since: _timestamp_pb2.Timestamp
+    assigned_by: str
+    def __init__(self, device_id: _Optional[str] = ..., caller: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., assigned_by: _Optional[str] = ...) -> None: ...
+
+class AssignDeviceRequest(_message.Message):
+    __slots__ = ("device_id", "caller")
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    device_id: str
+    caller: str
+    def __init__(self, device_id: _Optional[str] = ..., caller: _Optional[str] = ...) -> None: ...
+
+class AssignDeviceResponse(_message.Message):
+    __slots__ = ("owner", "previous_caller")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_CALLER_FIELD_NUMBER: _ClassVar[int]
+    owner: DeviceOwner
+    previous_caller: str
+    def __init__(self, owner: _Optional[_Union[DeviceOwner, _Mapping]] = ..., previous_caller: _Optional[str] = ...) -> None: ...
+
+class GetDeviceOwnerRequest(_message.Message):
+    __slots__ = ("device_id",)
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    device_id: str
+    def __init__(self, device_id: _Optional[str] = ...) -> None: ...
+
+class GetDeviceOwnerResponse(_message.Message):
+    __slots__ = ("owner",)
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    owner: DeviceOwner
+    def __init__(self, owner: _Optional[_Union[DeviceOwner, _Mapping]] = ...) -> None: ...

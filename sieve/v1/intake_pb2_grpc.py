@@ -55,6 +55,16 @@ class IntakeServiceStub:
                 request_serializer=sieve_dot_v1_dot_intake__pb2.CancelTaskRequest.SerializeToString,
                 response_deserializer=sieve_dot_v1_dot_intake__pb2.CancelTaskResponse.FromString,
                 _registered_method=True)
+        self.AssignDevice = channel.unary_unary(
+                '/sieve.v1.IntakeService/AssignDevice',
+                request_serializer=sieve_dot_v1_dot_intake__pb2.AssignDeviceRequest.SerializeToString,
+                response_deserializer=sieve_dot_v1_dot_intake__pb2.AssignDeviceResponse.FromString,
+                _registered_method=True)
+        self.GetDeviceOwner = channel.unary_unary(
+                '/sieve.v1.IntakeService/GetDeviceOwner',
+                request_serializer=sieve_dot_v1_dot_intake__pb2.GetDeviceOwnerRequest.SerializeToString,
+                response_deserializer=sieve_dot_v1_dot_intake__pb2.GetDeviceOwnerResponse.FromString,
+                _registered_method=True)
 
 
 class IntakeServiceServicer:
@@ -89,6 +99,22 @@ class IntakeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AssignDevice(self, request, context):
+        """Operators: gives a device to a caller. A device belongs to the caller that first submitted for it; only
+        its owner (and operators) may submit for it. Takes effect on every intake replica within
+        SIEVE_DEVICE_OWNER_REFRESH_S.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetDeviceOwner(self, request, context):
+        """Operators: who owns a device. NOT_FOUND when nobody has submitted for it yet.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_IntakeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -111,6 +137,16 @@ def add_IntakeServiceServicer_to_server(servicer, server):
                     servicer.CancelTask,
                     request_deserializer=sieve_dot_v1_dot_intake__pb2.CancelTaskRequest.FromString,
                     response_serializer=sieve_dot_v1_dot_intake__pb2.CancelTaskResponse.SerializeToString,
+            ),
+            'AssignDevice': grpc.unary_unary_rpc_method_handler(
+                    servicer.AssignDevice,
+                    request_deserializer=sieve_dot_v1_dot_intake__pb2.AssignDeviceRequest.FromString,
+                    response_serializer=sieve_dot_v1_dot_intake__pb2.AssignDeviceResponse.SerializeToString,
+            ),
+            'GetDeviceOwner': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDeviceOwner,
+                    request_deserializer=sieve_dot_v1_dot_intake__pb2.GetDeviceOwnerRequest.FromString,
+                    response_serializer=sieve_dot_v1_dot_intake__pb2.GetDeviceOwnerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -222,6 +258,60 @@ class IntakeService:
             '/sieve.v1.IntakeService/CancelTask',
             sieve_dot_v1_dot_intake__pb2.CancelTaskRequest.SerializeToString,
             sieve_dot_v1_dot_intake__pb2.CancelTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AssignDevice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sieve.v1.IntakeService/AssignDevice',
+            sieve_dot_v1_dot_intake__pb2.AssignDeviceRequest.SerializeToString,
+            sieve_dot_v1_dot_intake__pb2.AssignDeviceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDeviceOwner(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sieve.v1.IntakeService/GetDeviceOwner',
+            sieve_dot_v1_dot_intake__pb2.GetDeviceOwnerRequest.SerializeToString,
+            sieve_dot_v1_dot_intake__pb2.GetDeviceOwnerResponse.FromString,
             options,
             channel_credentials,
             insecure,

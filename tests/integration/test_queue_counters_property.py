@@ -1,10 +1,13 @@
 """Property test of the device queues against the real Redis: random sequences of enqueue (some
-already expired), pop+release, typed pop with release, rank+pop, pop+defer, ack (right and stale),
-requeue (counted or not, at once or delayed), cancel (queued and leased), lease expiry, and time
-passing (resume, promotion of delayed tasks) over 3-5 devices.
+already expired, each by one of several callers or none), pop+release, typed pop with release, rank+pop,
+pop+defer, pop+defer of task types, ack (right and stale), requeue (counted or not, at once or delayed),
+cancel (queued and leased), lease expiry, and time passing (resume, promotion of delayed tasks) over 3-5
+devices.
 
 After every step: the global pending counter == the sum of queue lengths == the sum of device
-backlogs; every task is in exactly one place (queued once, leased, delayed, or finished one way);
+backlogs; each caller's open-task counter == its tasks in queues, leases and the delayed set == the model's
+accepted and not finished ones (and an enqueue over the caller limit is refused as such);
+every task is in exactly one place (queued once, leased, delayed, or finished one way);
 each device's state matches the schedule, backoff and active sets; rank names only a ready device.
 (Not checked: that an idle device has left the active set; a defer or resume that leaves a device
 idle keeps it there, see test_lua_scripts.py.)
@@ -24,7 +27,7 @@ from typing import Any
 
 import pytest
 import redis as redis_sync
-from hypothesis import HealthCheck, event, given
+from hypothesis import HealthCheck, event, example, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
@@ -39,18 +42,23 @@ T0 = 1_700_000_000_000
 S = 1000
 MACS = [f"AA:BB:CC:DD:EE:0{i}" for i in range(5)]
 MAX_TOTAL, MAX_PER_DEVICE, MAX_ATTEMPTS = 9, 5, 2
+#: open tasks one caller may have (queued, leased, delayed)
+MAX_PER_CALLER = 6
 TYPES = (1, 2)  # TEXT, OCR_IMAGE
+#: "" is a task without a caller (not counted); "x|y" checks that a name may hold the separator
+CALLERS = ("alice", "bob", "", "x|y")
 
 Op = tuple[Any, ...]
 
 dev = st.integers(0, 4)
 OPS: st.SearchStrategy[Op] = st.one_of(
     st.tuples(st.just("enqueue"), dev, st.integers(1, 4), st.sampled_from(PRIORITIES),
-              st.sampled_from([False, False, False, True]), st.sampled_from(TYPES)),
+              st.sampled_from([False, False, False, True]), st.sampled_from(TYPES), st.sampled_from(CALLERS)),
     st.tuples(st.just("serve"), dev, st.integers(1, 4)),
     st.tuples(st.just("serve_typed"), dev, st.integers(1, 4), st.sampled_from([(1,), (2,), (1, 2)])),
     st.tuples(st.just("rank_serve"), st.integers(1, 4)),
     st.tuples(st.just("defer"), dev, st.integers(0, 4)),
+    st.tuples(st.just("defer_types"), dev, st.integers(0, 4), st.sampled_from([(1,), (2,), (1, 2)])),
     st.tuples(st.just("ack"), st.integers(0, 50), st.booleans()),
     st.tuples(st.just("requeue"), st.integers(0, 50), st.integers(1, 3), st.booleans(), st.booleans()),
     st.tuples(st.just("cancel"), dev, st.integers(0, 50), st.booleans()),
@@ -64,6 +72,7 @@ class Model:
     """Where each task created in this example should be, besides the queues."""
 
     created: dict[str, str] = field(default_factory=dict)  # task id -> device
+    callers: dict[str, str] = field(default_factory=dict)  # task id -> caller ("" for none)
     leased: dict[str, tuple[str, int]] = field(default_factory=dict)  # task id -> (device, attempt)
     delayed: dict[str, int] = field(default_factory=dict)  # task id -> retry time (ms)
     finished: dict[str, str] = field(default_factory=dict)  # task id -> acked|expired|cancelled|dead
@@ -79,6 +88,10 @@ class Model:
         return {t for t, m in self.created.items()
                 if t not in self.leased and t not in self.delayed and t not in self.finished
                 and (mac is None or m == mac)}
+
+    def open_by_caller(self) -> Counter[str]:
+        """Accepted and not finished tasks (queued, leased or delayed) of each caller."""
+        return Counter(c for t, c in self.callers.items() if c and t not in self.finished)
 
     def finish(self, task_id: str, how: str) -> None:
         assert task_id not in self.finished, f"{task_id} finished twice ({self.finished[task_id]}, {how})"
@@ -106,6 +119,8 @@ async def check(redis: Redis, store: QueueStore, model: Model, macs: list[str], 
     # --- the counter invariant
     pending, queued_len, backlog_sum = await counters(redis, k)
     assert pending == queued_len == backlog_sum, (pending, queued_len, backlog_sum)
+    caller_open = {c: int(n) for c, n in (await redis.hgetall(k.caller_open)).items()}
+    assert caller_open == dict(model.open_by_caller()), (caller_open, model.open_by_caller())
 
     # --- read everything else in one round trip
     classes = [(p, w) for p in PRIORITIES for w in store.settings.all_weights]
@@ -172,6 +187,16 @@ async def check(redis: Redis, store: QueueStore, model: Model, macs: list[str], 
     assert not (set(queued) & lease_ids), f"queued and leased: {set(queued) & lease_ids}"
     assert not (set(queued) & set(model.delayed)) and not (lease_ids & set(model.delayed))
 
+    # --- each caller's counter is what Redis holds of its tasks
+    held: Counter[str] = Counter()
+    for items in (lists for i in range(len(macs))
+                  for lists in values[5 + i * per_device + 3: 5 + i * per_device + 3 + len(PRIORITIES)]):
+        held.update(Entry.decode(raw).caller for raw in items)
+    held.update(Entry.decode(v.partition("|")[2]).caller for v in lease_data.values())
+    held.update(Entry.decode(m.partition("|")[2]).caller for m, _ in delayed)
+    del held[""]
+    assert dict(held) == caller_open, (held, caller_open)
+
     # the rank never names a device that cannot be popped
     rank = await store.rank(now=now)
     if rank.mac is not None:
@@ -233,22 +258,28 @@ async def apply(store: QueueStore, model: Model, macs: list[str], op: Op, now: i
     kind = op[0]
     event(kind)
     if kind == "enqueue":
-        _, d, n, prio, expired, task_type = op
+        _, d, n, prio, expired, task_type, caller = op
         mac = macs[d % len(macs)]
         at = now - 3601 * S if expired else now
-        entries = [Entry(model.new_id(), task_type, prio, at, at + 3600 * S) for _ in range(n)]
+        entries = [Entry(model.new_id(), task_type, prio, at, at + 3600 * S, caller=caller) for _ in range(n)]
         total, mine = len(model.queued_ids()), len(model.queued_ids(mac))
+        opened = model.open_by_caller()[caller] if caller else 0
+        over_caller = bool(caller) and opened + n > MAX_PER_CALLER
         try:
-            await store.enqueue(mac, entries, now=now)
+            await store.enqueue(mac, entries, now=now, caller_limit=MAX_PER_CALLER)
         except AdmissionRefused as refused:
-            expected = ScriptCode.GLOBAL_LIMIT if total + n > MAX_TOTAL else ScriptCode.DEVICE_LIMIT
+            expected = (ScriptCode.GLOBAL_LIMIT if total + n > MAX_TOTAL else
+                        ScriptCode.CALLER_LIMIT if over_caller else ScriptCode.DEVICE_LIMIT)
             assert refused.code is expected
-            assert total + n > MAX_TOTAL or mine + n > MAX_PER_DEVICE
+            assert total + n > MAX_TOTAL or over_caller or mine + n > MAX_PER_DEVICE
+            if refused.code is ScriptCode.CALLER_LIMIT:
+                assert refused.caller_open == opened
             event(f"enqueue refused: {refused.code.name}")
             return now
-        assert total + n <= MAX_TOTAL and mine + n <= MAX_PER_DEVICE
+        assert total + n <= MAX_TOTAL and not over_caller and mine + n <= MAX_PER_DEVICE
         for e in entries:
             model.created[e.task_id] = mac
+            model.callers[e.task_id] = caller
     elif kind in ("serve", "rank_serve"):
         if kind == "serve":
             mac, count = macs[op[1] % len(macs)], op[2]
@@ -281,6 +312,33 @@ async def apply(store: QueueStore, model: Model, macs: list[str], op: Op, now: i
                 model.finish(e.task_id, "dead")
             else:
                 del model.leased[e.task_id]
+    elif kind == "defer_types":
+        _, d, k, types = op
+        mac = macs[d % len(macs)]
+        state = (await store.device_meta(mac)).get("state")
+        taken = await take(store, model, mac, token, max(k, 1), now)
+        if state != "ready":
+            return now
+        put_back = taken[:k]  # the rest stay leased (handed out)
+        # what waits: those taken here, and every queued task of those types that has not expired
+        queued = [e for e in await store.queued(mac) if e.task_type in types and e.expires_ms > now]
+        result = await store.defer_types(mac, token, [e.task_id for e in put_back], list(types), "no worker",
+                                         now=now)
+        moved = [*put_back, *queued]
+        dead = {r["task_id"] for r in result.dead_letters}
+        assert dead == {e.task_id for e in moved if e.defers + 1 >= MAX_ATTEMPTS}
+        assert set(result.waiting) == {e.task_id for e in moved} - dead
+        if dead:
+            event("defer_types dead-lettered")
+        for e in put_back:
+            model.leased.pop(e.task_id)
+        for e in moved:
+            if e.task_id in dead:
+                model.finish(e.task_id, "dead")
+        for t in result.waiting:
+            due = await store.redis.zscore(store.keys.delayed, next(
+                m for m in await store.redis.zrange(store.keys.delayed, 0, -1) if f"|{t}|" in m))
+            model.delayed[t] = int(due)
     elif kind == "ack":
         if not model.leased:
             return now
@@ -373,6 +431,10 @@ def redis_url(settings: Settings) -> str:
 @hypothesis_settings(max_examples=40, deadline=None, database=None,
                      suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(n_devices=st.integers(3, 5), ops=st.lists(OPS, min_size=20, max_size=60))
+# tasks of a type nobody takes wait twice and are dead-lettered the second time (their caller's count drops)
+@example(n_devices=3, ops=[("enqueue", 0, 2, 3, False, 1, "alice"), ("enqueue", 0, 1, 3, False, 2, "bob"),
+                           ("defer_types", 0, 1, (1,)), ("tick", 60), ("defer_types", 0, 0, (1,)),
+                           ("serve", 0, 4), ("ack", 0, False)])
 def test_counters_agree_and_every_task_is_in_exactly_one_place_after_any_sequence(
         redis_url: str, n_devices: int, ops: list[Op]) -> None:
     asyncio.run(run(redis_url, n_devices, ops))

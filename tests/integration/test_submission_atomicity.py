@@ -23,7 +23,7 @@ from tests.integration.conftest import text_spec
 class EnqueueFails(QueueStore):
     """Real Redis, but the enqueue step breaks as if Redis went away right after the row was written."""
 
-    async def enqueue_many(self, groups: dict[str, list[Entry]], *, now: int | None = None) -> dict:
+    async def enqueue_many(self, groups: dict[str, list[Entry]], *, now: int | None = None, **_: object) -> dict:
         raise RedisConnectionError("injected: Redis went away")
 
 
