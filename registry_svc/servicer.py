@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import grpc
@@ -20,6 +20,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sieve.auth import current_principal
+from sieve.fields import text_problem
 from sieve.rpc import abort, invalid_argument, plain_status
 from sieve.settings import Settings
 from sieve.v1 import registry_pb2, registry_pb2_grpc, types_pb2
@@ -29,8 +30,22 @@ log = logging.getLogger("sieve.registry")
 
 MAX_WORKER_ID_CHARS = 200
 MAX_HOSTNAME_CHARS = 255
+MAX_TASK_TYPES = 16
+MAX_GPU_NAMES = 64
+MAX_GPU_NAME_CHARS = 256
+MAX_SCOPE_CHARS = 200
 _KNOWN_TASK_TYPES = frozenset(v for v in types_pb2.TaskType.values() if v != types_pb2.TASK_TYPE_UNSPECIFIED)
-_PERCENT_FIELDS = ("cpu_percent", "memory_percent", "gpu_memory_percent", "gpu_util_percent")
+_PERCENT_FIELDS = ("cpu_percent", "memory_percent", "gpu_memory_percent", "gpu_util_percent", "cpu_own_percent",
+                   "gpu_memory_own_percent")
+#: the largest plausible value of each count and size a worker reports (anything above is a broken sampler)
+_LIMITS = {
+    "gpu_count": 1024,
+    "cpu_count": 1 << 20,
+    "active_tasks": 1 << 20,
+    "gpu_memory_total_bytes": 1 << 60,
+    "memory_total_bytes": 1 << 60,
+    "memory_available_bytes": 1 << 60,
+}
 
 T = TypeVar("T")
 
@@ -46,10 +61,39 @@ def _worker_id_problem(worker_id: str) -> status_pb2.Status | None:
 
 
 def _resources_problem(resources: registry_pb2.Resources) -> status_pb2.Status | None:
+    """Percentages finite and from 0 to 100, counts and sizes under their limits, names and scope short and
+    printable (every field lands in the worker's Redis record and in ListWorkers)."""
     for name in _PERCENT_FIELDS:
         value = getattr(resources, name)
         if not math.isfinite(value) or not 0 <= value <= 100:
             return invalid_argument(f"resources.{name}", f"{value} is not a percentage from 0 to 100")
+    for name, limit in _LIMITS.items():
+        if getattr(resources, name) > limit:
+            return invalid_argument(f"resources.{name}", f"must be at most {limit}")
+    if len(resources.gpu_names) > MAX_GPU_NAMES:
+        return invalid_argument("resources.gpu_names", f"must have at most {MAX_GPU_NAMES} entries")
+    for i, gpu_name in enumerate(resources.gpu_names):
+        problem = text_problem(gpu_name, max_chars=MAX_GPU_NAME_CHARS, printable=True)
+        if problem is not None:
+            return invalid_argument(f"resources.gpu_names[{i}]", problem)
+    problem = text_problem(resources.scope, max_chars=MAX_SCOPE_CHARS, printable=True)
+    if problem is not None:
+        return invalid_argument("resources.scope", problem)
+    return None
+
+
+def _task_types_problem(task_types: Sequence[int]) -> status_pb2.Status | None:
+    if not task_types:
+        return invalid_argument("task_types", "must name at least one task type")
+    if len(task_types) > MAX_TASK_TYPES:
+        return invalid_argument("task_types", f"must have at most {MAX_TASK_TYPES} entries")
+    seen: set[int] = set()
+    for i, task_type in enumerate(task_types):
+        if task_type not in _KNOWN_TASK_TYPES:
+            return invalid_argument("task_types", f"[{i}]: {task_type} is not a known task type")
+        if task_type in seen:
+            return invalid_argument("task_types", f"[{i}]: repeats {types_pb2.TaskType.Name(task_type)}")
+        seen.add(task_type)
     return None
 
 
@@ -60,14 +104,10 @@ def register_problem(request: registry_pb2.RegisterRequest, max_concurrency: int
         return problem
     if request.concurrency > max_concurrency:
         return invalid_argument("concurrency", f"must be at most {max_concurrency} (SIEVE_MAX_WORKER_CONCURRENCY)")
-    if len(request.hostname) > MAX_HOSTNAME_CHARS:
-        return invalid_argument("hostname", f"must be at most {MAX_HOSTNAME_CHARS} characters")
-    if not request.task_types:
-        return invalid_argument("task_types", "must name at least one task type")
-    for task_type in request.task_types:
-        if task_type not in _KNOWN_TASK_TYPES:
-            return invalid_argument("task_types", f"{task_type} is not a known task type")
-    return _resources_problem(request.resources)
+    hostname_problem = text_problem(request.hostname, max_chars=MAX_HOSTNAME_CHARS, printable=True)
+    if hostname_problem is not None:
+        return invalid_argument("hostname", hostname_problem)
+    return _task_types_problem(request.task_types) or _resources_problem(request.resources)
 
 
 def heartbeat_problem(request: registry_pb2.HeartbeatRequest) -> status_pb2.Status | None:

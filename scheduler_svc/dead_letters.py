@@ -16,6 +16,7 @@ from typing import Any
 from sieve.db.tasks import TaskStore, type_value
 from sieve.entry import Entry
 from sieve.errors import InvalidInput
+from sieve.fields import parse_uuid, shown, text_problem
 from sieve.mac import normalize_mac
 from sieve.queue_store import QueueStore, now_ms
 from sieve.v1 import scheduler_pb2, types_pb2
@@ -23,6 +24,10 @@ from sieve.v1 import scheduler_pb2, types_pb2
 log = logging.getLogger("sieve.scheduler.dead_letters")
 
 MAX_LIST = 1000
+#: longest error text a filter may look for (stored errors are capped shorter)
+MAX_ERROR_FILTER = 1000
+#: longest device id a filter may name (a MAC address in its longest spelling, with blanks around)
+MAX_MAC_CHARS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,20 +39,24 @@ class Filter:
 
     @classmethod
     def from_proto(cls, f: scheduler_pb2.DeadLetterFilter) -> Filter:
+        """The filter of a request, or InvalidInput naming the bad field: the task id a UUID (compared in its
+        canonical spelling), the device a MAC address, the type a known one, the error text at most
+        MAX_ERROR_FILTER characters without U+0000."""
         device = ""
         if f.device_id:
+            if len(f.device_id) > MAX_MAC_CHARS:
+                raise InvalidInput("filter.device_id", f"{shown(f.device_id)} is not a MAC address (too long)")
             try:
                 device = normalize_mac(f.device_id)
             except ValueError:
-                raise InvalidInput("filter.device_id", f"{f.device_id!r} is not a MAC address") from None
-        if f.task_id:
-            try:
-                uuid.UUID(f.task_id)
-            except ValueError:
-                raise InvalidInput("filter.task_id", f"{f.task_id!r} is not a task id") from None
+                raise InvalidInput("filter.device_id", f"{shown(f.device_id)} is not a MAC address") from None
+        task_id = str(parse_uuid(f.task_id, "filter.task_id")) if f.task_id else ""
         if f.type and f.type not in (types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE):
             raise InvalidInput("filter.type", f"unknown task type {f.type}")
-        return cls(f.task_id, device, f.type, f.error_contains)
+        problem = text_problem(f.error_contains, max_chars=MAX_ERROR_FILTER)
+        if problem is not None:
+            raise InvalidInput("filter.error_contains", problem)
+        return cls(task_id, device, f.type, f.error_contains)
 
     @property
     def empty(self) -> bool:
