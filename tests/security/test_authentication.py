@@ -53,6 +53,7 @@ EXPECTED_ROLES = {
     "/sieve.v1.SchedulerService/ListDeadLetters": {OPERATOR},
     "/sieve.v1.SchedulerService/RequeueDeadLetters": {OPERATOR},
     "/sieve.v1.SchedulerService/PurgeDeadLetters": {OPERATOR},
+    "/sieve.v1.SchedulerService/ListAuditEvents": {OPERATOR},
     "/sieve.v1.RegistryService/Register": {WORKER},
     "/sieve.v1.RegistryService/Heartbeat": {WORKER},
     "/sieve.v1.RegistryService/ListWorkers": {OPERATOR},
