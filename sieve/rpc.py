@@ -27,6 +27,7 @@ from grpc_status import rpc_status
 from sieve import auth, telemetry
 from sieve import reflection as method_reflection
 from sieve.audit import AuditInterceptor, AuditSink, LogSink
+from sieve.malformed import MalformedRequests
 from sieve.rpc_metrics import RpcMetricsInterceptor
 from sieve.settings import Settings, SettingsError
 
@@ -100,6 +101,7 @@ class Service:
     #: full names of the gRPC services (for health and reflection)
     service_names: Sequence[str]
     register: Registrar
+    #: the service's own interceptors, outside authentication (they see refused calls too)
     interceptors: Sequence[grpc.aio.ServerInterceptor] = ()
     #: where the audit trail of operator calls goes (sieve/audit.py); None: log lines only
     audit: AuditSink | None = None
@@ -150,7 +152,10 @@ async def create_server(service: Service, address: str, settings: Settings, *,
                                  reflection=settings.grpc_reflection)
     # the audit interceptor runs just before the guard: it sees the principal the guard sets, or its refusal
     audit = AuditInterceptor(service.audit or LogSink(), authenticator)
-    interceptors = [*telemetry.server_interceptors(), RpcMetricsInterceptor(), audit, guard, *service.interceptors]
+    # the service's own interceptors stand outside authentication (they see every call, refused ones included);
+    # innermost: a request that does not parse is INVALID_ARGUMENT naming the field, not UNKNOWN
+    interceptors = [*telemetry.server_interceptors(), RpcMetricsInterceptor(), *service.interceptors, audit, guard,
+                    MalformedRequests()]
     server = grpc.aio.server(interceptors=interceptors, options=channel_options(settings))
     service.register(server)
     health_servicer = health.aio.HealthServicer()
