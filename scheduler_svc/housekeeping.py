@@ -13,6 +13,7 @@ from scheduler_svc.board import Board, Session
 from scheduler_svc.dispatcher import Dispatcher
 from scheduler_svc.outcomes import Outcomes
 from scheduler_svc.rebuild import Rebuilder
+from scheduler_svc.reconcile import Reconciler
 from scheduler_svc.watermark import Watermark
 from sieve.db.tasks import TaskStore
 from sieve.queue_store import QueueStore, now_ms
@@ -40,16 +41,22 @@ class Housekeeping:
         self._last_ttl_sweep = 0.0
         self._missing_since: dict[Session, float] = {}
         self.expired_swept = 0
+        #: PostgreSQL's open tasks against Redis, in a loop of its own (a pass may take longer than a tick)
+        self.reconciler = Reconciler(queues, tasks)
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self.tick()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("housekeeping tick failed")
-            await asyncio.sleep(self.settings.housekeeping_interval_s)
+        reconciling = asyncio.create_task(self.reconciler.run(), name="reconcile")
+        try:
+            while True:
+                try:
+                    await self.tick()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("housekeeping tick failed")
+                await asyncio.sleep(self.settings.housekeeping_interval_s)
+        finally:
+            reconciling.cancel()
 
     async def tick(self) -> None:
         if await self.rebuilder.ensure():

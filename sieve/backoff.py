@@ -8,7 +8,9 @@ import random
 def compute_backoff(attempt: int, *, base_s: float = 0.2, max_s: float = 5.0, jitter: bool = True) -> float:
     """Delay before retry number `attempt` (1-based): base x 2^(attempt-1), capped, with full jitter
     over the upper half so that many clients do not retry in step."""
-    delay = min(max_s, base_s * (2 ** max(0, attempt - 1)))
+    # the exponent is capped: 2**64 x any base is past any cap, and a larger power does not fit a float (attempt
+    # numbers may be lease numbers, which a reconciled task raises by SIEVE_RECONCILE_FENCE_STEP)
+    delay = min(max_s, base_s * (2 ** min(64, max(0, attempt - 1))))
     return random.uniform(delay / 2, delay) if jitter else delay
 
 

@@ -63,6 +63,9 @@ class Keys:
         self.generation = f"{self.base}:generation"
         #: Held (SET NX EX) by the scheduler replica that rebuilds Redis from PostgreSQL.
         self.rebuild_lock = f"{self.base}:rebuild"
+        #: Taken (SET NX PX, for one reconcile interval) by the scheduler replica that reconciles Redis with
+        #: PostgreSQL next: passes start at least an interval apart, whatever the number of replicas.
+        self.reconcile_lock = f"{self.base}:reconcile"
         #: Pub/sub channel: a device became schedulable.
         self.wake_channel = f"{self.base}:wake"
         #: Registry: ids of registered workers (the records themselves expire).

@@ -65,6 +65,19 @@ CLAIMS = Counter("sieve_claims", "Device claims that took tasks, by whether anot
 QUEUE_WAIT = Histogram("sieve_queue_wait_seconds", "Time from enqueue to claim, by priority",
                        ["priority"], buckets=_LATENCY_BUCKETS, registry=REGISTRY)
 
+# --- scheduler: reconciliation with PostgreSQL (scheduler_svc/reconcile.py) -----------------------------
+RECONCILED = Counter("sieve_reconciled",
+                     "What reconciliation found wrong in Redis and mended, by kind: requeued (an open task in no "
+                     "queue, lease or delayed set), dead_lettered / expired (its final status was lost on the way to "
+                     "PostgreSQL), lease_deadline (a lease that had no deadline), device (a device's meta or schedule "
+                     "disagreed with its queues), pending_recount (the pending counter was off), duplicate (a task "
+                     "found twice: reported, not changed)", ["kind"], registry=REGISTRY)
+RECONCILE_CHECKED = Counter("sieve_reconcile_checked_tasks", "Open tasks reconciliation looked up in Redis",
+                            registry=REGISTRY)
+RECONCILE_SECONDS = Histogram("sieve_reconcile_pass_seconds", "Time one reconciliation pass over every open task took",
+                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+                              registry=REGISTRY)
+
 # --- worker ------------------------------------------------------------------------------------------
 SUBMIT_TO_START = Histogram("sieve_submit_to_start_seconds",
                             "Time from enqueue (the Submit, or the re-enqueue of a retry) to the worker's start, "

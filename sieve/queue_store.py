@@ -486,3 +486,133 @@ class QueueStore:
                 pipe.lrange(self.keys.queue(mac, p), 0, -1)
             lists = await pipe.execute()
         return [Entry.decode(raw) for items in lists for raw in items]
+
+    # --- reconciliation with PostgreSQL (scheduler_svc/reconcile.py) -----------------------------------
+    def _script(self, name: str) -> str:
+        """Registers one of the reconciler's scripts on first use; returns its name (for _call / _call_pipelined)."""
+        if name not in self._scripts:
+            self._scripts[name] = self.redis.register_script(lua.load(name))
+        return name
+
+    def _reconcile_keys(self, mac: str) -> list[str]:
+        """KEYS[1..18] of locateTasks and repairDevice."""
+        block, lock = self._device(mac)
+        k = self.keys
+        return [*block, lock, k.serving, k.backoff, k.leases, k.lease_data, k.delayed, k.devices]
+
+    async def locate(self, groups: dict[str, list[str]], *, exact: bool) -> dict[str, Located]:
+        """Where each device's given tasks are (one locateTasks call per device, one round trip): the ids in no
+        queue and no lease (with `exact`, nor in the delayed set: the whole truth at one instant per device),
+        leases without a deadline, ids found twice, and what is wrong with the device's own keys."""
+        if not groups:
+            return {}
+        name = self._script("locateTasks")
+        replies = await self._call_pipelined([(name, self._reconcile_keys(mac), [mac, int(exact), *ids])
+                                              for mac, ids in groups.items()])
+        out: dict[str, Located] = {}
+        for mac, reply in zip(groups, replies, strict=True):
+            queued, backlog, problem, m, u, d = reply[:6]
+            ids = [str(i) for i in reply[6:]]
+            out[mac] = Located(int(queued), int(backlog), str(problem), ids[:m], ids[m:m + u], ids[m + u:m + u + d])
+        return out
+
+    async def repair_devices(self, macs: list[str], *, now: float | None = None) -> dict[str, tuple[str, int, int]]:
+        """Mends the devices whose own keys disagree (repairDevice, checked again atomically): {mac: (problem,
+        queued, backlog before)} for those that had one."""
+        if not macs:
+            return {}
+        name, now = self._script("repairDevice"), now or now_ms()
+        replies = await self._call_pipelined([
+            (name, self._reconcile_keys(mac), [now, mac, self.settings.weight_of(mac)]) for mac in macs])
+        return {mac: (str(r[0]), int(r[1]), int(r[2])) for mac, r in zip(macs, replies, strict=True) if r[0]}
+
+    async def recount_pending(self, *, tries: int = 3) -> tuple[int, int] | None:
+        """Sets the global pending counter to the entries in every active device's queues: (before, after), or
+        None when the active devices kept changing under it."""
+        name = self._script("recountPending")
+        for _ in range(tries):
+            devices = sorted(await self.redis.smembers(self.keys.devices))
+            keys = [self.keys.pending, self.keys.devices,
+                    *(self.keys.queue(mac, p) for mac in devices for p in PRIORITIES)]
+            reply = await self._call(name, keys, devices)
+            if reply[0] != -1:
+                return int(reply[0]), int(reply[1])
+        return None
+
+    async def delayed_task_ids(self) -> set[str]:
+        """Ids of every task in the delayed set (members "mac|task_id|..."), read in SCAN steps (not atomic)."""
+        return {member.split("|", 2)[1] async for member, _ in self.redis.zscan_iter(self.keys.delayed, count=1000)
+                if member.count("|") >= 2}
+
+    async def misscheduled_devices(self) -> list[str]:
+        """Devices in a schedule set whose meta does not say they belong there (a deleted or evicted meta: the
+        dispatcher would claim them in vain, again and again). Read in steps, not atomic: repair_devices checks."""
+        members: list[tuple[str, int]] = []
+        for (priority, _weight), key in zip(self._classes, self._class_keys, strict=True):
+            members += [(mac, priority) async for mac, _ in self.redis.zscan_iter(key, count=1000)]
+        if not members:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for mac, _ in members:
+                pipe.hmget(self.keys.meta(mac), "state", "class")
+            metas = await pipe.execute()
+        return sorted({mac for (mac, priority), (state, cls) in zip(members, metas, strict=True)
+                       if state != "ready" or cls != str(priority)})
+
+    async def give_lease_deadlines(self, task_ids: list[str], *, now: float | None = None) -> int:
+        """Leases without a deadline (lease data, no entry in the leases set) get one lease TTL from now: renewed
+        while a live worker holds them, taken back otherwise. Returns how many were added."""
+        if not task_ids:
+            return 0
+        deadline = (now or now_ms()) + int(self.settings.lease_ttl_s * 1000)
+        return int(await self.redis.zadd(self.keys.leases, dict.fromkeys(task_ids, deadline), nx=True))
+
+    async def dead_letter_records(self) -> dict[str, dict[str, Any]]:
+        """The newest dead-letter record of each task in the dead-letter list (task_id -> record)."""
+        out: dict[str, dict[str, Any]] = {}
+        for raw in await self.redis.lrange(self.keys.dead_letters, 0, -1):
+            try:
+                record = json.loads(raw)
+                task_id = str(record["task_id"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if task_id not in out or record.get("dead_ms", 0) > out[task_id].get("dead_ms", 0):
+                out[task_id] = record
+        return out
+
+    async def take_turn(self, key: str, token: str, ttl_ms: int) -> bool:
+        """SET NX PX: True when `token` now holds `key` (a lock or a turn) for `ttl_ms`."""
+        return bool(await self.redis.set(key, token, nx=True, px=max(1, int(ttl_ms))))
+
+    async def keep_turn(self, key: str, token: str, ttl_ms: int) -> bool:
+        """Sets the remaining time of `key` to `ttl_ms` while `token` holds it (0 or less: gives it up);
+        False when it is not held by `token`."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            await pipe.watch(key)
+            if await pipe.get(key) != token:
+                await pipe.unwatch()
+                return False
+            pipe.multi()
+            if ttl_ms > 0:
+                pipe.pexpire(key, int(ttl_ms))
+            else:
+                pipe.delete(key)
+            await pipe.execute()
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """Where some open tasks of one device are in Redis (QueueStore.locate)."""
+
+    #: entries in the device's queues, and its meta's backlog (they agree unless Redis lost something)
+    queued: int
+    backlog: int
+    #: "" or what is wrong with the device's own keys (repairDevice mends it; see includes/deviceFacts.lua)
+    problem: str
+    #: ids in no queue and no lease (and, from an exact look, not in the delayed set)
+    missing: list[str]
+    #: ids whose lease has no deadline (it would never be taken back)
+    unleased: list[str]
+    #: ids found twice (two queue entries, or a queue entry and a lease)
+    duplicated: list[str]

@@ -146,6 +146,19 @@ class Settings:
     #: without GPUs) CPU workers that take OCR run it, whatever no_gpu_strategy says.
     gpu_expected_s: float = 600.0
 
+    # --- reconciliation: PostgreSQL is the record, Redis must match it (scheduler_svc/reconcile.py) ------
+    #: How often one scheduler replica checks that every open task of PostgreSQL is queued, leased or delayed in
+    #: Redis, and queues again those that are nowhere; 0: half of lease_ttl_s.
+    reconcile_interval_s: float = 0.0
+    #: Tasks changed in PostgreSQL more recently than this are left alone (a Submit between its row and its
+    #: enqueue); 0: lease_ttl_s. A lost task is queued again within grace + interval + one pass.
+    reconcile_grace_s: float = 0.0
+    #: Open tasks read per keyset page (one query, one pipelined round trip to Redis).
+    reconcile_page_rows: int = 5000
+    #: A re-queued task's lease number is PostgreSQL's plus this: above the hand-outs Redis may have made that
+    #: PostgreSQL never saw (each raised the attempt by one), whose late starts and results are then refused.
+    reconcile_fence_step: int = 1000
+
     # --- workers and registry ---------------------------------------------------------------------
     heartbeat_interval_s: float = 15.0
     worker_ttl_s: float = 60.0
@@ -213,6 +226,11 @@ class Settings:
             if getattr(self, name) < 1:
                 raise SettingsError(f"{ENV_PREFIX}{name.upper()} must be at least 1")
         self._validate_tenants()
+        if self.reconcile_interval_s < 0 or self.reconcile_grace_s < 0:
+            raise SettingsError("SIEVE_RECONCILE_INTERVAL_S and SIEVE_RECONCILE_GRACE_S must be 0 (derived from "
+                                "SIEVE_LEASE_TTL_S) or more")
+        if self.reconcile_page_rows < 1 or self.reconcile_fence_step < 1:
+            raise SettingsError("SIEVE_RECONCILE_PAGE_ROWS and SIEVE_RECONCILE_FENCE_STEP must be at least 1")
         if self.min_batch_size > self.batch_size:
             raise SettingsError("SIEVE_MIN_BATCH_SIZE must not exceed SIEVE_BATCH_SIZE")
         if self.no_gpu_strategy not in ("defer", "cpu", "dead_letter"):
