@@ -128,7 +128,7 @@ class Submitter:
             for i in allowed[granted:]:
                 decisions[i] = Refused(
                     "caller_rate", f"caller {principal.name!r} is over its submit rate ({policy.rate_per_s:g} "
-                    f"tasks/s, burst {policy.burst}); retry in {wait_s:.3f}s", wait_s + 0.001)
+                    f"tasks/s, burst {policy.burst}); retry in {wait_s:.3f}s", wait_s + 0.002)
             allowed = allowed[:granted]
 
         # 2. devices of other callers

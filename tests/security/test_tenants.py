@@ -17,6 +17,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from redis.asyncio import Redis
 
+from intake_svc.ownership import DeviceOwners, Owner, Ownership
 from intake_svc.server import build_service as build_intake
 from scheduler_svc.rebuild import Rebuilder
 from sieve import rpc
@@ -338,3 +339,25 @@ async def test_a_rebuild_restores_the_callers_counts_and_ownership_still_holds(
         assert (await t.refused("alice", text_spec(A1, "fifth"))).code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert (await t.refused("bob", text_spec(A1, "still not his"))).code() == grpc.StatusCode.PERMISSION_DENIED
         assert (await t.refused("alice", text_spec(B1, "nor hers"))).code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_known_devices_cost_no_round_trip_and_reassignments_reach_every_cache(pg: asyncpg.Pool) -> None:
+    # Given two replicas' views of the owners
+    first, second = Ownership(DeviceOwners(pg), refresh_s=0.2), Ownership(DeviceOwners(pg), refresh_s=0.2)
+    assert await first.owners([A1, A2], claim_for="alice") == {A1: "alice", A2: "alice"}
+    assert await second.owners([A1, B1], claim_for="bob") == {A1: "alice", B1: "bob"}
+    assert (first.lookups, second.lookups) == (1, 1)
+    # When they are asked again about devices they know, nothing is read (the refresh aside)
+    for _ in range(20):
+        assert await first.owners([A2, A1], claim_for="alice") == {A2: "alice", A1: "alice"}
+    assert first.lookups == 1
+    # When an operator gives A1 to bob through the first, the second follows within its refresh interval
+    owner, previous = await first.assign(A1, "bob", "ops")
+    assert (owner.caller, owner.assigned_by, previous) == ("bob", "ops", "alice")
+    assert (await first.owners([A1], claim_for="alice"))[A1] == "bob"
+    await asyncio.sleep(0.3)
+    assert (await second.owners([A1], claim_for="alice"))[A1] == "bob"
+    assert second.lookups == 1  # learnt from the refresh, not by a lookup
+    # and a lookup that read the old owner before the re-assignment cannot put it back (higher version wins)
+    second._remember([Owner(A1, "alice", 0)])
+    assert (await second.owners([A1], claim_for=None))[A1] == "bob"
