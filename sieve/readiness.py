@@ -95,6 +95,11 @@ class StoreUnavailable(Exception):
         self.cause = cause
         super().__init__(str(cause) if isinstance(cause, EvictionPolicyError) else f"{store}: {_describe(cause)}")
 
+    @property
+    def kind(self) -> str:
+        """"Redis", "PostgreSQL" or "start-up step": what callers are told (not where it is, nor the error)."""
+        return self.store.split(" at ", 1)[0]
+
 
 class Stores:
     """The store clients of one process, created by `Readiness` (Redis lazily, PostgreSQL once reachable)."""
@@ -242,8 +247,10 @@ class Readiness:
         self.built: Built | None = None
         #: whether health says SERVING (the guard lets calls through)
         self.serving = False
-        #: why the service is not serving (for log lines and UNAVAILABLE messages)
+        #: why the service is not serving (log lines), and what it waits for (UNAVAILABLE messages to callers,
+        #: which learn neither the stores' addresses nor their errors)
         self.reason = "starting"
+        self.waiting_for = "its start"
         #: the error that ended the loop (the process exits with it)
         self.error: BaseException | None = None
         #: how many times the service turned SERVING, and the monotonic time it last did
@@ -298,7 +305,7 @@ class Readiness:
                 await self._changed.wait()
 
     def refusal(self) -> str:
-        return f"{self.name} is not ready: {self.reason}; retry later"
+        return f"{self.name} is not ready (waiting for {self.waiting_for}); retry later"
 
     # --- the loop -----------------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -349,6 +356,7 @@ class Readiness:
                 self._start_background()
             except (StoreUnavailable, *STORE_ERRORS) as exc:
                 self.reason = str(exc) if isinstance(exc, StoreUnavailable) else f"start-up: {_describe(exc)}"
+                self.waiting_for = exc.kind if isinstance(exc, StoreUnavailable) else "its start"
                 delay = backoff.next()
                 policy = isinstance(getattr(exc, "cause", exc), EvictionPolicyError)
                 log.log(logging.ERROR if policy else logging.WARNING,
@@ -431,6 +439,7 @@ class Readiness:
                     await self._probe()
                 except StoreUnavailable as exc:
                     self.reason = str(exc)
+                    self.waiting_for = exc.kind
                     log.warning("%s lost a store: %s; NOT_SERVING until it is back", self.name, self.reason)
                     return
 
