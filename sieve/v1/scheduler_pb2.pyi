@@ -24,14 +24,26 @@ AUDIT_KIND_REFUSED: AuditKind
 AUDIT_KIND_CROSS_TENANT: AuditKind
 
 class WorkerHello(_message.Message):
-    __slots__ = ("worker_id", "task_types", "gpu")
+    __slots__ = ("worker_id", "task_types", "gpu", "held")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_TYPES_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     task_types: _containers.RepeatedScalarFieldContainer[_types_pb2.TaskType]
     gpu: bool
-    def __init__(self, worker_id: _Optional[str] = ..., task_types: _Optional[_Iterable[_Union[_types_pb2.TaskType, str]]] = ..., gpu: _Optional[bool] = ...) -> None: ...
+    held: _containers.RepeatedCompositeFieldContainer[HeldLease]
+    def __init__(self, worker_id: _Optional[str] = ..., task_types: _Optional[_Iterable[_Union[_types_pb2.TaskType, str]]] = ..., gpu: _Optional[bool] = ..., held: _Optional[_Iterable[_Union[HeldLease, _Mapping]]] = ...) -> None: ...
+
+class HeldLease(_message.Message):
+    __slots__ = ("task_id", "lease_token", "assigned_at")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNED_AT_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    lease_token: str
+    assigned_at: _timestamp_pb2.Timestamp
+    def __init__(self, task_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., assigned_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("task_id", "lease_token")
