@@ -257,6 +257,8 @@ class Reconciler:
             if groups:
                 for entries in groups.values():  # in the order they entered their queue, as a rebuild would
                     entries.sort(key=lambda e: e.enqueued_ms)
+                # noted first: a worker may finish a task as soon as it is queued, and a final task takes no note
+                await self._note([e for _, e in queued])
                 try:
                     await self.queues.enqueue_many(dict(groups), now=now, admit=False)
                 except RedisNotReady:
@@ -272,11 +274,6 @@ class Reconciler:
             report.found["requeued"] += len(queued)
             log.warning("reconciliation re-queued %d tasks not found in Redis, of %d devices (e.g. task %s of %s)",
                         len(queued), len({mac for mac, _ in queued}), queued[0][1].task_id, queued[0][0])
-            try:
-                await self.tasks.note_each([(uuid.UUID(e.task_id), "re-queued by reconciliation: not found in "
-                                             f"Redis (lease {e.attempt})") for _, e in queued])
-            except Exception:
-                log.exception("could not note the re-queue of %d tasks", len(queued))
         for r, record in dead:
             error = str(record.get("error") or "dead-lettered")
             await self.tasks.transition([r["id"]], "DEAD_LETTERED", f"{error} (recorded by reconciliation)",
@@ -289,6 +286,13 @@ class Reconciler:
                                         "TTL passed while not found in Redis (reconciliation)", error="expired")
             report.found["expired"] += len(expired)
             log.warning("%d expired tasks not found in Redis: recorded EXPIRED", len(expired))
+
+    async def _note(self, entries: list[Entry]) -> None:
+        try:
+            await self.tasks.note_each([(uuid.UUID(e.task_id), "re-queued by reconciliation: not found in Redis "
+                                         f"(lease {e.attempt})") for e in entries])
+        except Exception:  # the re-queue matters more than its note
+            log.exception("could not note the re-queue of %d tasks", len(entries))
 
     async def _repair(self, macs: list[str], report: PassReport) -> None:
         if not macs:
