@@ -236,8 +236,7 @@ class Reconciler:
             missing = [by_id[task_id] for loc in located.values() for task_id in loc.missing]
             if not missing:
                 return
-            still = await self.tasks.unchanged([(r["id"], r["lease"], r["updated_at"]) for r in missing])
-            missing = [r for r in missing if r["id"] in still]
+            missing = await self.tasks.unchanged([(r["id"], r["lease"], r["updated_at"]) for r in missing])
             records = await self.queues.dead_letter_records() if missing else {}
             now = now_ms()
             groups: dict[str, list[Entry]] = defaultdict(list)

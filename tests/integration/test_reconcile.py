@@ -17,7 +17,7 @@ import asyncpg
 from redis.asyncio import Redis
 
 from scheduler_svc.reconcile import PassReport, Reconciler
-from sieve.db.tasks import RECONCILE_PAGE_SQL, NewTask, Outcome, TaskStore
+from sieve.db.tasks import RECONCILE_PAGE_SETTINGS, RECONCILE_PAGE_SQL, NewTask, Outcome, TaskStore
 from sieve.ids import uuid7_at
 from sieve.keys import PRIORITIES
 from sieve.lease import new_token
@@ -353,17 +353,18 @@ async def test_the_page_query_reads_the_partial_index_of_open_tasks(settings: Se
         "SELECT c.relname FROM pg_class c WHERE c.oid = 'tasks_open_device_id'::regclass "
         "UNION SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
         "WHERE i.inhparent = 'tasks_open_device_id'::regclass")}
-    async with pg.acquire() as conn:
-        for mode in ("force_custom_plan", "force_generic_plan"):
-            await conn.execute(f"SET plan_cache_mode = {mode}")
+    for mode in ("force_custom_plan", "force_generic_plan"):
+        async with pg.acquire() as conn, conn.transaction():
+            await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
+            await conn.execute(RECONCILE_PAGE_SETTINGS)  # as TaskStore.reconcile_page runs it
             plan = json.loads(await conn.fetchval("EXPLAIN (FORMAT JSON) " + RECONCILE_PAGE_SQL, "",
                                                   uuid.UUID(int=0), 500, 60.0))
-            nodes = list(_nodes(plan[0]["Plan"]))
-            # Then every scan is an ordered scan of that index: no table scan, no sort of the open tasks
-            scans = [n for n in nodes if "Relation Name" in n]
-            assert scans and all(n["Node Type"] == "Index Scan" and n["Index Name"] in ours for n in scans), nodes
-            assert not any(n["Node Type"] == "Sort" for n in nodes), nodes
-        await conn.execute("RESET plan_cache_mode")
+        nodes = list(_nodes(plan[0]["Plan"]))
+        # Then every scan is an ordered (index-only) scan of that index: no table scan, no sort of the open tasks
+        scans = [n for n in nodes if "Relation Name" in n]
+        assert scans and all(n["Node Type"] in ("Index Only Scan", "Index Scan") and n["Index Name"] in ours
+                             for n in scans), nodes
+        assert not any(n["Node Type"] == "Sort" for n in nodes), nodes
     rows = await TaskStore(pg).reconcile_page(None, 500, 60.0)
     assert len(rows) == 500
     assert [(r["device"], r["id"]) for r in rows] == sorted((r["device"], r["id"]) for r in rows)
