@@ -306,51 +306,6 @@ class TaskStore:
     # --- reconciling Redis with this record (scheduler_svc/reconcile.py) -------------------------------
     async def reconcile_page(self, after: tuple[str, uuid.UUID] | None, limit: int,
                              grace_s: float) -> list[asyncpg.Record]:
-        """The next `limit` open tasks after `after` in (device, id) order, of those unchanged for `grace_s`: one
-        keyset page over the partial index of open tasks (migration 0009), so a pass reads as many index entries
-        as there are open tasks however many finished rows the table holds."""
-        device, task_id = after or ("", uuid.UUID(int=0))
-        return await self.pool.fetch(RECONCILE_PAGE_SQL, device, task_id, limit, grace_s)
-
-    async def unchanged(self, seen: Sequence[tuple[uuid.UUID, int, datetime]]) -> set[uuid.UUID]:
-        """Which of these tasks (id, lease, updated_at as read) are still open and unchanged since."""
-        rows = await self.pool.fetch(
-            f"""
-            SELECT t.id FROM tasks t
-            JOIN unnest($1::uuid[], $2::int[], $3::timestamptz[]) AS u(id, lease, updated) ON t.id = u.id
-            WHERE t.status IN ({_OPEN_SQL}) AND t.lease = u.lease AND t.updated_at = u.updated
-            """, [s[0] for s in seen], [s[1] for s in seen], [s[2] for s in seen])
-        return {r["id"] for r in rows}
-
-    async def note_each(self, notes: Sequence[tuple[uuid.UUID, str]]) -> None:
-        """Appends a remark of its own to each open task's history, without changing its status (one statement)."""
-        await self.pool.execute(
-            f"""
-            UPDATE tasks t SET history = t.history || jsonb_build_array(jsonb_build_object(
-                       'status', t.status, 'at', now(), 'attempt', t.attempts, 'detail', u.detail))
-            FROM unnest($1::uuid[], $2::text[]) AS u(id, detail)
-            WHERE t.id = u.id AND t.status IN ({_OPEN_SQL})
-            """, [n[0] for n in notes], [n[1] for n in notes])
-
-
-#: OPEN_STATUSES as SQL literals: a partial index over open tasks is used only when the planner can prove its
-#: predicate from the query's own text (a parameter would not do for a generic plan)
-_OPEN_SQL = ", ".join(f"'{s}'" for s in OPEN_STATUSES)
-
-#: one keyset page of the reconciler ($1 device, $2 id: the last row of the previous page; $3 rows; $4 grace s)
-RECONCILE_PAGE_SQL = f"""
-SELECT id, device, type, priority, status, caller, enqueued_at, expires_at, updated_at, lease, attempts,
-       trace_context
-FROM tasks
-WHERE status IN ({_OPEN_SQL}) AND (device, id) > ($1::text, $2::uuid)
-  AND updated_at < now() - make_interval(secs => $4::float8)
-ORDER BY device, id
-LIMIT $3
-"""
-
-    # --- reconciling Redis with this record (scheduler_svc/reconcile.py) -------------------------------
-    async def reconcile_page(self, after: tuple[str, uuid.UUID] | None, limit: int,
-                             grace_s: float) -> list[asyncpg.Record]:
         """(device, id, lease, updated_at) of the next `limit` open tasks after `after` in (device, id) order, of
         those unchanged for `grace_s`: one keyset page, an index-only scan of the partial index of open tasks
         (migration 0009), so a pass reads as many index entries as there are open tasks however many finished
