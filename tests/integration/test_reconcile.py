@@ -194,6 +194,46 @@ async def test_a_device_left_in_a_schedule_set_without_its_meta_is_taken_out(
         assert len(popped.taken) == 2
 
 
+async def test_device_keys_that_disagree_with_the_queues_are_mended_and_the_device_served_again(
+        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    devices = [f"AA:BB:CC:DD:EF:{i:02X}" for i in range(5)]
+    async with platform_with(quick(settings), redis, pg) as p:
+        queues = p.queues
+        for mac in devices:
+            await submit(p, mac, 3)
+        await age(pg)
+        k = queues.keys
+        # Given one device each: a backlog count that is off, idle with work, backing off with no backoff entry,
+        # serving with no lock and no serving entry, out of the active set and of its schedule set
+        await redis.hset(k.meta(devices[0]), "backlog", 99)
+        await redis.hset(k.meta(devices[1]), mapping={"state": "idle", "class": 0})
+        await redis.zrem(k.schedule(types_pb2.PRIORITY_NORMAL, 1), devices[1], devices[2], devices[3], devices[4])
+        await redis.hset(k.meta(devices[2]), mapping={"state": "backoff", "class": 0})
+        await redis.hset(k.meta(devices[3]), mapping={"state": "serving", "class": 0})
+        await redis.srem(k.devices, devices[4])
+        await redis.hset(k.meta(devices[4]), mapping={"state": "ready", "class": types_pb2.PRIORITY_NORMAL})
+        await redis.set(k.pending, 7)
+        # When a pass runs
+        report = await Reconciler(queues, TaskStore(pg)).run_pass()
+        # Then each is mended, nothing is queued twice, and the pending counter is recounted
+        assert report.found["device"] == 5 and report.found["requeued"] == 0, report
+        assert report.pending == (7, 15)
+        for mac in devices:
+            meta = await queues.device_meta(mac)
+            assert (meta["backlog"], meta["state"]) == ("3", "ready"), (mac, meta)
+            assert await redis.zscore(k.schedule(types_pb2.PRIORITY_NORMAL, 1), mac) is not None
+            assert await redis.sismember(k.devices, mac)
+        # and a second pass finds nothing wrong; a worker finishes every task
+        assert not (await Reconciler(queues, TaskStore(pg)).run_pass()).wrong
+        await p.add_worker(worker_id="w-after")
+        for _ in range(200):
+            if await pg.fetchval("SELECT count(*) FROM results") == 15:
+                break
+            await asyncio.sleep(0.05)
+        assert await pg.fetchval("SELECT count(*) FROM results") == 15
+        assert await queues.pending() == 0
+
+
 async def test_a_lost_lease_is_requeued_above_every_hand_out_and_the_old_holders_result_is_refused(
         settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
     async with platform_with(quick(settings), redis, pg) as p:
