@@ -99,11 +99,13 @@ def validate_spec(spec: intake_pb2.TaskSpec, field: str, caller: str, settings: 
             ttl_s = settings.task_ttl_s
         elif not 0 < ttl_s <= MAX_TTL_S:
             raise InvalidInput(f"{field}.ttl", f"must be between 0 and {MAX_TTL_S} seconds")
+    if spec.max_attempts > settings.max_attempts:  # 0: the setting
+        raise InvalidInput(f"{field}.max_attempts", f"must be at most {settings.max_attempts} (the global limit)")
 
     return NewTask(
         task_id=uuid.uuid4(), device=device, task_type=spec.type, priority=priority, caller=caller,
         created_at=now, expires_at=now + timedelta(seconds=ttl_s), text=text, image=image, image_url=url,
-        idempotency_key=key, trace_context=trace_context,
+        idempotency_key=key, trace_context=trace_context, max_attempts=spec.max_attempts or None,
     )
 
 

@@ -1,7 +1,10 @@
 """The workers connected to this scheduler replica: their credits, task types and held tasks.
 
 `place` turns popped entries into per-worker assignments (GPU workers first for OCR), spending one
-credit per task; tasks no connected worker takes, or no worker has room for, come back unplaced.
+credit per task; tasks no connected worker takes, or no worker has room for, come back unplaced. Each
+hand-out gets a lease token signed for its worker (`sieve.lease.LeaseSigner`), and `send` records it
+ASSIGNED (`scheduler_svc.lifecycle`). `adopt` gives a stream a lease that a reconnecting worker re-announced
+(the checks are the servicer's); `timed_out` lists hand-outs past their type's execution timeout.
 """
 
 from __future__ import annotations
@@ -9,18 +12,42 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from sieve.db.tasks import HandOut, type_name
 from sieve.entry import Entry
-from sieve.lease import new_token
+from sieve.lease import LeaseSigner, new_token
 from sieve.v1 import scheduler_pb2
 
 if TYPE_CHECKING:
+    from scheduler_svc.lifecycle import LifecycleWriter
     from scheduler_svc.routing import Route
+
+
+@dataclass(frozen=True, slots=True)
+class Handed:
+    """When and what a stream was handed: for execution timeouts and retry delays."""
+
+    #: time.monotonic() of the hand-out (of the adoption's claimed assignment time, for an adopted lease)
+    at: float
+    task_type: int
+    #: counted failures before this hand-out (its attempt is failures + 1)
+    failures: int = 0
+
+
+@dataclass(slots=True)
+class Claim:
+    """A lease a reconnecting worker re-announced that could not be adopted yet (its holder may still be alive:
+    it was renewed too recently), and the settlement that came for it meanwhile."""
+
+    token: str
+    assigned_at: float
+    settlement: scheduler_pb2.Ack | scheduler_pb2.Nack | None = None
 
 
 @dataclass(eq=False)
@@ -43,6 +70,12 @@ class Session:
     closed: bool = False
     #: when the worker last said anything (monotonic s): its leases are renewed only while it talks
     last_seen: float = field(default_factory=time.monotonic)
+    #: task_id -> when and what it was handed (every held task has one)
+    handed: dict[str, Handed] = field(default_factory=dict)
+    #: re-announced leases waiting to be adopted (task_id -> claim)
+    claims: dict[str, Claim] = field(default_factory=dict)
+    #: re-announced leases that were already settled or taken back: their late acks and nacks are dropped quietly
+    gone: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +93,10 @@ class Board:
     def __init__(self) -> None:
         self.sessions: set[Session] = set()
         self.changed = asyncio.Event()
+        #: signs lease tokens (set by the servicer; without it tokens are random and only this process knows them)
+        self.signer: LeaseSigner | None = None
+        #: records hand-outs ASSIGNED in PostgreSQL (set by the servicer)
+        self.lifecycle: LifecycleWriter | None = None
 
     def open(self, hello: scheduler_pb2.WorkerHello) -> Session:
         session = Session(hello.worker_id, frozenset(hello.task_types), hello.gpu)
@@ -86,6 +123,8 @@ class Board:
             held[mac].append((task_id, attempt))
         session.held.clear()
         session.tokens.clear()
+        session.handed.clear()
+        session.claims.clear()
         session.outbound.put_nowait(None)
         self.changed.set()
         return dict(held)
@@ -111,6 +150,7 @@ class Board:
     def release(self, session: Session, task_id: str) -> tuple[str, int] | None:
         """Takes one held task off the session (its device and attempt), or None when it holds no such task."""
         session.tokens.pop(task_id, None)
+        session.handed.pop(task_id, None)
         return session.held.pop(task_id, None)
 
     @property
@@ -135,14 +175,18 @@ class Board:
                 continue
             chosen.credits -= 1
             chosen.held[entry.task_id] = (mac, entry.attempt)
-            chosen.tokens[entry.task_id] = new_token(entry.attempt)
+            chosen.tokens[entry.task_id] = self.token(entry.task_id, entry.attempt, chosen.worker_id)
+            chosen.handed[entry.task_id] = Handed(time.monotonic(), entry.task_type, entry.failures)
             placed[chosen].append(entry)
             if r.reason:
                 notes[r.reason].append(entry.task_id)
         return Placement(dict(placed), dict(unplaced), dict(notes))
 
-    @staticmethod
-    def send(session: Session, mac: str, entries: list[Entry]) -> None:
+    def token(self, task_id: str, lease: int, worker_id: str) -> str:
+        return self.signer.sign(task_id, lease, worker_id) if self.signer is not None else new_token(lease)
+
+    def send(self, session: Session, mac: str, entries: list[Entry]) -> None:
+        """Sends placed entries to their stream in one batch, and records them ASSIGNED."""
         now = datetime.now(UTC)
         batch = scheduler_pb2.AssignmentBatch()
         for e in entries:
@@ -152,6 +196,41 @@ class Board:
             a.assigned_at.FromDatetime(now)
             a.enqueued_at.FromMilliseconds(e.enqueued_ms)
         session.outbound.put_nowait(scheduler_pb2.PullResponse(batch=batch))
+        if self.lifecycle is not None:
+            self.lifecycle.assigned([HandOut(uuid.UUID(e.task_id), e.attempt, e.failures + 1, session.worker_id, now)
+                                     for e in entries])
+
+    def holder(self, task_id: str) -> Session | None:
+        """The session of this replica that holds `task_id`, if any."""
+        return next((s for s in self.sessions if task_id in s.held), None)
+
+    def adopt(self, session: Session, task_id: str, mac: str, lease: int, token: str, handed: Handed) -> None:
+        """Gives `session` a lease its worker re-announced (checked by the caller: its token, Redis, no other
+        holder)."""
+        session.held[task_id] = (mac, lease)
+        session.tokens[task_id] = token
+        session.handed[task_id] = handed
+        session.claims.pop(task_id, None)
+        self.changed.set()
+
+    def timed_out(self, timeout_s: Callable[[str], float], grace_s: float,
+                  now: float | None = None) -> list[tuple[Session, str]]:
+        """Hand-outs held longer than their type's execution timeout plus `grace_s`."""
+        now = time.monotonic() if now is None else now
+        limits: dict[int, float] = {}
+        out: list[tuple[Session, str]] = []
+        for session in self.sessions:
+            for task_id, handed in session.handed.items():
+                limit = limits.get(handed.task_type)
+                if limit is None:
+                    limit = limits.setdefault(handed.task_type, timeout_s(type_label(handed.task_type)) + grace_s)
+                if now - handed.at > limit:
+                    out.append((session, task_id))
+        return out
+
+    def claimed_task_ids(self) -> set[str]:
+        """Re-announced leases this replica's streams wait to adopt."""
+        return {task_id for s in self.sessions for task_id in s.claims}
 
     def forget(self, session: Session, task_ids: list[str]) -> None:
         for task_id in task_ids:
@@ -171,3 +250,11 @@ class Board:
 
     def held_task_ids(self) -> list[str]:
         return [task_id for s in self.sessions for task_id in s.held]
+
+
+def type_label(value: int) -> str:
+    """The name of a task type value ("TEXT", "OCR_IMAGE"), or the number when it has none."""
+    try:
+        return type_name(value)
+    except ValueError:
+        return str(value)

@@ -107,7 +107,7 @@ class DeadLetters:
         for row in revived:
             groups.setdefault(row["device"], []).append(Entry(
                 str(row["id"]), type_value(row["type"]), row["priority"], int(now),
-                int(row["expires_at"].timestamp() * 1000), caller=row["caller"]))
+                int(row["expires_at"].timestamp() * 1000), attempt=row["lease"], caller=row["caller"]))
         if groups:
             await self.queues.enqueue_many(groups, now=now, admit=False)
         async with self.queues.redis.pipeline(transaction=False) as pipe:

@@ -1,25 +1,46 @@
 """The periodic tick (the seed's Beat), off the hot path: resume devices whose backoff ended, take back
 leases that ran out, renew leases of tasks live workers still hold, free devices whose dispatcher died,
-and publish the watermark."""
+and publish the watermark.
+
+Execution timeouts: a hand-out held by one of this replica's streams for longer than its type's timeout plus
+`execution_timeout_grace_s` is taken back even while the stream is alive (its attempt counted, with the retry
+backoff; dead-lettered at the task's max attempts); the worker's later ack or result is refused by fencing.
+
+Scheduler replicas gone: each replica says it is alive (`Keys.schedulers`) every ALIVE_EVERY_S, in a loop of its
+own. A replica silent for `scheduler_dead_after_s` (and for longer than its workers need to reconnect and
+re-announce their leases to another replica) is gone: the leases it had handed out that nobody adopted — tasks
+that were on their way to a worker when it died — go back to their queues at once, uncounted, instead of waiting
+for the lease TTL. Which leases: those whose deadline is no later than the dead replica's last sign of life plus
+the lease TTL (leases of live replicas' live workers are renewed past that every tick).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from scheduler_svc.board import Board, Session
+from scheduler_svc.board import Board, Session, type_label
 from scheduler_svc.dispatcher import Dispatcher
+from scheduler_svc.lifecycle import Returned, Returns
 from scheduler_svc.outcomes import Outcomes
 from scheduler_svc.rebuild import Rebuilder
 from scheduler_svc.reconcile import Reconciler
 from scheduler_svc.watermark import Watermark
+from sieve.backoff import compute_backoff
 from sieve.db.tasks import TaskStore
 from sieve.queue_store import QueueStore, now_ms
 from sieve.workers import WorkerRecords
 
 log = logging.getLogger("sieve.scheduler.housekeeping")
+
+#: how often a replica says it is alive (s)
+ALIVE_EVERY_S = 0.5
+#: leases of a dead replica looked at per round trip, and pages per tick at most
+ORPHAN_PAGE = 1000
+MAX_ORPHAN_PAGES = 100
 
 
 class Housekeeping:
@@ -43,9 +64,18 @@ class Housekeeping:
         self.expired_swept = 0
         #: PostgreSQL's open tasks against Redis, in a loop of its own (a pass may take longer than a tick)
         self.reconciler = Reconciler(queues, tasks)
+        self.returns = Returns(queues, outcomes)
+        #: this replica's id in Keys.schedulers (the one its drain rate is published under)
+        self.replica = dispatcher.drain.replica
+        self._started = time.monotonic()
+        #: hand-outs taken back for running past their execution timeout, by task type name
+        self.execution_timeouts: dict[str, int] = {}
+        #: leases of dead scheduler replicas put back
+        self.orphans_put_back = 0
 
     async def run(self) -> None:
         reconciling = asyncio.create_task(self.reconciler.run(), name="reconcile")
+        alive = asyncio.create_task(self._say_alive(), name="scheduler-alive")
         try:
             while True:
                 try:
@@ -57,6 +87,24 @@ class Housekeeping:
                 await asyncio.sleep(self.settings.housekeeping_interval_s)
         finally:
             reconciling.cancel()
+            alive.cancel()
+
+    async def _say_alive(self) -> None:
+        """Keeps this replica's entry in Keys.schedulers fresh; removes it when stopped (an orderly stop hands back
+        what it held itself)."""
+        redis, key = self.queues.redis, self.queues.keys.schedulers
+        try:
+            while True:
+                try:
+                    await redis.hset(key, self.replica, int(now_ms()))
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.debug("could not say this replica is alive: %s", exc)
+                await asyncio.sleep(ALIVE_EVERY_S)
+        finally:
+            with contextlib.suppress(Exception):
+                await redis.hdel(key, self.replica)
 
     async def tick(self) -> None:
         if await self.rebuilder.ensure():
@@ -67,6 +115,10 @@ class Housekeeping:
         # leases held by this replica's live workers stay alive; the rest may run out
         await self.queues.renew_leases(self.board.live_held_task_ids(self.settings.lease_ttl_s / 2), now=now)
         await self.reclaim_expired_leases(now)
+        await self.reclaim_timed_out(now)
+        await self.put_back_orphans(now)
+        if self.board.signer is not None:
+            await self.board.signer.refresh()
         await self.free_abandoned_devices(now)
         await self.check_workers()
         if time.monotonic() - self._last_ttl_sweep >= self.settings.ttl_sweep_interval_s:
@@ -76,18 +128,105 @@ class Housekeeping:
             self._last_watermark = time.monotonic()
             await self.watermark.publish()
 
-    async def reclaim_expired_leases(self, now: int) -> int:
+    async def reclaim_expired_leases(self, now: float) -> int:
         """Leases nobody renewed (their worker or scheduler died) go back to their device queues."""
         due = await self.queues.leases_due(now=now)
         count = 0
         for mac, leases in due.items():
-            result = await self.queues.requeue(mac, list(leases), count_attempt=True, reason="lease expired")
+            items = []
+            for task_id, lease in leases:
+                holder = self.board.holder(task_id)
+                worker = ""
+                if holder is not None and holder.held[task_id][1] == lease:  # a silent worker of this replica
+                    self.board.release(holder, task_id)
+                    worker = holder.worker_id
+                items.append(Returned(task_id, lease, worker))
+            result = await self.returns.put_back(mac, items, counted=True, reason="lease expired")
             count += result.requeued + len(result.dead_letters)
-            await self.outcomes.dead_lettered(result.dead_letters)
         if count:
             self.lease_reclaims += count
             self.dispatcher.wake.set()
             log.info("reclaimed %d expired leases", count)
+        return count
+
+    async def reclaim_timed_out(self, now: float) -> int:
+        """Hand-outs of this replica's streams past their type's execution timeout plus grace are taken back
+        (counted, with the retry backoff), even though their stream is alive."""
+        s = self.settings
+        count = 0
+        for session, task_id in self.board.timed_out(s.timeout_of, s.execution_timeout_grace_s):
+            handed = session.handed.get(task_id)
+            held = self.board.release(session, task_id)
+            if held is None or handed is None:
+                continue
+            mac, lease = held
+            type_name = type_label(handed.task_type)
+            limit_s = s.timeout_of(type_name)
+            delay_s = compute_backoff(handed.failures + 1, base_s=s.retry_backoff_base_s, max_s=s.retry_backoff_max_s,
+                                      jitter=False)
+            log.warning("task %s ran past its execution timeout (%.0fs) on worker %s: taken back", task_id, limit_s,
+                        session.worker_id, extra={"task_id": task_id, "worker": session.worker_id})
+            await self.returns.put_back(mac, [Returned(task_id, lease, session.worker_id)], counted=True,
+                                        reason=f"execution timed out: ran longer than {limit_s:g}s",
+                                        retry_at_ms=now + delay_s * 1000, now=now)
+            self.execution_timeouts[type_name] = self.execution_timeouts.get(type_name, 0) + 1
+            count += 1
+        if count:
+            self.dispatcher.wake.set()
+        return count
+
+    async def put_back_orphans(self, now: float) -> int:
+        """What dead scheduler replicas had handed out and nobody adopted goes back (see the module)."""
+        s = self.settings
+        redis, key = self.queues.redis, self.queues.keys.schedulers
+        reconnect_s = s.worker_reconnect_max_s + 1.0
+        if time.monotonic() - self._started < reconnect_s:  # their workers may be re-announcing here now
+            return 0
+        silent_enough_s = max(s.scheduler_dead_after_s, 2 * s.housekeeping_interval_s + ALIVE_EVERY_S + 1.0,
+                              reconnect_s)
+        count = 0
+        for replica, raw in (await redis.hgetall(key)).items():
+            if replica == self.replica:
+                continue
+            try:
+                alive_ms = float(raw)
+            except ValueError:
+                await redis.hdel(key, replica)
+                continue
+            if now - alive_ms < silent_enough_s * 1000:
+                continue
+            bound = alive_ms + (s.lease_ttl_s + ALIVE_EVERY_S + 0.5) * 1000
+            put_back = await self._put_back_leases_until(bound, replica)
+            await redis.hdel(key, replica)
+            log.warning("scheduler replica %s is gone (silent for %.1fs): %d of its leases put back", replica,
+                        (now - alive_ms) / 1000, put_back)
+            count += put_back
+        self.orphans_put_back += count
+        if count:
+            self.dispatcher.wake.set()
+        return count
+
+    async def _put_back_leases_until(self, bound_ms: float, replica: str) -> int:
+        ours = {t for session in self.board.sessions for t in session.held} | self.board.claimed_task_ids()
+        count, offset = 0, 0
+        for _ in range(MAX_ORPHAN_PAGES):
+            ids = await self.queues.redis.zrangebyscore(self.queues.keys.leases, "-inf", bound_ms, start=offset,
+                                                        num=ORPHAN_PAGE)
+            if not ids:
+                break
+            theirs = [t for t in ids if t not in ours]
+            facts = await self.queues.lease_facts(theirs)
+            # ours, and deadlines without lease data (leases_due drops those), stay in the range: page past them
+            offset += len(ids) - len(facts)
+            by_device: dict[str, list[Returned]] = {}
+            for task_id, fact in facts.items():
+                by_device.setdefault(fact.mac, []).append(Returned(task_id, fact.entry.attempt))
+            for mac, items in by_device.items():
+                result = await self.returns.put_back(mac, items, counted=False,
+                                                     reason=f"scheduler restart: replica {replica} is gone")
+                count += result.requeued + len(result.dead_letters)
+            if len(ids) < ORPHAN_PAGE:
+                break
         return count
 
     async def free_abandoned_devices(self, now: int) -> None:
@@ -127,7 +266,7 @@ class Housekeeping:
                 log.warning("worker %s has no registration for %.0fs: ending its stream", session.worker_id,
                             now - since, extra={"worker": session.worker_id})
                 self._missing_since.pop(session, None)
-                await self.end_session(session, "worker registration expired")
+                await self.end_session(session, "worker gone: its registration expired")
         for session in list(self._missing_since):
             if session.closed:
                 self._missing_since.pop(session, None)

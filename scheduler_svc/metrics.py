@@ -35,6 +35,9 @@ class SchedulerCollector(ScrapeCollector):
         yield m.CONNECTED_WORKERS.family(len(board.sessions))
         yield m.SCHEDULER_CREDITS.family(board.credits)
         yield m.HELD_TASKS.family(sum(len(session.held) for session in board.sessions))
+        yield m.RECONNECT_LEASES.family(((k,), v) for k, v in sorted(s.servicer.reconnect_leases.items()))
+        yield m.ORPHANED_LEASES.family(s.housekeeping.orphans_put_back)
+        yield m.EXECUTION_TIMEOUTS.family(((k,), v) for k, v in sorted(s.housekeeping.execution_timeouts.items()))
 
     async def read(self) -> list[Metric]:
         queues = self.scheduler.queues

@@ -1,4 +1,5 @@
-"""What the scheduler records in PostgreSQL: expiries, dead letters and routing decisions.
+"""What the scheduler records in PostgreSQL: expiries, dead letters, routing decisions, and (through
+`lifecycle`) hand-outs and put-backs.
 
 These are off the hot path (a task's normal path is recorded by the worker). A failed write is logged
 and does not stop dispatching: the queue state in Redis is already consistent.
@@ -10,6 +11,7 @@ import logging
 import uuid
 from typing import Any
 
+from scheduler_svc.lifecycle import LifecycleWriter
 from sieve.db.tasks import TaskStore
 from sieve.entry import Entry
 
@@ -21,6 +23,8 @@ class Outcomes:
         self.tasks = tasks
         self.expired_count = 0
         self.dead_letter_count = 0
+        #: ASSIGNED and put-back records (scheduler_svc/lifecycle.py)
+        self.lifecycle = LifecycleWriter(tasks)
 
     async def expired(self, entries: list[Entry]) -> None:
         self.expired_count += len(entries)

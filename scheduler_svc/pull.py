@@ -3,6 +3,14 @@
 A Pull stream opens with WorkerHello; then the worker sends credits, acks and nacks, and the
 scheduler sends assignment batches. When the stream ends, whatever the worker still held goes back to
 the front of its device's queue (the attempt counts: the worker may have died in the middle of it).
+
+A worker whose previous stream broke re-announces in its first hello the leases it still holds (running, or
+settled without knowing whether the ack or nack arrived), and sends those acks and nacks in the same message.
+When the scheduler that handed them out died, this one adopts each lease that Redis still holds under the same
+lease number, presented with its exact token (signed for this worker id: `sieve.lease`), that no other stream
+here holds, and that no live holder renews (a lease renewed within `housekeeping_interval_s + 1 s` waits, and is
+looked at again, until it is not); the acks and nacks then settle through the normal paths at once, instead of
+the tasks waiting for their leases to expire.
 """
 
 from __future__ import annotations
@@ -12,13 +20,14 @@ import contextlib
 import logging
 import time
 import uuid
-from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
 
-from scheduler_svc.board import Board, Session
+from scheduler_svc.board import Board, Claim, Handed, Session
 from scheduler_svc.dead_letters import DeadLetters, Filter, to_proto
+from scheduler_svc.lifecycle import Returned, Returns
 from scheduler_svc.outcomes import Outcomes
 from scheduler_svc.watermark import Watermark
 from sieve import rpc, telemetry
@@ -26,11 +35,15 @@ from sieve.auth import current_credential_valid, current_principal
 from sieve.backoff import compute_backoff
 from sieve.coalesce import coalesce
 from sieve.errors import InvalidInput
+from sieve.lease import LeaseSigner, lease_number
 from sieve.queue_store import QueueStore, now_ms
 from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc
 from sieve.workers import KNOWN_TASK_TYPES, WorkerRecords, worker_id_problem
 
 log = logging.getLogger("sieve.scheduler.pull")
+
+
+Settlement = scheduler_pb2.Ack | scheduler_pb2.Nack
 
 
 def _append_batch(first: scheduler_pb2.PullResponse, later: scheduler_pb2.PullResponse) -> None:
@@ -43,6 +56,19 @@ MAX_REASON_CHARS = 500
 MAX_SETTLEMENTS = 10_000
 #: how often an open stream's credential is checked again (a revoked one ends the stream)
 CREDENTIAL_RECHECK_S = 1.0
+#: a re-announced lease renewed less than this long ago (beyond one housekeeping interval) may still have a live
+#: holder: it waits
+ADOPT_STALE_S = 1.0
+#: assignment times a reconnecting worker claims are believed back this far, at most
+MAX_CLAIMED_AGE_S = 86_400.0
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return len(text) <= 36
 
 
 def _hello_problem(hello: scheduler_pb2.WorkerHello, field: str = "hello") -> tuple[str, str] | None:
@@ -79,6 +105,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         #: credits of streams whose worker had not registered yet, kept (the worker does not send them again)
         #: until its record appears: the session -> (credits asked, the task looking for the record)
         self._unregistered: dict[Session, tuple[int, asyncio.Task[None]]] = {}
+        #: every take-back goes through here (Redis, dead letters at the task's limit, the PENDING record)
+        self.returns = Returns(queues, outcomes)
+        if board.signer is None:
+            board.signer = LeaseSigner(queues.redis, queues.keys.lease_key)
+        board.lifecycle = outcomes.lifecycle
+        #: leases re-announced by reconnecting workers, by what became of them: adopted, acked / nacked (their
+        #: settlement came with them), gone (already settled or taken back), refused (bad token, another holder)
+        self.reconnect_leases: Counter[str] = Counter()
+        #: re-announced acks and nacks of leases already gone, dropped (not fencing refusals: nothing ran twice)
+        self.reannounced_gone = 0
+        self._adopting: dict[Session, asyncio.Task[None]] = {}
 
     def stop_accepting(self) -> None:
         self._accepting = False
@@ -99,13 +136,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         if not principal.may_act_as_worker(first.hello.worker_id):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"credential {principal.name!r} may not act as this worker id")
+        assert self.board.signer is not None
+        await self.board.signer.ensure()
         session = self.board.open(first.hello)
         session.anonymous = principal.anonymous
         log.info("worker %s connected", session.worker_id, extra={"worker": session.worker_id})
         try:
+            if first.hello.held:
+                await self._adopt(session, first)
             await self._handle(session, first)
         except Exception:
-            await self.end_session(session, "worker stream closed")
+            await self.end_session(session, "worker gone: its stream closed")
             raise
         # acks and nacks are handled outside the stream's span (it lasts as long as the worker is connected)
         reader = asyncio.create_task(self._read(session, context), context=telemetry.detached_context())
@@ -120,16 +161,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 yield message
                 if closing:
                     break
-            if revoked.is_set():  # what it held goes back (finally); it gets nothing more
+            if revoked.is_set():  # what it held goes back (before the stream ends); it gets nothing more
                 log.warning("worker %s: credential revoked, stream ended", session.worker_id,
                             extra={"worker": session.worker_id})
+                await self.end_session(session, "worker gone: its credential was revoked")
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, "the credential of this stream was revoked")
         finally:
             for task in (reader, guard):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            await self.end_session(session, "worker stream closed")
+            await self.end_session(session, "worker gone: its stream closed")
 
     @staticmethod
     async def _watch_credential(session: Session, valid: Callable[[], bool], revoked: asyncio.Event) -> None:
@@ -218,6 +260,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def _ack(self, session: Session, acks: list[scheduler_pb2.Ack]) -> None:
         """Settles acks for leases this stream holds. A task PostgreSQL does not show finished (a worker that
         acks without storing a result) is put back with its attempt counted, not removed."""
+        acks = self._sift(session, acks)
+        if not acks:
+            return
         mine = [a for a in acks if self.board.holds(session, a.task_id, a.lease_token)]
         if len(mine) < len(acks):
             self.fencing_refusals += len(acks) - len(mine)
@@ -248,52 +293,175 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                         len(unproven), extra={"worker": session.worker_id})
             await self._put_back(session, [(a, "acked without a stored result", True) for a in unproven])
 
+    def _sift(self, session: Session, items: Sequence[Settlement]) -> list[Settlement]:
+        """Acks or nacks minus those of re-announced leases: one waiting to be adopted keeps its settlement for
+        then; one already gone is dropped (it was settled, or taken back, before this stream)."""
+        if not session.claims and not session.gone:
+            return list(items)
+        kept: list[Settlement] = []
+        for item in items:
+            if item.task_id in session.held:
+                kept.append(item)
+            elif item.task_id in session.claims:
+                session.claims[item.task_id].settlement = item
+            elif item.task_id in session.gone:
+                self.reannounced_gone += 1
+            else:
+                kept.append(item)
+        return kept
+
     async def _put_back(self, session: Session, items: list[tuple[scheduler_pb2.Ack, str, bool]]) -> None:
         await self._nack(session, [scheduler_pb2.Nack(task_id=a.task_id, lease_token=a.lease_token, reason=reason,
-                                                      count_attempt=counts) for a, reason, counts in items])
+                                                      count_attempt=counts) for a, reason, counts in items],
+                         nacked=False)
 
-    async def _nack(self, session: Session, nacks: list[scheduler_pb2.Nack]) -> None:
+    async def _nack(self, session: Session, nacks: list[scheduler_pb2.Nack], *, nacked: bool = True) -> None:
         """Nacked tasks go back after their retry delay: the worker's (capped), or for a counted failure the
-        exponential retry backoff of its attempt; at max attempts they are dead-lettered. Only leases this
-        stream holds, under their exact token, count."""
-        Key = tuple[str, bool, float]
-        by_key: dict[Key, list[tuple[str, int | None]]] = defaultdict(list)
-        reasons: dict[Key, str] = {}
+        exponential retry backoff of its attempt; a counted one at its max attempts is dead-lettered. Only leases
+        this stream holds, under their exact token, count. The task's history says "nacked: <reason>"."""
+        nacks = self._sift(session, nacks)
+        Key = tuple[str, bool, float, str]
+        by_key: dict[Key, list[Returned]] = defaultdict(list)
         now = now_ms()
         s = self.queues.settings
         for n in nacks:
+            handed = session.handed.get(n.task_id)
             held = self.board.release(session, n.task_id) if self.board.holds(
                 session, n.task_id, n.lease_token) else None
             if held is None:
                 self.fencing_refusals += 1
                 continue
-            mac, attempt = held
+            mac, lease = held
             delay_s = n.retry_after.ToMilliseconds() / 1000 if n.HasField("retry_after") else 0.0
             delay_s = min(max(0.0, delay_s), s.defer_backoff_max_s)
             if n.count_attempt and not delay_s:
-                delay_s = compute_backoff(attempt, base_s=s.retry_backoff_base_s, max_s=s.retry_backoff_max_s,
+                failures = handed.failures if handed is not None else 0
+                delay_s = compute_backoff(failures + 1, base_s=s.retry_backoff_base_s, max_s=s.retry_backoff_max_s,
                                           jitter=False)
-            key = (mac, n.count_attempt, round(now + delay_s * 1000, 1))
-            by_key[key].append((n.task_id, attempt))
-            reasons[key] = (n.reason or "nacked")[:MAX_REASON_CHARS]
-        for (mac, counts, retry_at), leases in by_key.items():
-            reason = reasons[(mac, counts, retry_at)]
-            result = await self.queues.requeue(mac, leases, count_attempt=counts, reason=reason,
-                                               retry_at_ms=retry_at, now=now)
-            await self.outcomes.dead_lettered(result.dead_letters)
+            key = (mac, n.count_attempt, round(now + delay_s * 1000, 1), (n.reason or "nacked")[:MAX_REASON_CHARS])
+            by_key[key].append(Returned(n.task_id, lease, session.worker_id))
+        for (mac, counts, retry_at, reason), items in by_key.items():
+            await self.returns.put_back(mac, items, counted=counts, reason=reason,
+                                        detail=f"nacked: {reason}" if nacked else reason,
+                                        retry_at_ms=retry_at if retry_at > now else None, now=now)
 
     async def end_session(self, session: Session, reason: str, *, count_attempt: bool = True) -> None:
         """Closes a session and puts back what it held."""
         self._forget_unregistered(session)
+        adopting = self._adopting.pop(session, None)
+        if adopting is not None and adopting is not asyncio.current_task():
+            adopting.cancel()
         if session.closed and not session.held:
             return
         held = self.board.close(session)
         for mac, leases in held.items():
-            result = await self.queues.requeue(mac, list(leases), count_attempt=count_attempt, reason=reason)
-            await self.outcomes.dead_lettered(result.dead_letters)
+            await self.returns.put_back(mac, [Returned(t, a, session.worker_id) for t, a in leases],
+                                        counted=count_attempt, reason=reason)
         if held:
             log.info("worker %s: %d held tasks put back (%s)", session.worker_id,
                      sum(len(v) for v in held.values()), reason, extra={"worker": session.worker_id})
+            await self.outcomes.lifecycle.flush()
+
+    # --- leases re-announced by a reconnecting worker ----------------------------------------------
+    async def _adopt(self, session: Session, first: scheduler_pb2.PullRequest) -> None:
+        """Takes the leases the first hello re-announces into this stream where they check out (see the module);
+        those that may still have a live holder wait (`_adopt_later`)."""
+        now_s, now_wall = time.monotonic(), time.time()
+        refused = 0
+        signer = self.board.signer
+        assert signer is not None
+        for held in list(first.hello.held)[:MAX_SETTLEMENTS]:
+            if held.task_id in session.claims:
+                continue
+            if not _is_uuid(held.task_id) or signer.verify(held.task_id, session.worker_id, held.lease_token) is None:
+                refused += 1
+                continue
+            claimed = held.assigned_at.ToMilliseconds() / 1000 if held.HasField("assigned_at") else now_wall
+            age_s = min(max(0.0, now_wall - claimed), MAX_CLAIMED_AGE_S)
+            session.claims[held.task_id] = Claim(held.lease_token, now_s - age_s)
+        self.reconnect_leases["refused"] += refused
+        if refused:
+            log.warning("worker %s re-announced %d leases with tokens that are not its own: refused", session.worker_id,
+                        refused, extra={"worker": session.worker_id})
+        adopted = await self._try_claims(session, settle=False)
+        # the acks and nacks of the same message are for these leases: count them as settled by the reconnect
+        for kind, items in (("acked", first.acks), ("nacked", first.nacks)):
+            self.reconnect_leases[kind] += sum(1 for i in items if i.task_id in session.held)
+        log.info("worker %s reconnected: %d re-announced leases adopted, %d settlements with them, %d waiting, "
+                 "%d already gone, %d refused", session.worker_id, adopted,
+                 sum(1 for i in (*first.acks, *first.nacks) if i.task_id in session.held), len(session.claims),
+                 sum(1 for h in first.hello.held if h.task_id in session.gone), refused,
+                 extra={"worker": session.worker_id})
+        if session.claims:
+            self._adopting[session] = asyncio.create_task(self._adopt_later(session),
+                                                          context=telemetry.detached_context())
+
+    async def _try_claims(self, session: Session, *, settle: bool = True) -> int:
+        """Adopts the session's claims that check out now; drops those whose lease is gone or held here by another
+        stream; leaves the rest. With `settle`, settlements that waited for their lease are settled. Returns how
+        many were adopted."""
+        ids = list(session.claims)
+        if not ids:
+            return 0
+        facts = await self.queues.lease_facts(ids)
+        s = self.queues.settings
+        fresh_after = now_ms() + (s.lease_ttl_s - s.housekeeping_interval_s - ADOPT_STALE_S) * 1000
+        adopted: list[str] = []
+        acks: list[scheduler_pb2.Ack] = []
+        nacks: list[scheduler_pb2.Nack] = []
+        for task_id in ids:
+            claim = session.claims[task_id]
+            fact = facts.get(task_id)
+            if fact is None or fact.entry.attempt != lease_number(claim.token):
+                session.claims.pop(task_id)
+                session.gone.add(task_id)
+                self.reconnect_leases["gone"] += 1
+                if claim.settlement is not None:
+                    self.reannounced_gone += 1
+                continue
+            holder = self.board.holder(task_id)
+            if holder is not None:
+                session.claims.pop(task_id)
+                if holder is not session:
+                    self.reconnect_leases["refused"] += 1
+                continue
+            if fact.deadline_ms > fresh_after:  # renewed lately: its holder may be alive; look again later
+                continue
+            self.board.adopt(session, task_id, fact.mac, fact.entry.attempt, claim.token,
+                             Handed(claim.assigned_at, fact.entry.task_type, fact.entry.failures))
+            adopted.append(task_id)
+            if isinstance(claim.settlement, scheduler_pb2.Ack):
+                acks.append(claim.settlement)
+            elif isinstance(claim.settlement, scheduler_pb2.Nack):
+                nacks.append(claim.settlement)
+        if adopted:
+            self.reconnect_leases["adopted"] += len(adopted)
+            await self.queues.renew_leases(adopted)
+        if settle and (acks or nacks):
+            self.reconnect_leases["acked"] += len(acks)
+            self.reconnect_leases["nacked"] += len(nacks)
+            if acks:
+                await self._ack(session, acks)
+            if nacks:
+                await self._nack(session, nacks)
+        return len(adopted)
+
+    async def _adopt_later(self, session: Session) -> None:
+        """Looks at the waiting claims again until each is adopted or gone (a lease runs out at the latest)."""
+        interval_s = max(0.05, self.queues.settings.housekeeping_interval_s / 2)
+        while session.claims and not session.closed:
+            await asyncio.sleep(interval_s)
+            try:
+                adopted = await self._try_claims(session)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.info("worker %s: re-announced leases not checked: %s", session.worker_id, exc)
+                continue
+            if adopted:
+                log.info("worker %s: %d more re-announced leases adopted", session.worker_id, adopted,
+                         extra={"worker": session.worker_id})
+        self._adopting.pop(session, None)
 
     async def GetWatermark(self, request: scheduler_pb2.GetWatermarkRequest,
                            context: grpc.aio.ServicerContext) -> scheduler_pb2.GetWatermarkResponse:

@@ -53,6 +53,11 @@ class Keys:
         self.leases = f"{self.base}:leases"
         #: Handed-out tasks: task_id -> "mac|entry" (the entry carries the attempt, the fencing token).
         self.lease_data = f"{self.base}:lease:data"
+        #: The key lease tokens are signed with (sieve/lease.py), shared by every scheduler replica.
+        self.lease_key = f"{self.base}:lease:key"
+        #: Scheduler replicas that are alive: replica id -> when it last said so (ms). A replica silent for
+        #: scheduler_dead_after_s is gone: what it handed out and no worker re-announced is put back.
+        self.schedulers = f"{self.base}:schedulers"
         #: Tasks waiting out a retry delay: "mac|entry" -> due time (ms).
         self.delayed = f"{self.base}:delayed"
         #: Dead letters, newest first, capped (JSON objects).

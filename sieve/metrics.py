@@ -85,6 +85,11 @@ SUBMIT_TO_START = Histogram("sieve_submit_to_start_seconds",
 START_TO_DONE = Histogram("sieve_start_to_done_seconds",
                           "Time from the worker's start to the result being stored, by task type",
                           ["type"], buckets=_LATENCY_BUCKETS, registry=REGISTRY)
+TASK_NACKS = Counter("sieve_task_nacks",
+                     "Tasks a worker handed back, by type and why: transient (a failure that may pass: fetch "
+                     "timeout, HTTP 5xx/429, PostgreSQL write, OCR runtime error), timeout (past the execution "
+                     "timeout), batch_error (the whole batch raised), engine_busy (OCR engine held by abandoned work)",
+                     ["type", "reason"], registry=REGISTRY)
 TASK_RESULTS = Counter("sieve_task_results",
                        "Attempts a worker finished, by type and outcome (succeeded, failed, refused: stale "
                        "attempt or cancelled; nacked: handed back)", ["type", "outcome"], registry=REGISTRY)
@@ -127,6 +132,16 @@ LEASE_RECLAIMS = _c("sieve_lease_reclaims", "Leases that ran out and were taken 
 FENCING_REFUSALS = _c("sieve_fencing_refusals", "Acks or nacks refused because a newer attempt owns the task")
 EXPIRED = _c("sieve_expired_tasks", "Tasks dropped by this scheduler because their TTL passed")
 DEAD_LETTERED = _c("sieve_dead_lettered_tasks", "Tasks this scheduler moved to the dead-letter list")
+RECONNECT_LEASES = _c("sieve_reconnect_leases",
+                      "Leases reconnecting workers re-announced to this scheduler, by what became of them: adopted "
+                      "(held by the new stream), acked / nacked (their settlement had not arrived: settled at once), "
+                      "gone (already settled or taken back), refused (not the worker's token, or held by another "
+                      "stream)", "outcome")
+ORPHANED_LEASES = _c("sieve_orphaned_leases",
+                     "Leases of scheduler replicas that died, that no worker re-announced, put back by this one")
+EXECUTION_TIMEOUTS = _c("sieve_execution_timeouts",
+                        "Hand-outs this scheduler took back for running past their type's execution timeout "
+                        "(plus grace), by task type", "type")
 # scheduler: read from Redis / PostgreSQL
 PENDING = _g("sieve_pending_tasks", "PENDING tasks in PostgreSQL, by priority and type", "priority", "type")
 QUEUED = _g("sieve_queued_tasks", "Tasks waiting in the device queues (the Redis pending counter)")
@@ -165,6 +180,10 @@ WORKER_OVER_WATERMARK = _g("sieve_worker_over_watermark", "1 while the worker ho
 WORKER_HELD_BACK = _g("sieve_worker_held_back", "1 while this resource holds the worker back", "resource")
 WORKER_HELD_BACK_SECONDS = _c("sieve_worker_held_back_seconds",
                               "Seconds the worker held back, by the resource that held it back", "resource")
+WORKER_ABANDONED = _c("sieve_worker_abandoned_tasks",
+                      "Tasks this worker stopped waiting for past their execution timeout (nacked, counted)")
+WORKER_LINGERING = _g("sieve_worker_lingering_slots",
+                      "Slots held by abandoned work whose thread has not returned yet (a hung OCR inference)")
 WORKER_PRESSURE_PUT_BACK = _c("sieve_worker_pressure_put_back_tasks",
                               "Tasks that reached the worker while it held back and were put back (uncounted)")
 

@@ -73,6 +73,15 @@ class Requeued:
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseFact:
+    """What Redis holds about one lease: its device, entry (its attempt is the lease number) and deadline (ms)."""
+
+    mac: str
+    entry: Entry
+    deadline_ms: float
+
+
+@dataclass(frozen=True, slots=True)
 class Deferred:
     unschedulable_until_ms: int
     dead_letters: list[dict[str, Any]]
@@ -431,6 +440,24 @@ class QueueStore:
             mac, _, raw = value.partition("|")
             by_device[mac].append((task_id, Entry.decode(raw).attempt))
         return dict(by_device)
+
+    async def lease_facts(self, task_ids: list[str]) -> dict[str, LeaseFact]:
+        """The leases Redis holds for these tasks (device, entry, deadline), in one round trip; a task without
+        lease data is left out."""
+        if not task_ids:
+            return {}
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(self.keys.lease_data, task_ids)
+            for task_id in task_ids:
+                pipe.zscore(self.keys.leases, task_id)
+            values, *deadlines = await pipe.execute()
+        out: dict[str, LeaseFact] = {}
+        for task_id, value, deadline in zip(task_ids, values, deadlines, strict=True):
+            if value is None:
+                continue
+            mac, _, raw = value.partition("|")
+            out[task_id] = LeaseFact(mac, Entry.decode(raw), float(deadline) if deadline is not None else 0.0)
+        return out
 
     async def renew_leases(self, task_ids: list[str], *, now: float | None = None) -> None:
         """Pushes the deadline of leases that are still held by a live worker (only existing ones)."""

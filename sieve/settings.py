@@ -138,6 +138,18 @@ class Settings:
     lease_ttl_s: float = 60.0
     #: Period of housekeeping (seed Beat): backoff resumption, lease and TTL sweeps.
     housekeeping_interval_s: float = 1.0
+
+    # --- execution: timeouts, retries, reconnects (README "Failures and retries") -------------------------
+    #: A task of the type running longer than this is abandoned by its worker (nacked, the attempt counted) and,
+    #: past execution_timeout_grace_s more, taken back by the scheduler even while its worker's stream is alive.
+    text_timeout_s: float = 30.0
+    ocr_timeout_s: float = 120.0
+    execution_timeout_grace_s: float = 15.0
+    #: Longest wait of a worker between two tries to open its Pull stream (jittered, doubling from 0.2 s).
+    worker_reconnect_max_s: float = 1.0
+    #: A scheduler replica silent this long is gone: what it had handed out and no worker re-announced to another
+    #: replica goes back to its queue, uncounted.
+    scheduler_dead_after_s: float = 3.0
     watermark_interval_s: float = 15.0
     watermark_ttl_s: float = 20.0
     #: What to do with OCR tasks when GPU workers are expected but none is alive: defer | cpu | dead_letter.
@@ -231,6 +243,7 @@ class Settings:
                                 "SIEVE_LEASE_TTL_S) or more")
         if self.reconcile_page_rows < 1 or self.reconcile_fence_step < 1:
             raise SettingsError("SIEVE_RECONCILE_PAGE_ROWS and SIEVE_RECONCILE_FENCE_STEP must be at least 1")
+        self._validate_execution()
         if self.min_batch_size > self.batch_size:
             raise SettingsError("SIEVE_MIN_BATCH_SIZE must not exceed SIEVE_BATCH_SIZE")
         if self.no_gpu_strategy not in ("defer", "cpu", "dead_letter"):
@@ -253,6 +266,17 @@ class Settings:
             if getattr(self, hook) and not self.test_hooks:
                 raise SettingsError(f"{ENV_PREFIX}{hook.upper()} is a test-only hook: it needs "
                                     f"{ENV_PREFIX}TEST_HOOKS=true")
+
+    def _validate_execution(self) -> None:
+        for name in ("text_timeout_s", "ocr_timeout_s", "worker_reconnect_max_s", "scheduler_dead_after_s"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise SettingsError(f"{ENV_PREFIX}{name.upper()} must be more than 0")
+        if not 0 <= self.execution_timeout_grace_s < float("inf"):
+            raise SettingsError("SIEVE_EXECUTION_TIMEOUT_GRACE_S must be 0 or more")
+
+    def timeout_of(self, task_type: str) -> float:
+        """The execution timeout of a task type ("TEXT", "OCR_IMAGE"), seconds."""
+        return self.ocr_timeout_s if task_type == "OCR_IMAGE" else self.text_timeout_s
 
     def _validate_tenants(self) -> None:
         if self.caller_max_pending < 0:
@@ -343,7 +367,8 @@ class Settings:
     #: Image bytes of a task once its result is stored: keep | delete.
     ocr_payload_retention: str = "keep"
     #: Tests only: an injected engine failure. "gpu_oom_once": the worker starts in simulated GPU mode and its
-    #: first inference raises a CUDA out-of-memory error; "oom_always": every inference raises one.
+    #: first inference raises a CUDA out-of-memory error; "oom_always": every inference raises one; "hang_once": the
+    #: first inference hangs (its thread returns only when the process ends); "hang": every inference hangs.
     ocr_fault: str = ""
 
 

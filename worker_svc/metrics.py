@@ -55,6 +55,8 @@ class WorkerCollector(ScrapeCollector):
         yield m.WORKER_HELD_BACK.family([((r,), 1 if r in held else 0) for r in WATERMARK_RESOURCES])
         yield m.WORKER_HELD_BACK_SECONDS.family([((r,), s) for r, s in pressure.held_back_seconds().items()])
         yield m.WORKER_PRESSURE_PUT_BACK.family(puller.pressure_nacks)
+        yield m.WORKER_ABANDONED.family(runner.abandoned)
+        yield m.WORKER_LINGERING.family(len(runner.holds))
 
 
 __all__ = ["WorkerCollector"]

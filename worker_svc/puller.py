@@ -6,8 +6,16 @@ assignment arrives until its ack is sent. When the worker starts holding back it
 the scheduler still has (a `draining` message: unused credits dropped; credits sent later count again), so
 that work goes to other workers meanwhile; a batch that was already on its way is put back at once (the
 execution-time check), uncounted, with a retry delay from the pressure's own estimate (seconds, not a fixed
-30 s). When the stream breaks the worker reconnects with jittered exponential backoff; tasks it was running
-are put back by the scheduler and their late acks are refused.
+30 s). When the stream breaks the worker reconnects with jittered exponential backoff (at most
+`SIEVE_WORKER_RECONNECT_MAX_S`) and re-announces what it holds: the first hello of the new stream lists the
+assignments it is still running and those whose ack or nack may not have arrived (sent in the last
+IN_DOUBT_S, or produced while no stream was open), and carries those acks and nacks. A new scheduler process
+(the old one died) adopts those leases and settles them at once; a live scheduler already put back what the old
+stream held when it ended, so those leases are gone and their late settlements are dropped or refused.
+
+A batch whose run raises is nacked whole, each task's attempt counted. Work the runner abandoned past its
+execution timeout but whose thread cannot be stopped (a hung OCR inference) keeps its slot until the thread
+returns (`SlotHolds`): the task itself is nacked at once, but no credit is granted for that slot meanwhile.
 """
 
 from __future__ import annotations
@@ -17,21 +25,46 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 import grpc
 
-from sieve import rpc, telemetry
+from sieve import metrics, rpc, telemetry
 from sieve.backoff import Backoff
 from sieve.coalesce import coalesce
 from sieve.settings import Settings
-from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc
+from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
 from worker_svc.pressure import Pressure
 
 log = logging.getLogger("sieve.worker.pull")
 
 #: how often withheld credits are reconsidered while the worker is under pressure
 PRESSURE_RECHECK_S = 0.25
+#: acks and nacks sent this recently on a stream that broke may not have arrived: re-announced on the next one
+IN_DOUBT_S = 10.0
+#: most leases one reconnecting hello re-announces (the scheduler honours as many settlements per message)
+MAX_REANNOUNCED = 10_000
+
+Settlement = scheduler_pb2.Ack | scheduler_pb2.Nack
+
+
+class SlotHolds:
+    """Slots of abandoned work that still runs in a thread: task id -> the future of that thread's job."""
+
+    def __init__(self) -> None:
+        self._futures: dict[str, asyncio.Future[object]] = {}
+
+    def hold(self, task_id: str, future: asyncio.Future[object]) -> None:
+        self._futures[task_id] = future
+        future.add_done_callback(lambda _f: self._futures.pop(task_id, None))
+
+    def take(self, task_ids: Iterable[str]) -> list[asyncio.Future[object]]:
+        """The futures of these tasks whose work still runs (they stay counted until done)."""
+        return [f for t in task_ids if (f := self._futures.get(t)) is not None and not f.done()]
+
+    def __len__(self) -> int:
+        return sum(1 for f in self._futures.values() if not f.done())
 
 BatchRunner = Callable[[list[scheduler_pb2.Assignment]], Awaitable[tuple[list[scheduler_pb2.Ack],
                                                                           list[scheduler_pb2.Nack]]]]
@@ -60,6 +93,16 @@ class Puller:
         self.pressure_nacks = 0
         self._withheld = False  # holding back: credits withdrawn, none granted
         self._last_sent = 0.0
+        #: abandoned work still in a thread (set by the worker: its runner's holds)
+        self.holds: SlotHolds | None = None
+        #: assignments received and not settled yet (re-announced on a new stream)
+        self._assigned: dict[str, scheduler_pb2.Assignment] = {}
+        #: (when, settlement) sent on the current stream lately; settlements owed to the next stream
+        self._recent: deque[tuple[float, Settlement]] = deque(maxlen=MAX_REANNOUNCED)
+        self._owed: list[Settlement] = []
+        #: streams opened after one broke, and the leases their first hello re-announced
+        self.reconnects = 0
+        self.reannounced = 0
 
     # --- credits ----------------------------------------------------------------------------------
     @property
@@ -88,6 +131,9 @@ class Puller:
         if self._outbox is not None:
             self._outbox.put_nowait(request)
             self._last_sent = time.monotonic()
+        else:  # no stream: the settlements go with the next one's hello
+            self._owed.extend(request.acks)
+            self._owed.extend(request.nacks)
 
     def _grant(self, request: scheduler_pb2.PullRequest) -> scheduler_pb2.PullRequest:
         credits = self._free_credits()
@@ -99,6 +145,44 @@ class Puller:
     def _hello(self) -> scheduler_pb2.WorkerHello:
         return scheduler_pb2.WorkerHello(worker_id=self.worker_id, task_types=self.task_types, gpu=self.gpu)
 
+    def _first_request(self) -> scheduler_pb2.PullRequest:
+        """The hello of a new stream; after a broken one it re-announces the leases still held (running ones and
+        those whose settlement is owed) and carries the owed acks and nacks."""
+        request = scheduler_pb2.PullRequest(hello=self._hello())
+        owed, self._owed = self._owed[-MAX_REANNOUNCED:], []
+        running = list(self._assigned.values())[: max(0, MAX_REANNOUNCED - len(owed))]
+        for a in running:
+            request.hello.held.add(task_id=a.task_id, lease_token=a.lease_token, assigned_at=a.assigned_at)
+        settled = {a.task_id for a in running}
+        for item in owed:
+            if item.task_id not in settled:
+                request.hello.held.add(task_id=item.task_id, lease_token=item.lease_token)
+            (request.acks if isinstance(item, scheduler_pb2.Ack) else request.nacks).append(item)
+        if request.hello.held:
+            self.reconnects += 1
+            self.reannounced += len(request.hello.held)
+            log.info("re-announcing %d leases (%d running, %d acks and nacks owed)", len(request.hello.held),
+                     len(running), len(owed))
+        return request
+
+    def _note_sent(self, request: scheduler_pb2.PullRequest) -> None:
+        if request.acks or request.nacks:
+            now = time.monotonic()
+            self._recent.extend((now, item) for item in (*request.acks, *request.nacks))
+
+    def _stream_ended(self, outbox: asyncio.Queue[scheduler_pb2.PullRequest | None]) -> None:
+        """What the broken stream may not have delivered becomes owed to the next one: settlements never taken
+        from its outbox, and those sent in the last IN_DOUBT_S."""
+        unsent: list[Settlement] = []
+        while not outbox.empty():
+            item = outbox.get_nowait()
+            if item is not None:
+                unsent.extend((*item.acks, *item.nacks))
+        horizon = time.monotonic() - min(IN_DOUBT_S, self.settings.lease_ttl_s)
+        doubtful = [item for at, item in self._recent if at >= horizon]
+        self._recent.clear()
+        self._owed = [*doubtful, *unsent, *self._owed][-MAX_REANNOUNCED:]
+
     def announce(self) -> None:
         """Tells the scheduler this worker's capabilities again (its GPU mode changed) on the open stream;
         a stream opened later starts with them anyway."""
@@ -107,7 +191,7 @@ class Puller:
     # --- the stream -------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         """Keeps a Pull stream open until `stop` is set and the in-flight work is done."""
-        backoff = Backoff()
+        backoff = Backoff(max_s=self.settings.worker_reconnect_max_s)
         while not (stop.is_set() and self.draining):
             try:
                 await self._stream(stop)
@@ -128,7 +212,7 @@ class Puller:
         outbox: asyncio.Queue[scheduler_pb2.PullRequest | None] = asyncio.Queue()
         self._outbox = outbox
         self._granted = 0
-        outbox.put_nowait(self._grant(scheduler_pb2.PullRequest(hello=self._hello())))
+        outbox.put_nowait(self._grant(self._first_request()))
 
         async def requests() -> AsyncIterator[scheduler_pb2.PullRequest]:
             while True:
@@ -136,6 +220,7 @@ class Puller:
                 if item is None:
                     return
                 closing = coalesce(outbox, item, merge_into)
+                self._note_sent(item)
                 yield item
                 if closing:
                     return
@@ -153,6 +238,7 @@ class Puller:
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
                 self._outbox = None
+                self._stream_ended(outbox)
 
     async def _watch(self, stop: asyncio.Event, outbox: asyncio.Queue[scheduler_pb2.PullRequest | None]) -> None:
         """Grants withheld credits when pressure clears, says "still working" often enough that the
@@ -181,6 +267,8 @@ class Puller:
         n = len(assignments)
         self._granted = max(0, self._granted - n)
         self.in_use += n
+        for a in assignments:
+            self._assigned[a.task_id] = a
         # each task's spans hang off its own trace, not off this long-lived stream's
         task = asyncio.create_task(self._batch(assignments), context=telemetry.detached_context())
         self._running.add(task)
@@ -196,15 +284,26 @@ class Puller:
                 self.pressure_nacks += len(nacks)
             else:
                 acks, nacks = await self.run_batch(assignments)
-        except Exception as exc:
+        except Exception as exc:  # each task's attempt counts: it may be what broke the batch
             log.exception("batch of %d failed", len(assignments),
                           extra={"task_ids": [a.task_id for a in assignments], "worker_id": self.worker_id})
             acks, nacks = [], [scheduler_pb2.Nack(task_id=a.task_id, lease_token=a.lease_token,
-                                                  reason=f"worker error: {exc}", count_attempt=False)
+                                                  reason=f"worker error: {type(exc).__name__}: {exc}"[:500],
+                                                  count_attempt=True)
                                for a in assignments]
-        self.in_use -= len(assignments)
+            for a in assignments:
+                metrics.TASK_NACKS.labels(_type_label(a.type), "batch_error").inc()
+        lingering = self.holds.take(a.task_id for a in assignments) if self.holds is not None else []
+        self.in_use -= len(assignments) - len(lingering)
+        for future in lingering:  # a hung thread keeps its slot until it returns
+            future.add_done_callback(self._slot_freed)
+        for a in assignments:
+            self._assigned.pop(a.task_id, None)
         self.completed += len(acks)
         self._send(self._grant(scheduler_pb2.PullRequest(acks=acks, nacks=nacks)))
+
+    def _slot_freed(self, _future: asyncio.Future[object]) -> None:
+        self.in_use -= 1
 
     @staticmethod
     def _pressure_nack(assignment: scheduler_pb2.Assignment, reasons: list[str],
@@ -229,6 +328,13 @@ def merge_into(first: scheduler_pb2.PullRequest, later: scheduler_pb2.PullReques
     elif later.credits:
         first.draining = False
         first.credits += later.credits
+
+
+def _type_label(value: int) -> str:
+    try:
+        return types_pb2.TaskType.Name(value).removeprefix("TASK_TYPE_")
+    except ValueError:
+        return str(value)
 
 
 def new_worker_id() -> str:

@@ -9,6 +9,16 @@ TEXT tasks are matched at once, on the event loop (microseconds each). OCR_IMAGE
 an `OcrRuntime`, go through `worker_svc.ocr.pipeline.run_ocr` all at once (decode on the decode pool,
 recognition on the engine thread); with SIEVE_OCR_PAYLOAD_RETENTION=delete their image bytes are removed
 once their results are stored (`sieve.db.payloads`).
+
+Failures (`worker_svc.detection`): permanent ones are stored as FAILED; transient ones (and a PostgreSQL
+write that failed) are nacked with the attempt counted, so the scheduler retries them with backoff and
+dead-letters them at their max attempts. Execution timeout: each OCR task runs under `asyncio.timeout`
+(`SIEVE_OCR_TIMEOUT_S`); past it the worker stops waiting and nacks it counted. Its inference thread cannot be
+killed: if it was running, it keeps its slot (`SlotHolds`, read by the Puller) until it returns, and tasks
+that reach the engine meanwhile are handed back uncounted (the engine's one thread is busy). A task that
+timed out still waiting for the engine behind such work is handed back uncounted too. TEXT matching is
+synchronous and bounded by the text's size, so no timer can stop it: its timeout is the scheduler's, which takes
+back a hand-out past its type's timeout plus grace (a wedged worker).
 """
 
 from __future__ import annotations
@@ -20,28 +30,35 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from sieve import metrics
 from sieve.db.payloads import RETENTION_DELETE, PayloadStore
 from sieve.db.tasks import Outcome, Started, TaskStore
 from sieve.lease import lease_number
 from sieve.settings import Settings
-from sieve.v1 import scheduler_pb2
+from sieve.v1 import scheduler_pb2, types_pb2
 from worker_svc import task_trace
-from worker_svc.detection import detect_text, failed
+from worker_svc.detection import ENGINE_BUSY, TIMEOUT, Retry, detect_text, failed
 from worker_svc.group_commit import GroupCommit, GroupWriteError
 from worker_svc.lexicon import Lexicon
+from worker_svc.puller import SlotHolds
 
 if TYPE_CHECKING:
     from worker_svc.ocr.runtime import OcrRuntime
+    from worker_svc.text import Matcher
 
 log = logging.getLogger("sieve.worker.runner")
 
 Attempt = tuple[uuid.UUID, int, int, datetime]  # task id, lease, attempt, assigned at
+
+#: a task that waited past its timeout for an engine held by abandoned work may run again after this long
+ENGINE_BUSY_RETRY_S = 5.0
 
 
 class BatchRunner:
     def __init__(self, tasks: TaskStore, lexicon: Lexicon, worker_id: str, settings: Settings,
                  ocr: OcrRuntime | None = None) -> None:
         self.tasks = tasks
+        self.settings = settings
         self.lexicon = lexicon
         self.worker_id = worker_id
         #: OCR of OCR_IMAGE tasks (None: this worker fails them)
@@ -54,6 +71,10 @@ class BatchRunner:
             "results", self._finish, max_items=settings.result_flush_rows)
         self.skipped = 0
         self.refused = 0
+        #: tasks abandoned past their execution timeout
+        self.abandoned = 0
+        #: slots of abandoned work whose thread still runs (the Puller keeps them taken)
+        self.holds = SlotHolds()
 
     async def _start(self, attempts: Sequence[Attempt]) -> list[Started | None]:
         started = {s.task_id: s for s in await self.tasks.start(self.worker_id, attempts)}
@@ -70,42 +91,75 @@ class BatchRunner:
                     for a in assignments]
         try:
             started = [s for s in await self.starts.submit(attempts) if s is not None]
-        except GroupWriteError as exc:  # PostgreSQL away: give the batch back, uncounted
-            return [], [self._nack(a, f"database unavailable: {exc}") for a in assignments]
+        except GroupWriteError as exc:  # a PostgreSQL write that failed: transient, counted
+            return [], [self._nack(a, Retry(a.task_id, f"database unavailable: {exc}")) for a in assignments]
         self.skipped += len(assignments) - len(started)
         task_trace.started(started)
 
-        outcomes = await self.detect_all(started)
+        detected = await self.detect_all(started)
+        outcomes = [d for d in detected if isinstance(d, Outcome)]
+        retries = {d.task_id: d for d in detected if isinstance(d, Retry)}
         task_trace.detected(outcomes)
         try:
             stored = await self.results.submit(outcomes)
         except GroupWriteError as exc:
-            return [], [self._nack(a, f"result not stored: {exc}") for a in assignments]
+            for o in outcomes:
+                retries[str(o.task_id)] = Retry(str(o.task_id), f"result not stored: {exc}")
+            stored = []
         refused = stored.count(False)
         if refused:
             self.refused += refused
             log.info("%d results refused: their task was cancelled, finished, or handed out again since", refused,
                      extra={"refused": refused})
-        task_trace.stored(stored)
-        if self.drop_images:
-            await self._drop_images(started, outcomes, stored)
-        acks = [scheduler_pb2.Ack(task_id=a.task_id, lease_token=a.lease_token) for a in assignments]
-        return acks, []
+        if stored:
+            task_trace.stored(stored)
+        if self.drop_images and stored:
+            done = [t for t, d in zip(started, detected, strict=True) if isinstance(d, Outcome)]
+            await self._drop_images(done, outcomes, stored)
+        by_id = {str(uuid.UUID(a.task_id)): a for a in assignments}
+        nacks = [self._nack(by_id[task_id], retry) for task_id, retry in retries.items() if task_id in by_id]
+        handed_back = {n.task_id for n in nacks}
+        acks = [scheduler_pb2.Ack(task_id=a.task_id, lease_token=a.lease_token) for a in assignments
+                if a.task_id not in handed_back]
+        return acks, nacks
 
-    async def detect_all(self, started: Sequence[Started]) -> list[Outcome]:
-        """Outcomes in task order: TEXT at once, OCR_IMAGE concurrently through the OCR pipeline."""
+    async def detect_all(self, started: Sequence[Started]) -> list[Outcome | Retry]:
+        """Outcomes (or retries) in task order: TEXT at once, OCR_IMAGE concurrently through the OCR pipeline,
+        each under its execution timeout."""
         ocr = self.ocr
         if ocr is None or not any(t.task_type == "OCR_IMAGE" for t in started):
             return [self.detect(task) for task in started]
-        from worker_svc.ocr.pipeline import run_ocr
-
         matcher = self.lexicon.matcher
         images = [i for i, t in enumerate(started) if t.task_type == "OCR_IMAGE"]
-        running = asyncio.gather(*(run_ocr(started[i], ocr, matcher, self.worker_id) for i in images))
-        outcomes: list[Outcome | None] = [None if t.task_type == "OCR_IMAGE" else self.detect(t) for t in started]
+        running = asyncio.gather(*(self._ocr(started[i], ocr, matcher) for i in images))
+        outcomes: list[Outcome | Retry | None] = [None if t.task_type == "OCR_IMAGE" else self.detect(t)
+                                                  for t in started]
         for i, outcome in zip(images, await running, strict=True):
             outcomes[i] = outcome
         return [o for o in outcomes if o is not None]
+
+    async def _ocr(self, task: Started, ocr: OcrRuntime, matcher: Matcher) -> Outcome | Retry:
+        """One OCR task within SIEVE_OCR_TIMEOUT_S; past it, abandoned (see the module)."""
+        from worker_svc.ocr.pipeline import run_ocr
+        from worker_svc.ocr.runtime import Progress
+
+        progress = Progress()
+        limit_s = self.settings.ocr_timeout_s
+        try:
+            async with asyncio.timeout(limit_s):
+                return await run_ocr(task, ocr, matcher, self.worker_id, progress)
+        except TimeoutError:
+            task_id = str(task.task_id)
+            self.abandoned += 1
+            if progress.lingering is not None:
+                self.holds.hold(task_id, progress.lingering)
+            log.warning("task %s abandoned after %gs (%s)%s", task_id, limit_s, progress.stage,
+                        "; its inference thread still runs and keeps its slot" if progress.lingering else "",
+                        extra={"task_id": task_id})
+            if progress.stage == "queued":  # it waited for the engine all along: not its fault
+                return Retry(task_id, f"waited longer than {limit_s:g}s for the OCR engine", ENGINE_BUSY,
+                             counted=False, retry_after_s=ENGINE_BUSY_RETRY_S)
+            return Retry(task_id, f"execution timed out: ran longer than {limit_s:g}s ({progress.stage})", TIMEOUT)
 
     async def _drop_images(self, started: Sequence[Started], outcomes: Sequence[Outcome],
                            stored: Sequence[bool]) -> None:
@@ -125,6 +179,18 @@ class BatchRunner:
         return failed(task, self.worker_id, f"this worker cannot run {task.task_type} tasks")
 
     @staticmethod
-    def _nack(a: scheduler_pb2.Assignment, reason: str) -> scheduler_pb2.Nack:
-        return scheduler_pb2.Nack(task_id=a.task_id, lease_token=a.lease_token, reason=reason,
-                                  count_attempt=False)
+    def _nack(a: scheduler_pb2.Assignment, retry: Retry) -> scheduler_pb2.Nack:
+        """The nack of a task to hand back (kind and reason counted in sieve_task_nacks)."""
+        metrics.TASK_NACKS.labels(_type_label(a.type), retry.kind).inc()
+        nack = scheduler_pb2.Nack(task_id=a.task_id, lease_token=a.lease_token, reason=retry.reason[:500],
+                                  count_attempt=retry.counted)
+        if retry.retry_after_s is not None:
+            nack.retry_after.FromMilliseconds(int(retry.retry_after_s * 1000))
+        return nack
+
+
+def _type_label(value: int) -> str:
+    try:
+        return types_pb2.TaskType.Name(value).removeprefix("TASK_TYPE_")
+    except ValueError:
+        return str(value)

@@ -58,6 +58,7 @@ class Worker:
         self.puller = Puller(settings, self.worker_id, self.task_types, self.sampler.gpu_present,
                              self.concurrency, ObservedRunner(self.runner, self.worker_id),
                              Pressure(self.sampler, settings))
+        self.puller.holds = self.runner.holds  # a hung OCR thread keeps its slot until it returns
         self.registry = RegistryClient(settings, self.sampler, self.task_types, lambda: self.puller.in_use,
                                        gpu_available=self._ocr_gpu if self.ocr else None,
                                        concurrency=lambda: self.puller.concurrency)

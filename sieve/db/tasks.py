@@ -1,7 +1,18 @@
 """The tasks table: every SQL statement that reads or changes a task or its result lives here.
 
-Status changes append to the task's `history` (status, time, attempt, detail) in the same statement.
-Writes come in batches (`unnest` arrays), so one round trip serves many tasks.
+Status changes append to the task's `history` (status, time, attempt, detail) in the same statement; entries
+about a hand-out also carry its `lease` number and `worker`, and a put-back whether it `counted` and its
+`retry_at`, so that each attempt can be told from the history (intake_svc/task_view.py). Writes come in
+batches (`unnest` arrays), so one round trip serves many tasks.
+
+The lifecycle of one hand-out, each step fenced by the lease number (it only grows):
+
+- `assigned` (the scheduler, when it sends the task): PENDING -> ASSIGNED, for a newer lease than the row's;
+- `start` (the worker, before running it): ASSIGNED -> RUNNING for the same lease, or straight to RUNNING (with
+  ASSIGNED recorded at its real time) when the scheduler's write has not landed; refused once the lease was put back;
+- `finish` (the worker): RUNNING -> SUCCEEDED / FAILED, only for the current lease;
+- `put_back` (the scheduler: nack, lease expired, execution timeout, worker gone, scheduler restart): back to
+  PENDING with the reason and no worker id, for that lease or an older row; a late start or result of it is refused.
 """
 
 from __future__ import annotations
@@ -52,6 +63,8 @@ class NewTask:
     image_url: str | None = None
     idempotency_key: str | None = None
     trace_context: str | None = None
+    #: counted attempts after which it is dead-lettered (TaskSpec.max_attempts); None: the global setting
+    max_attempts: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +88,31 @@ class Started:
     image: bytes | None
     image_url: str | None
     trace_context: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class HandOut:
+    """A task the scheduler sent to a worker (its ASSIGNED record)."""
+
+    task_id: uuid.UUID
+    lease: int
+    #: the attempt that counts (failures so far + 1)
+    attempt: int
+    worker_id: str
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class PutBack:
+    """A hand-out the scheduler took back, and why."""
+
+    task_id: uuid.UUID
+    lease: int
+    worker_id: str
+    reason: str
+    counted: bool
+    #: when it may run again (None: at once)
+    retry_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,15 +145,16 @@ class TaskStore:
             """
             INSERT INTO tasks (id, device, type, priority, status, caller, idempotency_key, payload_text,
                                payload_bytes, payload_url, created_at, updated_at, expires_at, enqueued_at,
-                               trace_context, history)
+                               trace_context, max_attempts, history)
             SELECT u.id, u.device, u.type, u.priority, 'PENDING', u.caller, u.key, u.text, u.image, u.url,
-                   u.created, u.created, u.expires, u.created, u.trace,
+                   u.created, u.created, u.expires, u.created, u.trace, u.max_attempts,
                    jsonb_build_array(jsonb_build_object('status', 'PENDING', 'at', u.created,
                                                         'attempt', 0, 'detail', 'accepted from ' || u.caller))
             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::text[], $6::text[],
                         $7::text[], $8::bytea[], $9::text[], $10::timestamptz[], $11::timestamptz[],
-                        $12::text[])
-                 AS u(id, device, type, priority, caller, key, text, image, url, created, expires, trace)
+                        $12::text[], $13::smallint[])
+                 AS u(id, device, type, priority, caller, key, text, image, url, created, expires, trace,
+                      max_attempts)
             ON CONFLICT (caller, device, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
             RETURNING id
             """,
@@ -123,6 +162,7 @@ class TaskStore:
             [t.priority for t in tasks], [t.caller for t in tasks], [t.idempotency_key for t in tasks],
             [t.text for t in tasks], [t.image for t in tasks], [t.image_url for t in tasks],
             [t.created_at for t in tasks], [t.expires_at for t in tasks], [t.trace_context for t in tasks],
+            [t.max_attempts for t in tasks],
         )
         created = {r["id"] for r in rows}
         out: list[Recorded] = []
@@ -154,6 +194,13 @@ class TaskStore:
         result = await self.pool.fetchrow("SELECT * FROM results WHERE task_id = $1", task_id)
         return row, result
 
+    async def max_attempts_of(self, task_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, int]:
+        """The tasks' own limits of counted attempts (TaskSpec.max_attempts), for those that have one."""
+        rows = await self.pool.fetch(
+            "SELECT id, max_attempts FROM tasks WHERE id = ANY($1::uuid[]) AND max_attempts IS NOT NULL",
+            list(task_ids))
+        return {r["id"]: r["max_attempts"] for r in rows}
+
     async def unfinished(self, task_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
         """Which of these tasks are not final (one indexed lookup; acks are checked against it)."""
         rows = await self.pool.fetch("SELECT id FROM tasks WHERE id = ANY($1::uuid[]) AND status = ANY($2::text[])",
@@ -175,7 +222,7 @@ class TaskStore:
             """
             UPDATE tasks SET status = $2, updated_at = now(), error = COALESCE($4, error),
                    history = history || jsonb_build_array(jsonb_build_object(
-                       'status', $2::text, 'at', now(), 'attempt', attempts, 'detail', $3::text))
+                       'status', $2::text, 'at', now(), 'attempt', attempts, 'lease', lease, 'detail', $3::text))
             WHERE id = ANY($1::uuid[]) AND status = ANY($5::text[])
             RETURNING id
             """,
@@ -200,7 +247,8 @@ class TaskStore:
 
     async def revive(self, task_ids: Sequence[uuid.UUID], detail: str, ttl_s: float) -> list[asyncpg.Record]:
         """Dead-lettered tasks become PENDING again, keeping their id and history, with fresh attempts and
-        at least `ttl_s` to live; returns (id, device, type, priority, expires_at, caller) of those revived."""
+        at least `ttl_s` to live; returns (id, device, type, priority, expires_at, caller, lease) of those revived
+        (their next hand-out must be numbered above `lease`)."""
         return await self.pool.fetch(
             """
             UPDATE tasks SET status = 'PENDING', attempts = 0, error = NULL, updated_at = now(),
@@ -208,7 +256,7 @@ class TaskStore:
                    history = history || jsonb_build_array(jsonb_build_object(
                        'status', 'PENDING', 'at', now(), 'attempt', 0, 'detail', $2::text))
             WHERE id = ANY($1::uuid[]) AND status = 'DEAD_LETTERED'
-            RETURNING id, device, type, priority, expires_at, caller
+            RETURNING id, device, type, priority, expires_at, caller, lease
             """, list(task_ids), detail, ttl_s)
 
     # --- rebuilding Redis --------------------------------------------------------------------------
@@ -237,9 +285,11 @@ class TaskStore:
     # --- worker -------------------------------------------------------------------------------------
     async def start(self, worker_id: str,
                     hand_outs: Sequence[tuple[uuid.UUID, int, int, datetime]]) -> list[Started]:
-        """Marks assigned tasks RUNNING for their hand-out (task id, lease, attempt, assigned at),
-        recording ASSIGNED and RUNNING, and returns their payloads. Tasks already final, cancelled or
-        handed out again since are left out. Safe to repeat for the same lease.
+        """Marks assigned tasks RUNNING for their hand-out (task id, lease, attempt, assigned at) and returns their
+        payloads: ASSIGNED -> RUNNING when the scheduler's ASSIGNED write landed, else straight to RUNNING with
+        ASSIGNED recorded at its real time. Tasks already final, cancelled, handed out again since, or whose
+        hand-out was put back (a lease that expired, a timeout) are left out. Safe to repeat for the same lease
+        (the repeat changes nothing).
 
         Committed without waiting for the WAL flush (synchronous_commit off for this statement's own
         transaction): a RUNNING mark lost in a PostgreSQL crash leaves the task open, so it is queued
@@ -249,20 +299,68 @@ class TaskStore:
             """
             UPDATE tasks t SET status = 'RUNNING', lease = u.lease, attempts = u.attempt, worker_id = $5,
                    updated_at = now(),
-                   history = t.history || jsonb_build_array(
-                       jsonb_build_object('status', 'ASSIGNED', 'at', u.assigned, 'attempt', u.attempt,
-                                          'detail', $5::text),
-                       jsonb_build_object('status', 'RUNNING', 'at', now(), 'attempt', u.attempt,
-                                          'detail', $5::text))
+                   history = t.history || CASE
+                       WHEN t.lease < u.lease THEN jsonb_build_array(
+                           jsonb_build_object('status', 'ASSIGNED', 'at', u.assigned, 'attempt', u.attempt,
+                                              'lease', u.lease, 'worker', $5::text, 'detail', $5::text),
+                           jsonb_build_object('status', 'RUNNING', 'at', now(), 'attempt', u.attempt,
+                                              'lease', u.lease, 'worker', $5::text, 'detail', $5::text))
+                       WHEN t.status = 'ASSIGNED' THEN jsonb_build_array(
+                           jsonb_build_object('status', 'RUNNING', 'at', now(), 'attempt', u.attempt,
+                                              'lease', u.lease, 'worker', $5::text, 'detail', $5::text))
+                       ELSE '[]'::jsonb END
             FROM unnest($1::uuid[], $2::int[], $3::int[], $4::timestamptz[]) AS u(id, lease, attempt, assigned),
                  (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
-            WHERE t.id = u.id AND t.status = ANY($6::text[]) AND t.lease <= u.lease
+            WHERE t.id = u.id AND t.status = ANY($6::text[])
+              AND (t.lease < u.lease OR (t.lease = u.lease AND t.status IN ('ASSIGNED', 'RUNNING')))
             RETURNING t.id, t.type, u.lease, t.payload_text, t.payload_bytes, t.payload_url, t.trace_context
             """,
             [h[0] for h in hand_outs], [h[1] for h in hand_outs], [h[2] for h in hand_outs],
             [h[3] for h in hand_outs], worker_id, list(OPEN_STATUSES))
         return [Started(r["id"], r["type"], r["lease"], r["payload_text"], r["payload_bytes"],
                         r["payload_url"], r["trace_context"]) for r in rows]
+
+    async def assigned(self, hand_outs: Sequence[HandOut]) -> int:
+        """Records hand-outs as they are sent: open tasks become ASSIGNED to their worker, for a lease newer than
+        the row's (a worker's start that got there first, or a put-back of that lease, wins). Returns how many
+        moved. Not flushed to the WAL before it returns (as `start`): losing it loses a status, never a task."""
+        result = await self.pool.execute(
+            """
+            UPDATE tasks t SET status = 'ASSIGNED', lease = u.lease, attempts = u.attempt, worker_id = u.worker,
+                   updated_at = now(),
+                   history = t.history || jsonb_build_array(jsonb_build_object(
+                       'status', 'ASSIGNED', 'at', u.at, 'attempt', u.attempt, 'lease', u.lease, 'worker', u.worker,
+                       'detail', u.worker))
+            FROM unnest($1::uuid[], $2::int[], $3::int[], $4::text[], $5::timestamptz[])
+                     AS u(id, lease, attempt, worker, at),
+                 (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
+            WHERE t.id = u.id AND t.status = ANY($6::text[]) AND t.lease < u.lease
+            """,
+            [h.task_id for h in hand_outs], [h.lease for h in hand_outs], [h.attempt for h in hand_outs],
+            [h.worker_id for h in hand_outs], [h.at for h in hand_outs], list(OPEN_STATUSES))
+        return int(result.rpartition(" ")[2] or 0)
+
+    async def put_back(self, items: Sequence[PutBack]) -> list[uuid.UUID]:
+        """Tasks whose hand-out was taken back (nacked, lease expired, execution timeout, worker gone, scheduler
+        restart) are PENDING again, without a worker id, with the reason (and whether it counted, and when it may
+        run again) in their history — for that lease, or a row that had not heard of it yet; a newer hand-out or
+        a final status is left alone. Returns those that moved. A late start or result of that lease is refused
+        afterwards (start needs a newer lease or the same one ASSIGNED / RUNNING; finish needs RUNNING)."""
+        rows = await self.pool.fetch(
+            """
+            UPDATE tasks t SET status = 'PENDING', worker_id = NULL, lease = u.lease, updated_at = now(),
+                   history = t.history || jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
+                       'status', 'PENDING', 'at', now(), 'attempt', t.attempts, 'lease', u.lease,
+                       'worker', u.worker, 'detail', u.reason, 'counted', u.counted, 'retry_at', u.retry_at)))
+            FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::bool[], $6::timestamptz[])
+                     AS u(id, lease, worker, reason, counted, retry_at)
+            WHERE t.id = u.id AND t.status = ANY($7::text[]) AND t.lease <= u.lease
+            RETURNING t.id
+            """,
+            [i.task_id for i in items], [i.lease for i in items], [i.worker_id for i in items],
+            [i.reason for i in items], [i.counted for i in items], [i.retry_at for i in items],
+            list(OPEN_STATUSES))
+        return [r["id"] for r in rows]
 
     async def finish(self, outcomes: Sequence[Outcome]) -> set[uuid.UUID]:
         """Stores results and final statuses of many attempts in one transaction (group commit).
@@ -284,7 +382,8 @@ class TaskStore:
                     error = u.error, updated_at = now(),
                     history = t.history || jsonb_build_array(jsonb_build_object(
                         'status', CASE WHEN u.verdict IS NULL THEN 'FAILED' ELSE 'SUCCEEDED' END,
-                        'at', now(), 'attempt', t.attempts, 'detail', COALESCE(u.error, u.worker)))
+                        'at', now(), 'attempt', t.attempts, 'lease', t.lease, 'worker', u.worker,
+                        'detail', COALESCE(u.error, u.worker)))
                 FROM u
                 WHERE t.id = u.id AND t.status = 'RUNNING' AND t.lease = u.attempt
                 RETURNING t.id

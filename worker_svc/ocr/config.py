@@ -18,7 +18,7 @@ from sieve.settings import Settings, SettingsError
 
 DEVICES = ("auto", "cpu", "gpu")
 RETENTIONS = ("keep", "delete")
-FAULTS = ("", "gpu_oom_once", "oom_always")
+FAULTS = ("", "gpu_oom_once", "oom_always", "hang_once", "hang")
 #: most threads one CPU predictor gets by default (more did not help in the measurements)
 MAX_DEFAULT_CPU_THREADS = 4
 

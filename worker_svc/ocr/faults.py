@@ -34,13 +34,23 @@ def is_gpu_failure(exc: BaseException) -> bool:
     return False
 
 
+#: longest an injected hang lasts (a hung inference in a test process returns at the latest then)
+HANG_S = 3600.0
+
+
 class FaultHook:
-    """Raises the configured injected failure; thread-safe, cheap when off."""
+    """Raises (or hangs in) the configured injected failure; thread-safe, cheap when off. A hang ("hang_once",
+    "hang") blocks the engine thread the way a wedged inference does, until `release()` or HANG_S."""
 
     def __init__(self, spec: str) -> None:
         self.spec = spec
         self.fired = 0
         self._lock = threading.Lock()
+        self._released = threading.Event()
+
+    def release(self) -> None:
+        """Lets every hung inference return (tests)."""
+        self._released.set()
 
     def before_inference(self, mode: EngineMode) -> None:
         if not self.spec:
@@ -52,3 +62,8 @@ class FaultHook:
             if self.spec == "oom_always":
                 self.fired += 1
                 raise MemoryError(INJECTED_OOM)
+            hang = self.spec == "hang" or (self.spec == "hang_once" and self.fired == 0)
+            if hang:
+                self.fired += 1
+        if hang:
+            self._released.wait(HANG_S)

@@ -11,8 +11,11 @@ Stored with the result: the joined text; hits with their offsets in it plus `lin
 models, a mode switch if this task caused or met one, and `timings_ms` (fetch, decode, queue — waiting
 for the engine —, detect, recognise, match, total).
 
-A payload that is not a usable image, a URL that gives none, or an engine error (after the one retry in
-CPU mode for a GPU failure) FAILS the task with a clear error: it is never handed back to be retried.
+A payload that is not a usable image, or a URL that gives none for good (HTTP 4xx but 408 / 429, a refused
+destination, too large), FAILS the task with a clear error. A failure that may pass — a fetch that timed out or
+could not connect, HTTP 5xx / 408 / 429, an engine error (after the one retry in CPU mode for a GPU failure) —
+comes back as a `Retry` (nacked, counted: the scheduler tries again with backoff); so does an engine held by an
+abandoned inference (`EngineBusy`, uncounted).
 """
 
 from __future__ import annotations
@@ -24,10 +27,11 @@ from dataclasses import asdict
 from typing import Any
 
 from sieve.db.tasks import Outcome, Started
+from worker_svc.detection import ENGINE_BUSY, Retry
 from worker_svc.ocr.fetch import FetchError
 from worker_svc.ocr.images import BadImage
 from worker_svc.ocr.lines import join_lines
-from worker_svc.ocr.runtime import OcrRuntime
+from worker_svc.ocr.runtime import EngineBusy, OcrRuntime, Progress
 from worker_svc.text import Matcher
 
 log = logging.getLogger("sieve.worker.ocr")
@@ -42,28 +46,45 @@ def _failed(task: Started, worker_id: str, error: str) -> Outcome:
                    hits_json="[]", text="", error=error)
 
 
-async def run_ocr(task: Started, runtime: OcrRuntime, matcher: Matcher, worker_id: str) -> Outcome:
-    """OCR one task and match its text; never raises for a bad payload or an engine error."""
+#: a task handed back because the engine is held by abandoned work may run again after this long
+ENGINE_BUSY_RETRY_S = 5.0
+
+
+async def run_ocr(task: Started, runtime: OcrRuntime, matcher: Matcher, worker_id: str,
+                  progress: Progress | None = None) -> Outcome | Retry:
+    """OCR one task and match its text: its Outcome (FAILED for a payload that is no usable image), or a Retry
+    for a failure that may pass; never raises for a bad payload or an engine error."""
     began = time.perf_counter()
     timings: dict[str, float] = {}
+    progress = progress if progress is not None else Progress()
+    task_id = str(task.task_id)
     try:
         if task.image:
             data, source = task.image, "bytes"
         elif task.image_url:
+            progress.stage = "fetch"
             data, fetch_ms = await runtime.fetch(task.image_url)
             timings["fetch"] = _ms(fetch_ms)
             source = "url"
         else:
             return _failed(task, worker_id, "OCR_IMAGE task has neither image bytes nor an image_url")
+        progress.stage = "decode"
         decoded = await runtime.decode(data)
         timings["decode"] = _ms(decoded.decode_ms)
-        inference = await runtime.recognise(decoded.pixels)
-    except (BadImage, FetchError) as exc:
+        inference = await runtime.recognise(decoded.pixels, progress)
+    except BadImage as exc:
         return _failed(task, worker_id, str(exc))
+    except FetchError as exc:
+        if exc.transient:
+            return Retry(task_id, str(exc))
+        return _failed(task, worker_id, str(exc))
+    except EngineBusy as exc:
+        return Retry(task_id, str(exc), ENGINE_BUSY, counted=False, retry_after_s=ENGINE_BUSY_RETRY_S)
     except Exception as exc:
         log.exception("OCR of task %s failed", task.task_id)
         switched = f" (after switching to {runtime.mode.name} mode)" if runtime.switches else ""
-        return _failed(task, worker_id, f"OCR failed{switched}: {type(exc).__name__}: {exc}")
+        return Retry(task_id, f"OCR failed{switched}: {type(exc).__name__}: {exc}"[:500])
+    progress.stage = "match"
 
     recognised = inference.result
     timings["queue"] = _ms(inference.wait_ms)

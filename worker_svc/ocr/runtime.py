@@ -11,6 +11,12 @@ drops the GPU one, records a `ModeSwitch`, logs it, and tells its listeners (the
 resources with the registry and stops announcing a GPU) — then the failed inference is retried once in
 CPU mode. Tasks that failed concurrently on the GPU find the switch done and just retry. A failure of
 the retry is the task's failure: nothing is retried twice.
+
+Abandoned inferences: a task whose caller stops waiting (its execution timeout) while its inference runs cannot
+stop that inference — the engine thread finishes it. The runtime keeps such jobs (`abandoned`) until their
+thread returns; meanwhile the engine's one thread is taken, so `recognise` refuses new work at once with
+`EngineBusy` (the caller hands the task back, uncounted) rather than queueing it behind work nobody waits for.
+A job still waiting for the thread when its caller stops waiting is simply dropped from the queue.
 """
 
 from __future__ import annotations
@@ -19,8 +25,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -66,6 +72,19 @@ class Inference:
 ModeListener = Callable[[ModeSwitch, EngineMode], None]
 
 
+class EngineBusy(Exception):
+    """The engine's thread is held by an abandoned inference that has not returned."""
+
+
+@dataclass(slots=True)
+class Progress:
+    """How far one task's OCR got (fetch, decode, queued: waiting for the engine thread, inference, match), and
+    — once its caller stopped waiting while its inference ran — the future of that still-running job."""
+
+    stage: str = "start"
+    lingering: asyncio.Future[object] | None = field(default=None)
+
+
 class OcrRuntime:
     """One worker's OCR: build with the settings, `await start()`, then `decode`/`fetch`/`recognise`."""
 
@@ -83,6 +102,8 @@ class OcrRuntime:
         self.switches: list[ModeSwitch] = []
         self._listeners: list[ModeListener] = []
         self._switch_lock = asyncio.Lock()
+        #: inferences whose caller stopped waiting and whose thread has not returned
+        self.abandoned: set[Future[object]] = set()
         threads = settings.ocr_decode_threads or max(1, min(2, cpu_count()))
         self._decode_pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sieve-ocr-decode")
 
@@ -144,12 +165,20 @@ class OcrRuntime:
     async def fetch(self, url: str) -> tuple[bytes, float]:
         return await self.fetcher.fetch(url)
 
-    async def recognise(self, pixels: Any) -> Inference:
-        """Text lines of decoded pixels, on the engine thread; falls back to CPU once on a GPU failure."""
+    @property
+    def wedged(self) -> bool:
+        """An abandoned inference still holds the engine thread."""
+        return bool(self.abandoned)
+
+    async def recognise(self, pixels: Any, progress: Progress | None = None) -> Inference:
+        """Text lines of decoded pixels, on the engine thread; falls back to CPU once on a GPU failure.
+        EngineBusy while an abandoned inference holds the thread."""
+        if self.abandoned:
+            raise EngineBusy(f"the OCR engine is held by {len(self.abandoned)} abandoned inference(s)")
         loaded, mode, generation = self._loaded, self.mode, self.generation
         assert loaded is not None
         try:
-            result, wait_ms = await self._run(loaded, mode, pixels)
+            result, wait_ms = await self._run(loaded, mode, pixels, progress)
             return Inference(result, mode, wait_ms)
         except Exception as exc:
             if not (mode.gpu and is_gpu_failure(exc)):
@@ -158,19 +187,38 @@ class OcrRuntime:
             switch = await self._fall_back(first_error, generation)
         loaded, mode = self._loaded, self.mode
         assert loaded is not None
-        result, wait_ms = await self._run(loaded, mode, pixels)  # the one retry; a failure is final
+        result, wait_ms = await self._run(loaded, mode, pixels, progress)  # the one retry; a failure is final
         return Inference(result, mode, wait_ms, switch, first_error)
 
-    async def _run(self, loaded: LoadedEngine, mode: EngineMode, pixels: Any) -> tuple[Recognised, float]:
+    async def _run(self, loaded: LoadedEngine, mode: EngineMode, pixels: Any,
+                   progress: Progress | None = None) -> tuple[Recognised, float]:
         submitted = time.perf_counter()
 
         def infer() -> tuple[Recognised, float]:
+            if progress is not None:
+                progress.stage = "inference"
             wait_ms = (time.perf_counter() - submitted) * 1000
             self.fault.before_inference(mode)
             return loaded.engine.recognise(pixels), wait_ms
 
+        if progress is not None:
+            progress.stage = "queued"
+        job = loaded.executor.submit(infer)
+        try:
+            return await asyncio.wrap_future(job)
+        except asyncio.CancelledError:
+            if not job.cancel() and not job.done():  # running: it cannot be stopped, only waited for
+                self._abandon(job, progress)
+            raise
+
+    def _abandon(self, job: Future[Any], progress: Progress | None) -> None:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(loaded.executor, infer)
+        self.abandoned.add(job)
+        lingering = asyncio.wrap_future(job, loop=loop)
+        lingering.add_done_callback(lambda f: (self.abandoned.discard(job), f.cancelled() or f.exception()))
+        if progress is not None:
+            progress.lingering = lingering
+        log.warning("OCR: an inference was abandoned while running; the engine thread stays busy until it returns")
 
     async def _fall_back(self, reason: str, generation: int) -> ModeSwitch:
         async with self._switch_lock:

@@ -1,0 +1,181 @@
+"""What the scheduler tells PostgreSQL about hand-outs: ASSIGNED when it sends a task, PENDING again (with the
+reason) when it takes one back — and the one path every take-back goes through (`Returns`).
+
+`LifecycleWriter` keeps these status writes off the dispatch path: hand-outs and put-backs are queued as they
+happen and written in groups (one statement per kind and group) by a loop of its own, retried a few times when
+PostgreSQL is away, then dropped (logged): a lost status write loses a status, never a task, and the order of the
+writes does not matter — each is fenced by the lease number (`TaskStore.assigned` / `put_back`).
+
+`Returns.put_back` is how a hand-out goes back, whatever the reason (a nack, an ack without a stored result, a
+lease that ran out, an execution timeout, a worker gone, a scheduler replica gone, a shutdown): the task is
+requeued in Redis (at once or after its retry delay), dead-lettered when a counted attempt reaches its limit —
+the task's own `max_attempts` (read from PostgreSQL, bounded by the setting) or the setting — and recorded
+PENDING with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from sieve.backoff import Backoff
+from sieve.db.tasks import HandOut, PutBack, TaskStore
+from sieve.queue_store import QueueStore, Requeued, now_ms
+
+if TYPE_CHECKING:
+    from scheduler_svc.outcomes import Outcomes
+
+log = logging.getLogger("sieve.scheduler.lifecycle")
+
+#: rows per statement
+GROUP_ROWS = 1000
+#: tries of one group before it is dropped
+WRITE_TRIES = 6
+#: writes kept while PostgreSQL is away; beyond, the oldest ASSIGNED records are dropped first
+MAX_QUEUED = 200_000
+
+
+class LifecycleWriter:
+    """Queues ASSIGNED and put-back records and writes them in groups (see the module)."""
+
+    def __init__(self, tasks: TaskStore) -> None:
+        self.tasks = tasks
+        self._assigned: list[HandOut] = []
+        self._put_back: list[PutBack] = []
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._loop_task: asyncio.Task[None] | None = None
+        self.written = 0
+        self.dropped = 0
+
+    def assigned(self, items: list[HandOut]) -> None:
+        if items:
+            self._assigned.extend(items)
+            self._queued()
+
+    def put_back(self, items: list[PutBack]) -> None:
+        if items:
+            self._put_back.extend(items)
+            self._queued()
+
+    def _queued(self) -> None:
+        excess = len(self._assigned) + len(self._put_back) - MAX_QUEUED
+        if excess > 0:
+            dropped = self._assigned[:excess]
+            del self._assigned[:excess]
+            self.dropped += len(dropped)
+        self._idle.clear()
+        self._wake.set()
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.get_running_loop().create_task(self._run(), name="lifecycle-writer")
+
+    async def flush(self, timeout_s: float = 10.0) -> None:
+        """Waits (at most `timeout_s`) until everything queued so far was written or given up."""
+        if self._loop_task is None:
+            return
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout=timeout_s)
+        except TimeoutError:
+            log.warning("lifecycle writes still pending after %.0fs", timeout_s)
+
+    async def close(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._loop_task
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            assigned, self._assigned = self._assigned, []
+            put_back, self._put_back = self._put_back, []
+            for i in range(0, len(assigned), GROUP_ROWS):
+                await self._write("ASSIGNED", self.tasks.assigned, assigned[i: i + GROUP_ROWS])
+            for i in range(0, len(put_back), GROUP_ROWS):
+                await self._write("put-back", self.tasks.put_back, put_back[i: i + GROUP_ROWS])
+            if not self._assigned and not self._put_back:
+                self._idle.set()
+
+    async def _write(self, kind: str, write: Any, group: list[Any]) -> None:
+        backoff = Backoff(base_s=0.1, max_s=2.0)
+        for attempt in range(1, WRITE_TRIES + 1):
+            try:
+                await write(group)
+                self.written += len(group)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if attempt == WRITE_TRIES:
+                    self.dropped += len(group)
+                    log.error("%d %s records not written after %d tries: %s", len(group), kind, attempt, exc)
+                    return
+                await asyncio.sleep(backoff.next())
+
+
+@dataclass(frozen=True, slots=True)
+class Returned:
+    """One hand-out going back: its task, its lease number (None: whatever lease; then nothing is recorded in
+    PostgreSQL) and the worker it was handed to."""
+
+    task_id: str
+    lease: int | None
+    worker_id: str = ""
+
+
+class Returns:
+    """Puts hand-outs back (see the module): Redis, dead letters at the task's limit, the PENDING record."""
+
+    def __init__(self, queues: QueueStore, outcomes: Outcomes) -> None:
+        self.queues = queues
+        self.outcomes = outcomes
+        self.settings = queues.settings
+
+    async def limits(self, task_ids: list[str]) -> dict[str, int]:
+        """The tasks' own attempt limits (only those that have one), bounded by the setting; {} when PostgreSQL
+        does not answer (the setting then applies)."""
+        if not task_ids:
+            return {}
+        try:
+            found = await self.outcomes.tasks.max_attempts_of([uuid.UUID(t) for t in task_ids])
+        except Exception as exc:
+            log.warning("attempt limits of %d tasks not read (%s): the global limit applies", len(task_ids), exc)
+            return {}
+        cap = self.settings.max_attempts
+        return {str(t): min(cap, n) for t, n in found.items() if n < cap}
+
+    async def put_back(self, mac: str, items: list[Returned], *, counted: bool, reason: str,
+                       detail: str | None = None, retry_at_ms: float | None = None,
+                       now: float | None = None) -> Requeued:
+        """Requeues one device's hand-outs (after `retry_at_ms` when it is in the future), dead-letters counted
+        ones at their limit (`reason` is the dead letter's error), and records the others PENDING with `detail`
+        (default: the reason) in their history. Returns what Redis did."""
+        if not items:
+            return Requeued(0, [])
+        now = now or now_ms()
+        limits = await self.limits([i.task_id for i in items]) if counted else {}
+        groups: dict[int | None, list[Returned]] = defaultdict(list)
+        for item in items:
+            groups[limits.get(item.task_id)].append(item)
+        requeued, dead = 0, []
+        for limit, group in groups.items():
+            result = await self.queues.requeue(mac, [(i.task_id, i.lease) for i in group], count_attempt=counted,
+                                               reason=reason, retry_at_ms=retry_at_ms, max_attempts=limit, now=now)
+            requeued += result.requeued
+            dead += result.dead_letters
+        await self.outcomes.dead_lettered(dead)
+        gone = {d["task_id"] for d in dead}
+        retry_at = (datetime.fromtimestamp(retry_at_ms / 1000, UTC)
+                    if retry_at_ms is not None and retry_at_ms > now else None)
+        self.outcomes.lifecycle.put_back([
+            PutBack(uuid.UUID(i.task_id), i.lease, i.worker_id, detail or reason, counted, retry_at)
+            for i in items if i.lease is not None and i.task_id not in gone])
+        return Requeued(requeued, dead)
