@@ -33,12 +33,18 @@ async def test_the_published_rate_is_what_was_dispatched_over_the_last_second(
     assert meter.rate_per_s == pytest.approx(2000.0)
     rate = (await queues.drain_rate(fresh_ms=3000)).rate_per_s
     assert rate == pytest.approx(2000.0, abs=0.01)
-    # then 500 a second: within a second the published rate follows
+    # then 500 a second: what it did over the last 10 s (2 s at 2 000, 1.25 s at 500) counts for a while ...
     for _ in range(25):
         clock.now += 0.05
         dispatched[0] += 25
         await meter.tick()
-    assert meter.rate_per_s == pytest.approx(500.0)
+    assert meter.rate_per_s == pytest.approx((4000 + 625) / 3.25, rel=0.02)
+    # ... and once 10 s have passed at 500 a second, that is the rate
+    for _ in range(220):
+        clock.now += 0.05
+        dispatched[0] += 25
+        await meter.tick()
+    assert meter.rate_per_s == pytest.approx(500.0, rel=0.02)
 
 
 async def test_after_an_idle_window_the_rate_starts_afresh(redis: Redis, settings: Settings) -> None:
@@ -55,3 +61,24 @@ async def test_after_an_idle_window_the_rate_starts_afresh(redis: Redis, setting
         dispatched[0] += 150
         await meter.tick()
     assert meter.rate_per_s == pytest.approx(3000.0)  # not diluted over the idle minute
+
+
+async def test_a_moment_without_dispatching_does_not_drop_the_published_rate_to_it(
+        redis: Redis, settings: Settings) -> None:
+    queues = QueueStore(redis, settings)
+    clock = Clock()
+    dispatched = [0]
+    meter = DrainMeter(queues, lambda: dispatched[0], replica="r3", clock=clock)
+    # 3 000 tasks a second for 5 s ...
+    for _ in range(100):
+        clock.now += 0.05
+        dispatched[0] += 150
+        await meter.tick()
+    assert meter.rate_per_s == pytest.approx(3000.0)
+    # ... then a second in which every worker was full and little went out
+    for _ in range(20):
+        clock.now += 0.05
+        dispatched[0] += 2
+        await meter.tick()
+    # what it did over the last seconds still counts: (15 000 + 40) / 6 s, not 40 a second
+    assert meter.rate_per_s == pytest.approx(15040 / 6, rel=0.02)
