@@ -1,13 +1,24 @@
-"""Fairness benchmark: the real registry, scheduler and intake processes, and a worker whose every task
-takes a fixed time (2 ms, 32 at a time; BENCH_PARALLEL changes it), recording when each task starts.
+"""Fairness benchmarks: the real registry, scheduler and intake processes, and either real worker processes or
+an in-process timed worker (the real Pull protocol through `worker_svc.puller.Puller`, but every task takes a
+fixed 2 ms, 32 at a time; BENCH_PARALLEL changes it) that records which device each task came from and when it
+started — the order the scheduler hands work out in, without detection's own cost in the way.
 
-    .venv/bin/python -m tests.benchmarks.bench_fairness [--only noisy,equal,weights,scale]
+    .venv/bin/python -m tests.benchmarks.bench_fairness [--only noisy,equal,weights,callers,claims] [--smoke]
 
-- noisy:   one device queues 20 000 tasks, then 200 other devices submit 5 each: the small devices'
-           submit->start latency (p50 / p99 / max) and the noisy device's throughput meanwhile.
-- equal:   50 backlogged devices of weight 1: Jain's fairness index of their served counts per 1 s window.
-- weights: three backlogged devices of weights 3:2:1: their shares of the first 3 000 dispatched tasks.
-- scale:   claim-and-dispatch rate (the scheduler's Redis path) with 10 active devices vs 100 000.
+- noisy:   real workers (2 processes). One device queues 20 000 tasks, then 200 other devices submit 5 each:
+           the small devices' submit->start latency (p50 / p99 / max, read back from each task's record: created
+           to its first hand-out) and the noisy device's throughput meanwhile. Target p99 <= 0.1 s.
+- equal:   50 backlogged devices of weight 1 (timed worker): Jain's fairness index of their served counts per
+           1 s window while every one of them is still backlogged. Target >= 0.99 in every window.
+- weights: three backlogged devices of weights 3:2:1 (timed worker): their shares of the first 3 000 tasks
+           handed out. Target 0.500 / 0.333 / 0.167, each within +-5 % of its own value.
+- callers: two callers (two client credentials), one submitting over 1 000 devices, the other over one, both
+           backlogged (timed worker): each caller's share of the first tasks handed out. Target 50 % +- 5 points.
+- claims:  the queue store's claim-and-dispatch rate (Redis only: no dispatcher, gRPC or worker) with 10 active
+           devices vs 100 000. Context for `bench_scale`, which measures the same question end to end.
+
+Each function returns its measurements (`*Result`); `rows()` turns them into report rows with their targets. Every
+benchmark drains what it queued, so several may share one cluster (`cluster=`, as the CI smoke test does).
 """
 
 from __future__ import annotations
@@ -15,152 +26,292 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import statistics
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import asyncpg
 from redis.asyncio import Redis
 
 from sieve import rpc
 from sieve.entry import Entry
 from sieve.queue_store import QueueStore, now_ms
 from sieve.settings import Settings
-from sieve.v1 import intake_pb2, intake_pb2_grpc, scheduler_pb2, types_pb2
+from sieve.v1 import intake_pb2_grpc
 from tests.benchmarks.cluster import REDIS_URL, cleanup, running_cluster
-from worker_svc.pressure import Pressure
-from worker_svc.puller import Puller
-from worker_svc.resources import ResourceSampler
+from tests.benchmarks.common import jain, mac, pct, submit_all, task_timings, text, wait_final
+from tests.benchmarks.report import Row, num
+from tests.benchmarks.timed_worker import Start, TimedWorker
+from tests.e2e.conftest import Cluster
 
-WORK_S = 0.002
-PARALLEL = int(os.environ.get("BENCH_PARALLEL", "32"))
+NOISY_P99_S = 0.1
+JAIN_MIN = 0.99
+WEIGHTS = (3, 2, 1)
+WEIGHT_DEVICES = tuple(mac(0xDD, i + 1) for i in range(len(WEIGHTS)))
+WEIGHT_TOLERANCE = 0.05  # of each share's own value
+CALLER_SHARE, CALLER_TOLERANCE = 0.5, 0.05
+#: the in-process workers and the two callers of `callers` (credentials made before the services start)
+CREDENTIALS = {"bench-equal": "worker", "bench-weights": "worker", "bench-callers": "worker",
+               "caller-a": "client", "caller-b": "client"}
 
 
+def fairness_env(tasks: int = 60000) -> dict[str, str]:
+    """The settings every fairness benchmark's cluster runs with: limits out of the way of `tasks` queued at
+    once (global, per device, per caller, no submit rate limit) and the devices of `weights` weighted."""
+    return {"SIEVE_MAX_TOTAL_PENDING": str(tasks), "SIEVE_MAX_PER_DEVICE_PENDING": str(tasks),
+            "SIEVE_CALLER_MAX_PENDING": str(tasks), "SIEVE_CALLER_SUBMIT_RATE_PER_S": "0",
+            "SIEVE_DEVICE_WEIGHTS": ",".join(f"{d}={w}" for d, w in zip(WEIGHT_DEVICES, WEIGHTS, strict=True))}
+
+
+@contextlib.asynccontextmanager
+async def cluster_for(cluster: Cluster | None, workers: int, tasks: int) -> AsyncIterator[Cluster]:
+    """`cluster` when one is given, else a fresh one with the fairness settings."""
+    if cluster is not None:
+        yield cluster
+        return
+    async with running_cluster(workers=workers, credentials=CREDENTIALS, **fairness_env(tasks)) as fresh:
+        yield fresh
+
+
+def first_starts(worker: TimedWorker) -> list[Start]:
+    """Each task's first start, in the order they started (a task handed out again counts once)."""
+    seen: dict[str, Start] = {}
+    for s in sorted(worker.starts, key=lambda s: s.started_ms):
+        seen.setdefault(s.task_id, s)
+    return list(seen.values())
+
+
+# --- noisy neighbour (real workers) ----------------------------------------------------------------------------
 @dataclass
-class TimedWorker:
-    """Runs every task for WORK_S, PARALLEL at a time; records (device, enqueued ms, start ms)."""
-
-    settings: Settings
-    starts: list[tuple[str, float, float]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self._slots = asyncio.Semaphore(PARALLEL)
-        self.puller = Puller(self.settings, "bench-worker", [types_pb2.TASK_TYPE_TEXT], False, 4 * PARALLEL,
-                             self.run_batch,
-                             Pressure(ResourceSampler(self.settings), self.settings))
-        self.stop = asyncio.Event()
-
-    async def run_batch(self, batch: list[scheduler_pb2.Assignment]
-                        ) -> tuple[list[scheduler_pb2.Ack], list[scheduler_pb2.Nack]]:
-        for a in batch:
-            async with self._slots:
-                self.starts.append((a.device_id, a.enqueued_at.ToMilliseconds(), time.time() * 1000))
-                await asyncio.sleep(WORK_S)
-        return [scheduler_pb2.Ack(task_id=a.task_id, lease_token=a.lease_token) for a in batch], []
-
-    @contextlib.asynccontextmanager
-    async def running(self):
-        task = asyncio.create_task(self.puller.run(self.stop))
-        yield self
-        self.stop.set()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, timeout=10)
+class NoisyResult:
+    noisy_tasks: int
+    small_devices: int
+    small_per_device: int
+    small_done: int = 0
+    noisy_done: int = 0
+    lost: int = 0
+    p50_s: float = 0.0
+    p99_s: float = 0.0
+    max_s: float = 0.0
+    noisy_rate: float = 0.0
+    window_s: float = 0.0
 
 
-def mac(prefix: int, i: int) -> str:
-    return f"{prefix:02X}:00:00:{i >> 16 & 255:02X}:{i >> 8 & 255:02X}:{i & 255:02X}"
+async def noisy_neighbour(noisy_tasks: int = 20000, small_devices: int = 200, small_per_device: int = 5,
+                          cluster: Cluster | None = None, timeout_s: float = 600) -> NoisyResult:
+    out = NoisyResult(noisy_tasks, small_devices, small_per_device)
+    noisy = mac(0xAA, 1)
+    small = [text(mac(0xBB, d), i) for d in range(small_devices) for i in range(small_per_device)]
+    async with cluster_for(cluster, 2, noisy_tasks + len(small) + 1000) as c:
+        s = c.settings
+        pg = await asyncpg.connect(s.database_url, server_settings={"search_path": s.database_schema})
+        try:
+            before = await pg.fetchval("SELECT count(*) FROM tasks")
+            async with rpc.channel(s.intake_addr, s) as channel:
+                stub = intake_pb2_grpc.IntakeServiceStub(channel)
+                await submit_all(stub, [text(noisy, i) for i in range(noisy_tasks)])
+                await submit_all(stub, small)
+                await wait_final(pg, before + noisy_tasks + len(small), timeout_s)
+            timings = await task_timings(pg, "AA:00:00:") + await task_timings(pg, "BB:00:00:")
+        finally:
+            await pg.close()
+    small_t = [t for t in timings if t.device != noisy]
+    noisy_t = [t for t in timings if t.device == noisy]
+    out.small_done = sum(1 for t in small_t if t.status == "SUCCEEDED")
+    out.noisy_done = sum(1 for t in noisy_t if t.status == "SUCCEEDED")
+    out.lost = noisy_tasks + len(small) - len(timings)
+    latencies = [max(0.0, t.started_s - t.submitted_s) for t in small_t]
+    if latencies:
+        out.p50_s, out.p99_s, out.max_s = statistics.median(latencies), pct(latencies, 0.99), max(latencies)
+        first, last = min(t.submitted_s for t in small_t), max(t.started_s for t in small_t)
+        out.window_s = max(last - first, 1e-3)
+        out.noisy_rate = sum(1 for t in noisy_t if first <= t.started_s <= last) / out.window_s
+    return out
 
 
-async def submit_all(stub: intake_pb2_grpc.IntakeServiceStub, specs: list[intake_pb2.TaskSpec],
-                     chunk: int = 500) -> None:
-    for i in range(0, len(specs), chunk):
-        reply = await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=specs[i : i + chunk]))
-        assert all(item.code == 0 for item in reply.items), reply.items[0].message
+def noisy_rows(r: NoisyResult) -> list[Row]:
+    total_small = r.small_devices * r.small_per_device
+    values = {"p50_s": round(r.p50_s, 4), "p99_s": round(r.p99_s, 4), "max_s": round(r.max_s, 4),
+              "noisy_tasks_per_s_meanwhile": round(r.noisy_rate), "small_done": r.small_done,
+              "small_tasks": total_small, "noisy_done": r.noisy_done, "noisy_tasks": r.noisy_tasks, "lost": r.lost}
+    return [
+        Row("noisy", f"small-device submit->start p99 behind {num(r.noisy_tasks)} tasks of one device",
+            f"p50 {r.p50_s:.3f} s, p99 {r.p99_s:.3f} s, max {r.max_s:.3f} s; noisy device meanwhile "
+            f"{num(r.noisy_rate)} tasks/s", f"p99 <= {NOISY_P99_S} s", r.p99_s <= NOISY_P99_S and r.small_done > 0,
+            values),
+        Row("noisy", "every task done, none lost",
+            f"small {r.small_done} / {total_small}, noisy {r.noisy_done} / {r.noisy_tasks}, lost {r.lost}",
+            "all", r.small_done == total_small and r.noisy_done == r.noisy_tasks and r.lost == 0, values),
+    ]
 
 
-def text(device: str, i: int) -> intake_pb2.TaskSpec:
-    return intake_pb2.TaskSpec(device_id=device, type=types_pb2.TASK_TYPE_TEXT, text=f"task {i}")
+# --- equal share (timed worker) --------------------------------------------------------------------------------
+@dataclass
+class EqualResult:
+    devices: int
+    per_device: int
+    #: windows of this many seconds, or (when window_tasks is set) of this many consecutive hand-outs
+    window_s: float
+    window_tasks: int = 0
+    started: int = 0
+    windows: int = 0
+    served_in_windows: int = 0
+    jain_min: float = 0.0
+    jain_mean: float = 0.0
+    #: (fewest, most) tasks of one device per window
+    spread: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def window(self) -> str:
+        return f"{num(self.window_tasks)} consecutive tasks" if self.window_tasks else f"{self.window_s:g} s"
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-async def noisy_neighbour() -> None:
-    limits = {"SIEVE_MAX_PER_DEVICE_PENDING": "30000", "SIEVE_MAX_TOTAL_PENDING": "60000"}
-    async with running_cluster(workers=0, **limits) as cluster:
-        s = cluster.settings
-        noisy = mac(0xAA, 1)
-        worker = TimedWorker(s)
-        async with rpc.channel(s.intake_addr, s) as channel, worker.running():
+async def equal_share(devices: int = 50, per_device: int = 600, window_s: float = 1.0, window_tasks: int = 0,
+                      cluster: Cluster | None = None, timeout_s: float = 600) -> EqualResult:
+    """Every device queues `per_device` tasks, then the timed worker runs them all; Jain's index of the devices'
+    counts in each window while all of them are still backlogged (until the first has had its last task).
+    Windows are `window_s` seconds, or `window_tasks` consecutive hand-outs (independent of timing: the smoke
+    test's choice)."""
+    out = EqualResult(devices, per_device, window_s, window_tasks)
+    macs = [mac(0xCC, d) for d in range(devices)]
+    async with cluster_for(cluster, 0, devices * per_device + 1000) as c:
+        worker = TimedWorker.of(c, "bench-equal")
+        async with rpc.channel(c.settings.intake_addr, c.settings) as channel:
             stub = intake_pb2_grpc.IntakeServiceStub(channel)
-            await submit_all(stub, [text(noisy, i) for i in range(20000)], chunk=1000)
-            queued_at = time.time() * 1000
-            small = [text(mac(0xBB, d), i) for d in range(200) for i in range(5)]
-            await submit_all(stub, small, chunk=1000)
-            while sum(1 for d, _, _ in worker.starts if d != noisy) < len(small):  # noqa: ASYNC110
-                await asyncio.sleep(0.05)
-            done_at = time.time() * 1000
-        latencies = [(start - enq) / 1000 for d, enq, start in worker.starts if d != noisy]
-        noisy_starts = [start for d, _, start in worker.starts if d == noisy and queued_at <= start <= done_at]
-        window_s = (done_at - queued_at) / 1000
-        print(f"noisy neighbour: 200 small devices x 5 tasks behind a 20 000-task backlog of one device\n"
-              f"  small-device submit->start latency: p50 {statistics.median(latencies):.3f} s, "
-              f"p99 {pct(latencies, 0.99):.3f} s, max {max(latencies):.3f} s (target p99 <= 1 s)\n"
-              f"  noisy device meanwhile: {len(noisy_starts)} tasks in {window_s:.2f} s "
-              f"({len(noisy_starts) / window_s:.0f} tasks/s); its backlog still draining")
-
-
-def jain(counts: list[int]) -> float:
-    total = sum(counts)
-    return total * total / (len(counts) * sum(c * c for c in counts)) if total else 1.0
-
-
-async def equal_share() -> None:
-    limits = {"SIEVE_MAX_TOTAL_PENDING": "60000", "SIEVE_MAX_PER_DEVICE_PENDING": "1000"}
-    async with running_cluster(workers=0, **limits) as cluster:
-        s = cluster.settings
-        devices = [mac(0xCC, d) for d in range(50)]
-        worker = TimedWorker(s)
-        async with rpc.channel(s.intake_addr, s) as channel:
-            stub = intake_pb2_grpc.IntakeServiceStub(channel)
-            await submit_all(stub, [text(d, i) for i in range(600) for d in devices], chunk=1000)
+            await submit_all(stub, [text(d, i) for i in range(per_device) for d in macs])
             async with worker.running():
-                await asyncio.sleep(4.5)
-        first = min(start for _, _, start in worker.starts)
-        windows: dict[int, Counter[str]] = defaultdict(Counter)
-        for device, _, start in worker.starts:
-            windows[int((start - first) // 1000)][device] += 1
-        full = [w for w in sorted(windows) if w < max(windows)]  # drop the last, partial window
-        indexes = [jain([windows[w][d] for d in devices]) for w in full]
-        served = sum(sum(windows[w].values()) for w in full)
-        spread = [(min(windows[w][d] for d in devices), max(windows[w][d] for d in devices)) for w in full]
-        print(f"equal share: 50 backlogged devices, weight 1, {served} tasks in {len(full)} full 1 s windows\n"
-              f"  Jain's index per window: min {min(indexes):.4f}, mean {statistics.mean(indexes):.4f} "
-              f"(target >= 0.99); tasks per device per window (min, max): {spread}")
+                await worker.wait_started(devices * per_device, timeout_s)
+    starts = first_starts(worker)
+    out.started = len(starts)
+    first = starts[0].started_ms
+    # every device is backlogged until the first of them has had its last task
+    until = min(max(i for i, s in enumerate(starts) if s.device == m) for m in macs)
+    windows: dict[int, Counter[str]] = defaultdict(Counter)
+    for i, s in enumerate(starts[:until]):
+        key = i // window_tasks if window_tasks else int((s.started_ms - first) // (window_s * 1000))
+        windows[key][s.device] += 1
+    if window_tasks:
+        full = [w for w in sorted(windows) if (w + 1) * window_tasks <= until]
+    else:
+        full = [w for w in sorted(windows) if (w + 1) * window_s * 1000 <= starts[until].started_ms - first]
+    indexes = [jain([windows[w][d] for d in macs]) for w in full]
+    out.windows = len(full)
+    out.served_in_windows = sum(sum(windows[w].values()) for w in full)
+    if indexes:
+        out.jain_min, out.jain_mean = min(indexes), statistics.mean(indexes)
+    out.spread = [(min(windows[w][d] for d in macs), max(windows[w][d] for d in macs)) for w in full]
+    return out
 
 
-async def weights() -> None:
-    a, b, c = mac(0xDD, 1), mac(0xDD, 2), mac(0xDD, 3)
-    async with running_cluster(workers=0, SIEVE_DEVICE_WEIGHTS=f"{a}=3,{b}=2,{c}=1",
-                               SIEVE_MAX_PER_DEVICE_PENDING="5000", SIEVE_MAX_TOTAL_PENDING="60000") as cluster:
-        s = cluster.settings
-        worker = TimedWorker(s)
-        async with rpc.channel(s.intake_addr, s) as channel:
+def equal_rows(r: EqualResult) -> list[Row]:
+    values = {"jain_min": round(r.jain_min, 4), "jain_mean": round(r.jain_mean, 4), "windows": r.windows,
+              "window": r.window, "served_in_windows": r.served_in_windows, "started": r.started,
+              "tasks": r.devices * r.per_device, "spread": str(r.spread)}
+    return [Row("equal", f"Jain's index per window of {r.window}, {r.devices} backlogged devices of weight 1",
+                f"min {r.jain_min:.4f}, mean {r.jain_mean:.4f} over {r.windows} windows ({num(r.served_in_windows)} "
+                f"tasks); {r.started} / {r.devices * r.per_device} done",
+                f">= {JAIN_MIN} in every window", r.windows > 0 and r.jain_min >= JAIN_MIN, values)]
+
+
+# --- weights (timed worker) ------------------------------------------------------------------------------------
+@dataclass
+class WeightsResult:
+    per_device: int
+    counted: int
+    shares: list[float] = field(default_factory=list)
+    started: int = 0
+
+
+async def weights(per_device: int = 3000, counted: int = 3000, cluster: Cluster | None = None,
+                  timeout_s: float = 600) -> WeightsResult:
+    """Three devices of weights 3:2:1 with `per_device` tasks each; shares of the first `counted` hand-outs
+    (at most `per_device`: the first device, with half of them, is still backlogged until then)."""
+    out = WeightsResult(per_device, min(counted, per_device))
+    async with cluster_for(cluster, 0, 3 * per_device + 1000) as c:
+        worker = TimedWorker.of(c, "bench-weights")
+        async with rpc.channel(c.settings.intake_addr, c.settings) as channel:
             stub = intake_pb2_grpc.IntakeServiceStub(channel)
-            await submit_all(stub, [text(d, i) for i in range(3000) for d in (a, b, c)], chunk=1000)
+            await submit_all(stub, [text(d, i) for i in range(per_device) for d in WEIGHT_DEVICES])
             async with worker.running():
-                while len(worker.starts) < 3000:  # noqa: ASYNC110 - the worker records starts
-                    await asyncio.sleep(0.05)
-        first = Counter(device for device, _, _ in sorted(worker.starts, key=lambda x: x[2])[:3000])
-        shares = [first[d] / 3000 for d in (a, b, c)]
-        print(f"weights 3:2:1, first 3 000 dispatched tasks: shares {shares[0]:.3f} / {shares[1]:.3f} / "
-              f"{shares[2]:.3f} (target 0.500 / 0.333 / 0.167 within +-5 %)")
+                await worker.wait_started(3 * per_device, timeout_s)
+    starts = first_starts(worker)
+    out.started = len(starts)
+    first = Counter(s.device for s in starts[: out.counted])
+    out.shares = [first[d] / out.counted for d in WEIGHT_DEVICES]
+    return out
 
 
+def weight_targets() -> list[float]:
+    return [w / sum(WEIGHTS) for w in WEIGHTS]
+
+
+def weights_rows(r: WeightsResult) -> list[Row]:
+    targets = weight_targets()
+    ok = bool(r.shares) and all(abs(s - t) <= WEIGHT_TOLERANCE * t for s, t in zip(r.shares, targets, strict=True))
+    return [Row("weights", f"shares of the first {num(r.counted)} tasks, weights 3 : 2 : 1",
+                " / ".join(f"{s:.3f}" for s in r.shares) + f"; {r.started} / {3 * r.per_device} started",
+                " / ".join(f"{t:.3f}" for t in targets) + f" each +-{WEIGHT_TOLERANCE:.0%} of itself", ok,
+                {"shares": r.shares, "targets": targets, "started": r.started, "tasks": 3 * r.per_device})]
+
+
+# --- callers (timed worker, two client credentials) ------------------------------------------------------------
+@dataclass
+class CallersResult:
+    many_devices: int
+    per_device: int
+    one_device_tasks: int
+    counted: int
+    share_many: float = 0.0
+    share_one: float = 0.0
+    started: int = 0
+
+
+async def callers(many_devices: int = 1000, per_device: int = 10, counted: int = 8000,
+                  cluster: Cluster | None = None, timeout_s: float = 600) -> CallersResult:
+    """Caller A submits `per_device` tasks on each of `many_devices` devices, caller B as many tasks on one
+    device; the shares of the first `counted` hand-outs (fewer than either caller queued: both stay backlogged
+    whatever the order)."""
+    b_tasks = many_devices * per_device
+    out = CallersResult(many_devices, per_device, b_tasks, min(counted, b_tasks))
+    a_macs = [mac(0xC1, d) for d in range(many_devices)]
+    b_mac = mac(0xC2, 0)
+    async with cluster_for(cluster, 0, 2 * b_tasks + 1000) as c:
+        worker = TimedWorker.of(c, "bench-callers")
+        a_settings, b_settings = c.as_caller("caller-a"), c.as_caller("caller-b")
+        async with rpc.channel(c.settings.intake_addr, a_settings) as a_chan, \
+                rpc.channel(c.settings.intake_addr, b_settings) as b_chan:
+            a_specs = [text(d, i) for i in range(per_device) for d in a_macs]
+            b_specs = [text(b_mac, i) for i in range(b_tasks)]
+            # interleaved, so that neither caller's whole backlog is queued before the other's first task
+            for i in range(0, b_tasks, 1000):
+                await submit_all(intake_pb2_grpc.IntakeServiceStub(a_chan), a_specs[i : i + 1000])
+                await submit_all(intake_pb2_grpc.IntakeServiceStub(b_chan), b_specs[i : i + 1000])
+            async with worker.running():
+                await worker.wait_started(2 * b_tasks, timeout_s)
+    starts = first_starts(worker)
+    out.started = len(starts)
+    first = [s.device for s in starts[: out.counted]]
+    out.share_one = sum(1 for d in first if d == b_mac) / out.counted
+    out.share_many = 1 - out.share_one
+    return out
+
+
+def callers_rows(r: CallersResult) -> list[Row]:
+    def ok(share: float) -> bool:
+        return abs(share - CALLER_SHARE) <= CALLER_TOLERANCE
+
+    return [Row("callers", f"caller with {num(r.many_devices)} devices vs caller with 1, both backlogged",
+                f"{r.share_many:.1%} / {r.share_one:.1%} of the first {num(r.counted)} tasks; "
+                f"{r.started} / {2 * r.one_device_tasks} started",
+                f"{CALLER_SHARE:.0%} +- {CALLER_TOLERANCE:.0%} each", ok(r.share_many) and ok(r.share_one),
+                {"share_many_devices": r.share_many, "share_one_device": r.share_one, "counted": r.counted,
+                 "started": r.started, "tasks": 2 * r.one_device_tasks})]
+
+
+# --- claims (queue store only) ---------------------------------------------------------------------------------
 async def claim_rate(devices: int, rounds: int) -> float:
     settings = Settings.from_env({}, redis_url=REDIS_URL, redis_prefix=f"bench-scale-{uuid.uuid4().hex[:6]}",
                                  max_total_pending=10**7, max_per_device_pending=10**6)
@@ -187,22 +338,46 @@ async def claim_rate(devices: int, rounds: int) -> float:
         await redis.aclose()
 
 
-async def scale() -> None:
-    await claim_rate(10, 500)  # warm up: connections, script cache
-    small = await claim_rate(10, 3000)
-    large = await claim_rate(100_000, 3000)
-    print(f"scale: claim-and-dispatch rounds/s with 10 active devices {small:.0f}, with 100 000 {large:.0f}: "
-          f"ratio {large / small:.2f} (target >= 0.8)")
+async def claims(small: int = 10, large: int = 100_000, rounds: int = 3000) -> tuple[float, float]:
+    await claim_rate(small, 500)  # warm up: connections, script cache
+    return await claim_rate(small, rounds), await claim_rate(large, rounds)
 
 
-async def main(only: set[str]) -> None:
-    for name, bench in (("noisy", noisy_neighbour), ("equal", equal_share), ("weights", weights),
-                        ("scale", scale)):
-        if name in only:
-            await bench()
+def claims_rows(small_rate: float, large_rate: float, large: int = 100_000) -> list[Row]:
+    return [Row("claims", f"queue-store claim rounds/s, 10 vs {num(large)} active devices (Redis only)",
+                f"{num(small_rate)} / {num(large_rate)} rounds/s = {large_rate / small_rate:.2f}",
+                "context (bench_scale decides)", None,
+                {"small_rounds_per_s": round(small_rate), "large_rounds_per_s": round(large_rate)})]
+
+
+# --- command line ----------------------------------------------------------------------------------------------
+ALL = ("noisy", "equal", "weights", "callers", "claims")
+
+
+async def run(only: set[str], smoke: bool = False) -> list[Row]:
+    rows: list[Row] = []
+    if "noisy" in only:
+        rows += noisy_rows(await (noisy_neighbour(2000, 50, 2) if smoke else noisy_neighbour()))
+    if "equal" in only:
+        rows += equal_rows(await (equal_share(20, 300, window_tasks=2000) if smoke else equal_share()))
+    if "weights" in only:
+        rows += weights_rows(await (weights(2000, 3000) if smoke else weights()))
+    if "callers" in only:
+        rows += callers_rows(await (callers(1000, 2, 1500) if smoke else callers()))
+    if "claims" in only:
+        large = 10_000 if smoke else 100_000
+        rows += claims_rows(*await claims(large=large, rounds=500 if smoke else 3000), large=large)
+    return rows
 
 
 if __name__ == "__main__":
+    from tests.benchmarks.report import Report
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="noisy,equal,weights,scale")
-    asyncio.run(main(set(parser.parse_args().only.split(","))))
+    parser.add_argument("--only", default=",".join(ALL))
+    parser.add_argument("--smoke", action="store_true", help="small sizes (checks that it runs, not numbers)")
+    args = parser.parse_args()
+    report = Report(args.smoke, args.only.split(","))
+    report.add(asyncio.run(run(set(args.only.split(",")), args.smoke)))
+    print(report.table())
+    raise SystemExit(1 if report.missed else 0)

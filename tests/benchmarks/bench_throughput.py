@@ -4,7 +4,8 @@
         [--security auth|tls|anonymous]
 
 Prints: submit rate, end-to-end tasks/s (first submit to last result stored), and the Submit -> result
-latency of single tasks on an idle system (p50 / max over 20).
+latency of single tasks on an idle system (p50 / max over 20). `measure()` returns the same numbers (the
+report of `python -m tests.benchmarks` compares its rate with Celery's on the same workload).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import random
 import statistics
 import time
 import urllib.request
+from dataclasses import dataclass, field
 
 import asyncpg
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,63 +24,83 @@ from prometheus_client.parser import text_string_to_metric_families
 from sieve import rpc
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 from tests.benchmarks.cluster import running_cluster
+from tests.benchmarks.common import wait_final
 from tests.e2e.conftest import Cluster
 
 TEXTS = ["今天天气很好", "欢迎加 微 信领取优惠", "这里有 赌.博 网站", "ｃａｓｉｎｏ night", "hello world",
          "免费领取 free money", "正常的产品评论", "cocaine is bad", "六合彩开奖", "nothing to see here"]
 
 
-async def main(args: argparse.Namespace) -> None:
-    async with running_cluster(workers=args.workers, security=args.security,
-                               SIEVE_MAX_TOTAL_PENDING=str(args.tasks + 1000),
-                               SIEVE_MAX_PER_DEVICE_PENDING=str(args.tasks)) as cluster:
+@dataclass
+class Throughput:
+    """One run: `rate` is end to end (first submit to the last result in PostgreSQL)."""
+
+    tasks: int
+    devices: int
+    workers: int
+    rate: float = 0.0
+    submit_rate: float = 0.0
+    seconds: float = 0.0
+    idle_p50_ms: float = 0.0
+    idle_max_ms: float = 0.0
+    succeeded: int = 0
+    #: rows per statement of each group-commit writer, over all workers
+    group_commits: dict[str, float] = field(default_factory=dict)
+
+
+async def measure(tasks: int = 20000, devices: int = 200, workers: int = 2, batch: int = 200,
+                  concurrency: int = 4, security: str = "auth", idle_tasks: int = 20,
+                  timeout_s: float = 600) -> Throughput:
+    out = Throughput(tasks, devices, workers)
+    async with running_cluster(workers=workers, security=security,
+                               SIEVE_MAX_TOTAL_PENDING=str(tasks + 1000),
+                               SIEVE_MAX_PER_DEVICE_PENDING=str(tasks),
+                               SIEVE_CALLER_MAX_PENDING=str(tasks + 1000),
+                               SIEVE_CALLER_SUBMIT_RATE_PER_S="0") as cluster:
         s = cluster.settings
         pg = await asyncpg.connect(s.database_url, server_settings={"search_path": s.database_schema})
-        async with rpc.channel(s.intake_addr, s) as channel:
-            stub = intake_pb2_grpc.IntakeServiceStub(channel)
+        try:
+            async with rpc.channel(s.intake_addr, s) as channel:
+                stub = intake_pb2_grpc.IntakeServiceStub(channel)
 
-            # idle latency: one task at a time
-            latencies = []
-            for i in range(20):
+                # idle latency: one task at a time
+                latencies = []
+                for i in range(idle_tasks):
+                    t0 = time.perf_counter()
+                    reply = await stub.Submit(intake_pb2.SubmitRequest(task=intake_pb2.TaskSpec(
+                        device_id=f"20:00:00:00:00:{i:02x}", type=types_pb2.TASK_TYPE_TEXT, text=TEXTS[i % 10])))
+                    # a client polls GetTask: that is the latency it sees
+                    while (await stub.GetTask(intake_pb2.GetTaskRequest(  # noqa: ASYNC110
+                            task_id=reply.task.task_id))).task.status != types_pb2.TASK_STATUS_SUCCEEDED:
+                        await asyncio.sleep(0.001)
+                    latencies.append((time.perf_counter() - t0) * 1000)
+                out.idle_p50_ms, out.idle_max_ms = statistics.median(latencies), max(latencies)
+
+                # throughput
+                rng = random.Random(1)
+                specs = [intake_pb2.TaskSpec(device_id=f"30:00:00:00:{d // 256:02x}:{d % 256:02x}",
+                                             type=types_pb2.TASK_TYPE_TEXT, text=f"{rng.choice(TEXTS)} {i}")
+                         for i, d in enumerate(rng.randrange(devices) for _ in range(tasks))]
+                batches = [specs[i : i + batch] for i in range(0, len(specs), batch)]
+                sem = asyncio.Semaphore(concurrency)
+
+                async def send(chunk: list[intake_pb2.TaskSpec]) -> None:
+                    async with sem:
+                        reply = await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=chunk))
+                        assert all(item.code == 0 for item in reply.items), reply.items[0].message
+
                 t0 = time.perf_counter()
-                reply = await stub.Submit(intake_pb2.SubmitRequest(task=intake_pb2.TaskSpec(
-                    device_id=f"20:00:00:00:00:{i:02x}", type=types_pb2.TASK_TYPE_TEXT, text=TEXTS[i % 10])))
-                # a client polls GetTask: that is the latency it sees
-                while (await stub.GetTask(intake_pb2.GetTaskRequest(  # noqa: ASYNC110
-                        task_id=reply.task.task_id))).task.status != types_pb2.TASK_STATUS_SUCCEEDED:
-                    await asyncio.sleep(0.001)
-                latencies.append((time.perf_counter() - t0) * 1000)
-            print(f"idle Submit->result (client-observed, incl. polling): p50 {statistics.median(latencies):.1f} ms,"
-                  f" max {max(latencies):.1f} ms")
-
-            # throughput
-            rng = random.Random(1)
-            specs = [intake_pb2.TaskSpec(device_id=f"30:00:00:00:{d // 256:02x}:{d % 256:02x}",
-                                         type=types_pb2.TASK_TYPE_TEXT, text=f"{rng.choice(TEXTS)} {i}")
-                     for i, d in enumerate(rng.randrange(args.devices) for _ in range(args.tasks))]
-            batches = [specs[i : i + args.batch] for i in range(0, len(specs), args.batch)]
-            sem = asyncio.Semaphore(args.concurrency)
-
-            async def send(batch: list[intake_pb2.TaskSpec]) -> None:
-                async with sem:
-                    reply = await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=batch))
-                    assert all(item.code == 0 for item in reply.items)
-
-            t0 = time.perf_counter()
-            await asyncio.gather(*(send(b) for b in batches))
-            submitted = time.perf_counter() - t0
-            target = args.tasks + 20
-            while await pg.fetchval(  # noqa: ASYNC110 - results are counted in PostgreSQL
-                    "SELECT count(*) FROM tasks WHERE status = 'SUCCEEDED'") < target:
-                await asyncio.sleep(0.05)
-            total = time.perf_counter() - t0
-            print(f"{args.tasks} tasks over {args.devices} devices, {args.workers} workers: "
-                  f"submitted in {submitted:.2f}s ({args.tasks / submitted:.0f}/s), "
-                  f"all stored in {total:.2f}s -> {args.tasks / total:.0f} tasks/s end to end")
-            print("group commits (rows per statement, all workers): " + ", ".join(
-                f"{writer} {rows / writes:.1f}" for writer, (writes, rows) in sorted(group_commits(cluster).items())
-                if writes))
-        await pg.close()
+                await asyncio.gather(*(send(b) for b in batches))
+                submitted = time.perf_counter() - t0
+                done = await wait_final(pg, tasks + idle_tasks, timeout_s, statuses=("SUCCEEDED",))
+                out.seconds = done - t0
+                out.rate, out.submit_rate = tasks / out.seconds, tasks / submitted
+                out.succeeded = await pg.fetchval("SELECT count(*) FROM tasks WHERE status = 'SUCCEEDED'")
+                out.group_commits = {writer: rows / writes for writer, (writes, rows)
+                                     in sorted(group_commits(cluster).items()) if writes}
+        finally:
+            await pg.close()
+    return out
 
 
 def group_commits(cluster: Cluster) -> dict[str, tuple[float, float]]:
@@ -95,6 +117,20 @@ def group_commits(cluster: Cluster) -> dict[str, tuple[float, float]]:
                     pair = sums.setdefault(sample.labels["writer"], [0.0, 0.0])
                     pair[sample.name.endswith("rows_total")] += sample.value
     return {writer: (writes, rows) for writer, (writes, rows) in sums.items()}
+
+
+def describe(run: Throughput) -> str:
+    return (f"idle Submit->result (client-observed, incl. polling): p50 {run.idle_p50_ms:.1f} ms, "
+            f"max {run.idle_max_ms:.1f} ms\n"
+            f"{run.tasks} tasks over {run.devices} devices, {run.workers} workers: submitted at "
+            f"{run.submit_rate:.0f}/s, all stored in {run.seconds:.2f}s -> {run.rate:.0f} tasks/s end to end\n"
+            "group commits (rows per statement, all workers): "
+            + ", ".join(f"{writer} {rows:.1f}" for writer, rows in run.group_commits.items()))
+
+
+async def main(args: argparse.Namespace) -> None:
+    print(describe(await measure(args.tasks, args.devices, args.workers, args.batch, args.concurrency,
+                                 args.security)))
 
 
 if __name__ == "__main__":

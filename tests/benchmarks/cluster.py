@@ -23,9 +23,10 @@ DATABASE_URL = os.environ.get("SIEVE_TEST_DATABASE_URL", "postgresql://postgres@
 @asynccontextmanager
 async def running_cluster(workers: int = 2, log_dir: Path | None = None,
                           worker_env: dict[str, str] | None = None, security: str = "auth",
-                          **overrides: str) -> AsyncIterator[Cluster]:
+                          credentials: dict[str, str] | None = None, **overrides: str) -> AsyncIterator[Cluster]:
     """Every service as a process; `security` is "auth" (credentials, as a user runs it), "tls" (credentials and
-    TLS) or "anonymous" (neither, for side-by-side cost measurements)."""
+    TLS) or "anonymous" (neither, for side-by-side cost measurements). `credentials` (name -> role) are made
+    before the services start (a benchmark's own callers and in-process workers: `cluster.as_caller(name)`)."""
     unique = uuid.uuid4().hex[:8]
     ports = {name: free_port() for name in ("intake", "scheduler", "registry")}
     settings = Settings.from_env({}, redis_url=REDIS_URL, redis_prefix=f"bench-{unique}",
@@ -39,6 +40,9 @@ async def running_cluster(workers: int = 2, log_dir: Path | None = None,
     os.makedirs(log_dir, exist_ok=True)
     cluster = Cluster.create(settings, env, log_dir, security=security)
     settings = cluster.settings
+    for name, role in (credentials or {}).items():
+        if not cluster.anonymous:
+            cluster.credential(name, role)
     try:
         cluster.start("registry", "registry_svc")
         await cluster.wait_healthy(settings.registry_addr, "registry")

@@ -1,0 +1,118 @@
+"""What the benchmarks share: device ids, batched submits, waiting for PostgreSQL to hold the results, per-task
+timings read back from the record, percentiles and Jain's fairness index."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import asyncpg
+
+from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
+
+#: the most tasks one SubmitBatch takes (intake_svc.validation.MAX_BATCH)
+MAX_BATCH = 1000
+#: stages of a result's timings_ms that are no worker time (waiting, downloading, the sum)
+NOT_WORKER_TIME = frozenset({"queue", "fetch", "total"})
+FINAL = ("SUCCEEDED", "FAILED", "DEAD_LETTERED", "EXPIRED", "CANCELLED")
+
+
+def mac(prefix: int, i: int) -> str:
+    """The i-th device of a benchmark's own range (`prefix` is its first byte; up to 2**24 devices)."""
+    return f"{prefix:02X}:00:00:{i >> 16 & 255:02X}:{i >> 8 & 255:02X}:{i & 255:02X}"
+
+
+def text(device: str, i: int, body: str = "task") -> intake_pb2.TaskSpec:
+    return intake_pb2.TaskSpec(device_id=device, type=types_pb2.TASK_TYPE_TEXT, text=f"{body} {i}")
+
+
+async def submit_all(stub: intake_pb2_grpc.IntakeServiceStub, specs: Sequence[intake_pb2.TaskSpec],
+                     chunk: int = MAX_BATCH, concurrency: int = 1) -> None:
+    """Submits every spec in SubmitBatch calls of `chunk`, `concurrency` calls at a time; any refused item is an
+    error (benchmarks raise the limits out of their way)."""
+    sem = asyncio.Semaphore(concurrency)
+
+    async def send(batch: Sequence[intake_pb2.TaskSpec]) -> None:
+        async with sem:
+            reply = await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=batch))
+            refused = [item for item in reply.items if item.code != 0]
+            if refused:
+                raise AssertionError(f"{len(refused)} of {len(batch)} refused: {refused[0].message}")
+
+    await asyncio.gather(*(send(specs[i : i + chunk]) for i in range(0, len(specs), chunk)))
+
+
+async def count_final(pg: asyncpg.Connection, statuses: Sequence[str] = FINAL) -> int:
+    return await pg.fetchval("SELECT count(*) FROM tasks WHERE status = ANY($1::text[])", list(statuses))
+
+
+async def wait_final(pg: asyncpg.Connection, target: int, timeout_s: float,
+                     statuses: Sequence[str] = FINAL) -> float:
+    """Waits until PostgreSQL holds `target` tasks in one of `statuses`; returns the perf_counter time it saw
+    them. Raises TimeoutError (naming how many were there) after `timeout_s`."""
+    deadline = time.perf_counter() + timeout_s
+    while True:
+        done = await count_final(pg, statuses)
+        now = time.perf_counter()
+        if done >= target:
+            return now
+        if now > deadline:
+            raise TimeoutError(f"{done} of {target} tasks final after {timeout_s:.0f}s")
+        await asyncio.sleep(0.05)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskTiming:
+    """One task as the record tells it: when it was submitted, when it first left PENDING (the first hand-out
+    the record shows: ASSIGNED or RUNNING, or its final status when neither was written), when it ended, and
+    the worker time its result names (the sum of the stages of `details.timings_ms` that use the worker: decode,
+    detect, recognise, match — not `queue`, the wait for the engine, `fetch`, a download, or `total`; 0
+    without a result)."""
+
+    device: str
+    caller: str
+    status: str
+    submitted_s: float
+    started_s: float
+    ended_s: float
+    worker_ms: float
+
+
+async def task_timings(pg: asyncpg.Connection, device_prefix: str = "") -> list[TaskTiming]:
+    """Every task (of devices starting with `device_prefix`), with its times in epoch seconds."""
+    rows = await pg.fetch(
+        """SELECT t.device, t.caller, t.status, extract(epoch FROM t.created_at) AS submitted,
+                  extract(epoch FROM t.updated_at) AS updated, t.history::text AS history,
+                  r.details::text AS details
+           FROM tasks t LEFT JOIN results r ON r.task_id = t.id WHERE t.device LIKE $1""", device_prefix + "%")
+    out = []
+    for row in rows:
+        history = json.loads(row["history"])
+        moves = [_epoch(h["at"]) for h in history if h.get("status") not in ("PENDING", None)]
+        started = min(moves) if moves else float(row["updated"])
+        ended = max(moves) if moves else float(row["updated"])
+        timings = json.loads(row["details"]).get("timings_ms", {}) if row["details"] else {}
+        out.append(TaskTiming(row["device"], row["caller"], row["status"], float(row["submitted"]), started, ended,
+                              float(sum(v for k, v in timings.items()
+                                        if k not in NOT_WORKER_TIME and isinstance(v, int | float)))))
+    return out
+
+
+def _epoch(at: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(at).timestamp()
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def jain(counts: Sequence[float]) -> float:
+    """Jain's fairness index: 1.0 when every count is equal, 1/n when one holds everything."""
+    total = sum(counts)
+    return total * total / (len(counts) * sum(c * c for c in counts)) if total else 1.0
