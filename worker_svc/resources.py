@@ -12,8 +12,9 @@ Where each reading comes from (`Resources.scope` says which was used, e.g. "cpu=
   its affinity mask) as a percentage of those cores. Always over the last `CPU_WINDOW_S` (a sliding window of
   the counters, so that every caller sees the same recent second, however often it samples).
 - **this worker's own CPU** (`cpu_own_percent`): the CPU time of its process tree — the process with its reaped
-  children (`os.times`) plus its live descendants (listed again every `CHILDREN_EVERY_S`) — over the same
-  window, against the same capacity. The CPU watermark applies to `cpu_percent - cpu_own_percent`.
+  children (`os.times`) plus its live descendants (listed again every `CHILDREN_EVERY_S`, and at once when the
+  rest reads near the watermark, so that a child just started is not taken for someone else's load) — over the
+  same window, against the same capacity. The CPU watermark applies to `cpu_percent - cpu_own_percent`.
 - **memory**: the cgroup when it has a memory limit below the host's memory — v2 `memory.max` against
   `memory.current` minus `inactive_file` of `memory.stat` (the working set: reclaimable page cache does not
   count), or v1 `memory.limit_in_bytes` against `memory.usage_in_bytes` minus `total_inactive_file` — otherwise
@@ -64,6 +65,8 @@ CPU_WINDOW_S = 1.0
 MIN_CPU_SPAN_S = 0.05
 #: How often the worker's child processes are listed again (listing walks /proc; reading known ones is cheap).
 CHILDREN_EVERY_S = 5.0
+#: ... and, when the CPU of others reads near the watermark, again if the last listing is older than this
+RELIST_AFTER_S = 0.2
 #: A cgroup v1 limit at or above this is "no limit" (the kernel's page-rounded LLONG_MAX).
 _V1_UNLIMITED = 2**62
 
@@ -361,8 +364,11 @@ class _ProcessTree:
         self._refresh()
         return {self._me.pid, *(c.pid for c in self._children)}
 
-    def _refresh(self) -> None:
-        if self._clock() - self._listed_at < CHILDREN_EVERY_S:
+    def listed_ago(self) -> float:
+        return self._clock() - self._listed_at
+
+    def _refresh(self, force: bool = False) -> None:
+        if self.listed_ago() < (RELIST_AFTER_S if force else CHILDREN_EVERY_S):
             return
         self._listed_at = self._clock()
         try:
@@ -370,8 +376,9 @@ class _ProcessTree:
         except psutil.Error:
             self._children = []
 
-    def cpu_s(self) -> float:
-        self._refresh()
+    def cpu_s(self, relist: bool = False) -> float:
+        """CPU seconds so far (cumulative); `relist` lists the descendants again first (if not just done)."""
+        self._refresh(relist)
         own = os.times()
         total = own.user + own.system + own.children_user + own.children_system
         alive: list[psutil.Process] = []
@@ -585,6 +592,12 @@ class ResourceSampler:
         busy = max(0.0, point.busy_s - base.busy_s)
         own = max(0.0, point.own_s - base.own_s)
         total = min(100.0, 100.0 * busy / capacity)
+        near = self._settings.cpu_watermark_pct - max(0.0, self._settings.watermark_hysteresis_pct)
+        if total - 100.0 * own / capacity >= near and self._tree.listed_ago() >= RELIST_AFTER_S:
+            # others' share reads high: make sure it is not a child of this worker's that was not listed yet
+            point = _CpuPoint(point.at, point.busy_s, point.capacity_s, self._tree.cpu_s(relist=True))
+            self._points[-1] = point
+            own = max(0.0, point.own_s - base.own_s)
         return total, min(total, 100.0 * own / capacity)
 
     def _memory(self, out: registry_pb2.Resources) -> None:

@@ -1,6 +1,7 @@
 """A real worker (in this process, with the real scheduler and intake) and a real outside process that burns
-CPU: the worker holds back while that process runs — no credits, nothing started, its metrics say so — and
-takes work again within a second or two once it stops. Its own work never holds it back.
+CPU (started detached: not one of the worker's own processes): the worker holds back while that process runs —
+no credits, nothing started, its metrics say so — and takes work again within a second or two once it stops.
+Its own work, a child process of its own included, does not hold it back.
 
 This machine has 2 cores shared by everything: one burning process is 50 % of them, so the test lowers the CPU
 watermark to 40 % (it resumes under 30 %, the default 10-point hysteresis) to make that outside load decisive.
@@ -9,6 +10,7 @@ watermark to 40 % (it resumes under 30 %, the default 10-point hysteresis) to ma
 from __future__ import annotations
 
 import asyncio
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -19,6 +21,7 @@ from redis.asyncio import Redis
 
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, types_pb2
+from tests.cpu_burner import start_detached_burner, stop_burner
 from tests.integration.conftest import platform_with, text_spec, wait_final
 from worker_svc.metrics import WorkerCollector
 from worker_svc.pressure import Pressure
@@ -57,8 +60,8 @@ async def test_an_outside_process_burning_cpu_holds_the_worker_back_until_it_sto
         first = await p.intake.Submit(intake_pb2.SubmitRequest(task=text_spec("0D:00:00:00:00:01", "before")))
         assert (await wait_final(p.intake, first.task.task_id)).status == types_pb2.TASK_STATUS_SUCCEEDED
 
-        # When another process burns a core
-        burner = await asyncio.create_subprocess_exec(sys.executable, "-c", BURN)
+        # When another process (not one of this worker's) burns a core
+        burner = await asyncio.to_thread(start_detached_burner, 30)
         try:
             await until(lambda: pressure.held, 10)
             # Then the worker holds back for CPU, says so in its metrics, and starts nothing new
@@ -74,8 +77,7 @@ async def test_an_outside_process_burning_cpu_holds_the_worker_back_until_it_sto
             statuses = await pg.fetch("SELECT status FROM tasks WHERE id = ANY($1::uuid[])", ids)
             assert {r["status"] for r in statuses} == {"PENDING"}
         finally:
-            burner.kill()
-            await burner.wait()
+            stop_burner(burner)
             stopped = time.monotonic()
 
         # When it stops, Then the worker takes work again within a second or two, and does what waited
@@ -92,21 +94,36 @@ async def test_an_outside_process_burning_cpu_holds_the_worker_back_until_it_sto
 async def test_a_worker_busy_with_its_own_work_keeps_taking_it(
         settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
     async with platform_with(settings, redis, pg, cpu_watermark_pct=40.0) as p:
-        # Given a worker (with the scheduler and intake in its own process) and a stream of work
+        # Given a worker (with the scheduler and intake in its own process) that also runs a child process of
+        # its own burning a core: this worker's process tree uses half the machine and more
         worker = await p.add_worker(worker_id="w-busy")
         pressure: Pressure = worker.puller.pressure
         try:
             await until(lambda: not pressure.held, 30)
         except AssertionError:
             pytest.skip(f"this machine stays busy without the test: {pressure.reasons()}")
-        specs = [text_spec(f"0E:00:00:00:{d // 256:02x}:{d % 256:02x}", f"task {i}")
-                 for i, d in enumerate(range(2000))]
-        for i in range(0, len(specs), 500):
-            await p.intake.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=specs[i : i + 500]))
-        # When it works through them (this process's CPU: the worker's own), Then it never holds back for CPU
-        deadline = time.monotonic() + 60
-        while await pg.fetchval("SELECT count(*) FROM tasks WHERE status = 'SUCCEEDED'") < len(specs):
-            assert time.monotonic() < deadline, "not done in time"
-            await asyncio.sleep(0.2)
-        assert pressure.last is not None
-        assert pressure.held_back_seconds()["cpu"] < 1.0, pressure.held_back_seconds()
+        child = await asyncio.create_subprocess_exec(sys.executable, "-c", BURN)
+        try:
+            specs = [text_spec(f"0E:00:00:00:{d // 256:02x}:{d % 256:02x}", f"task {i}")
+                     for i, d in enumerate(range(2000))]
+            began = time.monotonic()
+            for i in range(0, len(specs), 500):
+                await p.intake.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=specs[i : i + 500]))
+            # When it works through them, watching its readings
+            own: list[float] = []
+            deadline = time.monotonic() + 60
+            while await pg.fetchval("SELECT count(*) FROM tasks WHERE status = 'SUCCEEDED'") < len(specs) \
+                    or time.monotonic() - began < 3:
+                assert time.monotonic() < deadline, "not done in time"
+                if pressure.last is not None:
+                    own.append(pressure.last.cpu_own_percent)
+                await asyncio.sleep(0.2)
+            ran_s = time.monotonic() - began
+        finally:
+            child.kill()
+            await child.wait()
+        # Then its own share is counted as its own (over the 40 % watermark by itself: a rule that counted it
+        # would have held the worker back all along), and it held back for CPU for little of the time, if at
+        # all (only what other processes of this shared machine did can hold it back)
+        assert statistics.mean(own) >= 40, own
+        assert pressure.held_back_seconds()["cpu"] < 0.3 * ran_s, (pressure.held_back_seconds(), ran_s)

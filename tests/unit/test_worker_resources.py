@@ -208,9 +208,33 @@ def test_the_real_sampler_counts_its_own_busy_thread_as_its_own() -> None:
     while time.monotonic() < until:
         pass
     out = sampler.sample(0)
-    # one busy thread on this host's cores: the worker's own share is nearly all of what it caused
-    assert out.cpu_own_percent >= 100.0 / len(os.sched_getaffinity(0)) * 0.6
+    # one busy thread on this host's cores: the worker's own share is what it caused (at least a good part of a
+    # core, however busy the rest of the machine keeps it)
+    assert out.cpu_own_percent >= 100.0 / len(os.sched_getaffinity(0)) * 0.3
     assert out.cpu_own_percent <= out.cpu_percent + 1e-9
+
+
+def test_a_child_process_the_worker_just_started_counts_as_its_own_at_once() -> None:
+    # Given a sampler that listed this process's children a moment ago (none then)
+    settings = Settings(cpu_watermark_pct=30.0)
+    sampler = ResourceSampler(settings)
+    sampler.sample(0)
+    # When the worker starts a child that burns a core (long before the next periodic listing, 5 s away)
+    burn = "import time\nend = time.time() + 5\nwhile time.time() < end: pass"
+    child = subprocess.Popen([sys.executable, "-c", burn])
+    try:
+        import time
+
+        out = sampler.sample(0)
+        until = time.monotonic() + 1.5
+        while time.monotonic() < until:
+            time.sleep(0.25)
+            out = sampler.sample(0)
+    finally:
+        child.kill()
+        child.wait()
+    # Then its CPU is the worker's own: others' share reading high made the sampler look for children again
+    assert out.cpu_own_percent >= 100.0 / len(os.sched_getaffinity(0)) * 0.6, out
 
 
 class _FakeNvml:
@@ -255,8 +279,9 @@ from sieve.workers import availability
 sampler = ResourceSampler(Settings())
 burner = None
 if sys.argv[1] == "outside":
-    burn = "import time\nend = time.time() + 10\nwhile time.time() < end: pass"
-    burner = subprocess.Popen([sys.executable, "-c", burn])
+    # not a descendant of this process (a child counts as the worker's own), in this cgroup all the same
+    from tests.cpu_burner import start_detached_burner
+    burner = start_detached_burner(10)
 end = time.monotonic() + 1.6
 next_sample = 0.0
 while time.monotonic() < end:
@@ -267,7 +292,8 @@ while time.monotonic() < end:
         next_sample = time.monotonic() + 0.25
 out = sampler.sample(0)
 if burner is not None:
-    burner.kill()
+    from tests.cpu_burner import stop_burner
+    stop_burner(burner)
 print(json.dumps({"scope": out.scope, "cpu": out.cpu_percent, "own": out.cpu_own_percent,
                   "memory_total": out.memory_total_bytes, "reasons": availability(out, Settings())}))
 """
@@ -332,12 +358,12 @@ def test_in_a_real_cgroup_the_readings_are_of_its_quota_and_limit(real_v1_cgroup
     # Then its readings are of the cgroup: the limit as total memory, CPU of the quota, all of it its own
     assert own["scope"] == "cpu=cgroup v1,memory=cgroup v1"
     assert own["memory_total"] == limit
-    assert own["cpu"] >= 70, own  # 0.5 CPU busy is ~100 % of the quota (a quarter of this host's 2 cores)
+    assert own["cpu"] >= 50, own  # 0.5 CPU busy is ~100 % of the quota (less when this machine is busy)
     assert own["own"] >= own["cpu"] - 15, own
     assert own["reasons"] == []  # its own work is not overload
 
     # When another process in the same cgroup burns the CPU while this one idles
     outside = _run_child("outside", procs)
     # Then that is overload: the worker would hold back
-    assert outside["cpu"] >= 70 and outside["own"] < 20, outside
+    assert outside["cpu"] >= 50 and outside["own"] < 20, outside
     assert any(r.startswith("cpu ") for r in outside["reasons"]), outside
