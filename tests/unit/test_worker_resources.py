@@ -233,8 +233,9 @@ def test_a_child_process_the_worker_just_started_counts_as_its_own_at_once() -> 
     finally:
         child.kill()
         child.wait()
-    # Then its CPU is the worker's own: others' share reading high made the sampler look for children again
-    assert out.cpu_own_percent >= 100.0 / len(os.sched_getaffinity(0)) * 0.6, out
+    # Then its CPU is the worker's own (a good part of a core, however busy the rest of this machine keeps it):
+    # others' share reading high made the sampler look for children again
+    assert out.cpu_own_percent >= 100.0 / len(os.sched_getaffinity(0)) * 0.3, out
 
 
 class _FakeNvml:
