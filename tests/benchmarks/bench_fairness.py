@@ -228,8 +228,8 @@ class WeightsResult:
 async def weights(per_device: int = 3000, counted: int = 3000, cluster: Cluster | None = None,
                   timeout_s: float = 600) -> WeightsResult:
     """Three devices of weights 3:2:1 with `per_device` tasks each; shares of the first `counted` hand-outs
-    (at most `per_device`: the first device, with half of them, is still backlogged until then)."""
-    out = WeightsResult(per_device, min(counted, per_device))
+    (at most 2 x `per_device`: the first device, with half of them, is still backlogged until then)."""
+    out = WeightsResult(per_device, min(counted, per_device * sum(WEIGHTS) // max(WEIGHTS)))
     async with cluster_for(cluster, 0, 3 * per_device + 1000) as c:
         worker = TimedWorker.of(c, "bench-weights")
         async with rpc.channel(c.settings.intake_addr, c.settings) as channel:
@@ -355,18 +355,21 @@ ALL = ("noisy", "equal", "weights", "callers", "claims")
 
 
 async def run(only: set[str], smoke: bool = False) -> list[Row]:
+    from tests.benchmarks.sizes import FULL, SMOKE
+
+    sizes = SMOKE if smoke else FULL
     rows: list[Row] = []
     if "noisy" in only:
-        rows += noisy_rows(await (noisy_neighbour(2000, 50, 2) if smoke else noisy_neighbour()))
+        rows += noisy_rows(await noisy_neighbour(*sizes.noisy))
     if "equal" in only:
-        rows += equal_rows(await (equal_share(20, 300, window_tasks=2000) if smoke else equal_share()))
+        rows += equal_rows(await equal_share(*sizes.equal))
     if "weights" in only:
-        rows += weights_rows(await (weights(2000, 3000) if smoke else weights()))
+        rows += weights_rows(await weights(*sizes.weights))
     if "callers" in only:
-        rows += callers_rows(await (callers(1000, 2, 1500) if smoke else callers()))
+        rows += callers_rows(await callers(*sizes.callers))
     if "claims" in only:
-        large = 10_000 if smoke else 100_000
-        rows += claims_rows(*await claims(large=large, rounds=500 if smoke else 3000), large=large)
+        rows += claims_rows(*await claims(large=sizes.claims_large, rounds=sizes.claims_rounds),
+                            large=sizes.claims_large)
     return rows
 
 

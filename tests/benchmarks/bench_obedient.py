@@ -24,6 +24,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -32,8 +33,12 @@ import grpc
 from sieve import rpc
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 from tests.benchmarks.cluster import running_cluster
+from tests.benchmarks.common import wait_final
+from tests.benchmarks.report import Row, num
 
 TARGET = 0.8
+#: the longest a run may take before it counts as failed (results counted in PostgreSQL)
+TIMEOUT_S = 900
 EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
 
 
@@ -46,7 +51,19 @@ class Run:
     told_s: list[float] = field(default_factory=list)
 
 
-async def obedient_run(args: argparse.Namespace, limits: dict[str, str]) -> Run:
+@dataclass
+class Load:
+    """The client's workload: `tasks` texts over `devices` devices, SubmitBatch calls of `batch`, `concurrency`
+    calls at a time, against `workers` text workers."""
+
+    tasks: int = 20000
+    devices: int = 200
+    batch: int = 500
+    concurrency: int = 4
+    workers: int = 2
+
+
+async def obedient_run(args: Load, limits: dict[str, str]) -> Run:
     run = Run()
     async with running_cluster(workers=args.workers, **limits) as cluster:
         s = cluster.settings
@@ -82,10 +99,7 @@ async def obedient_run(args: argparse.Namespace, limits: dict[str, str]) -> Run:
 
             began = time.perf_counter()
             await asyncio.gather(*(client() for _ in range(args.concurrency)))
-            while await pg.fetchval(  # noqa: ASYNC110 - results are counted in PostgreSQL
-                    "SELECT count(*) FROM tasks WHERE status = 'SUCCEEDED'") < args.tasks:
-                await asyncio.sleep(0.05)
-            run.seconds = time.perf_counter() - began
+            run.seconds = await wait_final(pg, args.tasks, TIMEOUT_S, statuses=("SUCCEEDED",)) - began
             run.rate = args.tasks / run.seconds
         await pg.close()
     return run
@@ -98,21 +112,50 @@ def describe(name: str, run: Run) -> str:
             f"{run.refused} items refused{told})")
 
 
+@dataclass
+class ObedientResult:
+    """Each pair: (a) default limits, (b) limits raised; `ratio` is the median of (a)/(b)."""
+
+    load: Load
+    pairs: list[tuple[Run, Run]] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(a.rate / b.rate for a, b in self.pairs) if self.pairs else 0.0
+
+
+async def measure(load: Load, pairs: int = 1, log: Callable[[str], None] = print) -> ObedientResult:
+    out = ObedientResult(load)
+    raised = {"SIEVE_MAX_TOTAL_PENDING": str(load.tasks + 1000), "SIEVE_MAX_PER_DEVICE_PENDING": str(load.tasks),
+              "SIEVE_CALLER_MAX_PENDING": str(load.tasks + 1000)}
+    log(f"{load.tasks} texts over {load.devices} devices, batches of {load.batch}, {load.concurrency} at a time, "
+        f"{load.workers} workers; the client honours every retry_after")
+    for pair in range(pairs):
+        default = await obedient_run(load, {})
+        lifted = await obedient_run(load, raised)
+        out.pairs.append((default, lifted))
+        log(f"pair {pair + 1}:")
+        log(describe("(a) default limits (5 000 / 200)", default))
+        log(describe("(b) limits raised              ", lifted))
+        log(f"  ratio (a)/(b): {default.rate / lifted.rate:.2f}")
+    return out
+
+
+def rows(r: ObedientResult) -> list[Row]:
+    a = statistics.median(p[0].rate for p in r.pairs) if r.pairs else 0.0
+    b = statistics.median(p[1].rate for p in r.pairs) if r.pairs else 0.0
+    refused = sum(p[0].refused for p in r.pairs)
+    return [Row("obedient", f"client honouring every retry_after, default limits vs raised "
+                            f"({num(r.load.tasks)} tasks)",
+                f"{num(a)} / {num(b)} tasks/s = {r.ratio:.2f} ({num(refused)} items refused and resubmitted)",
+                f">= {TARGET}", r.ratio >= TARGET,
+                {"default_tasks_per_s": round(a), "raised_tasks_per_s": round(b), "ratio": round(r.ratio, 3),
+                 "refused": refused, "pairs": len(r.pairs)})]
+
+
 async def main(args: argparse.Namespace) -> int:
-    raised = {"SIEVE_MAX_TOTAL_PENDING": str(args.tasks + 1000), "SIEVE_MAX_PER_DEVICE_PENDING": str(args.tasks),
-              "SIEVE_CALLER_MAX_PENDING": str(args.tasks + 1000)}
-    print(f"{args.tasks} texts over {args.devices} devices, batches of {args.batch}, {args.concurrency} at a time, "
-          f"{args.workers} workers; the client honours every retry_after")
-    ratios = []
-    for pair in range(args.pairs):
-        default = await obedient_run(args, {})
-        lifted = await obedient_run(args, raised)
-        ratios.append(default.rate / lifted.rate)
-        print(f"pair {pair + 1}:")
-        print(describe("(a) default limits (5 000 / 200)", default))
-        print(describe("(b) limits raised              ", lifted))
-        print(f"  ratio (a)/(b): {ratios[-1]:.2f}")
-    ratio = statistics.median(ratios)
+    load = Load(args.tasks, args.devices, args.batch, args.concurrency, args.workers)
+    ratio = (await measure(load, args.pairs)).ratio
     print(f"median ratio (a)/(b): {ratio:.2f} (target >= {TARGET})")
     return 0 if ratio >= TARGET else 1
 

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import statistics
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -32,6 +34,7 @@ from tests.benchmarks.bench_throughput import TEXTS
 from tests.benchmarks.cluster import running_cluster
 from tests.benchmarks.common import count_final, mac, submit_all, wait_final
 from tests.benchmarks.report import Row, num
+from tests.e2e.conftest import Cluster
 
 TARGET = 0.8
 
@@ -76,27 +79,40 @@ def workload(devices: int, per_device: int, seed: int = 1) -> list[intake_pb2.Ta
                                 text=f"{texts.choice(TEXTS)} {n}") for n, (d, _) in enumerate(pairs)]
 
 
-async def run_case(devices: int, per_device: int, workers: int = 2, batch: int = 500, concurrency: int = 4,
-                   timeout_s: float = 900) -> Case:
-    out = Case(devices, per_device)
-    specs = workload(devices, per_device)
-    tasks = len(specs)
+@contextlib.asynccontextmanager
+async def cluster_for(cluster: Cluster | None, workers: int, tasks: int, per_device: int) -> AsyncIterator[Cluster]:
+    """`cluster` when one is given (it must let `tasks` be queued at once), else a fresh one whose limits are
+    out of the way of `tasks` queued at once over devices of `per_device` each."""
+    if cluster is not None:
+        yield cluster
+        return
     async with running_cluster(workers=workers, SIEVE_MAX_TOTAL_PENDING=str(tasks + 1000),
                                SIEVE_MAX_PER_DEVICE_PENDING=str(per_device + 10),
                                SIEVE_CALLER_MAX_PENDING=str(tasks + 1000),
-                               SIEVE_CALLER_SUBMIT_RATE_PER_S="0") as cluster:
-        s = cluster.settings
+                               SIEVE_CALLER_SUBMIT_RATE_PER_S="0") as fresh:
+        yield fresh
+
+
+async def run_case(devices: int, per_device: int, workers: int = 2, batch: int = 500, concurrency: int = 4,
+                   timeout_s: float = 900, cluster: Cluster | None = None) -> Case:
+    """One case on a fresh cluster (or on `cluster`, for the smoke test: then only the counts mean anything)."""
+    out = Case(devices, per_device)
+    specs = workload(devices, per_device)
+    tasks = len(specs)
+    async with cluster_for(cluster, workers, tasks, per_device) as c:
+        s = c.settings
         pg = await asyncpg.connect(s.database_url, server_settings={"search_path": s.database_schema})
         try:
+            before, succeeded_before = await count_final(pg), await count_final(pg, ("SUCCEEDED",))
             async with rpc.channel(s.intake_addr, s) as channel:
                 stub = intake_pb2_grpc.IntakeServiceStub(channel)
                 t0 = time.perf_counter()
                 await submit_all(stub, specs, chunk=batch, concurrency=concurrency)
                 submitted = time.perf_counter() - t0
-                done = await wait_final(pg, tasks, timeout_s)
+                done = await wait_final(pg, before + tasks, timeout_s)
             out.seconds = done - t0
             out.rate, out.submit_rate = tasks / out.seconds, tasks / submitted
-            out.succeeded = await count_final(pg, ("SUCCEEDED",))
+            out.succeeded = await count_final(pg, ("SUCCEEDED",)) - succeeded_before
         finally:
             await pg.close()
     return out

@@ -1,0 +1,31 @@
+"""The workload of every benchmark of `python -m tests.benchmarks`, full (the targets' sizes) and smoke (small:
+the path works, not the numbers; the CI smoke test uses these too)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The workload of every benchmark at one scale (each tuple is the arguments of its function, in order)."""
+
+    throughput_tasks: int
+    throughput_devices: int
+    scale_tasks: int
+    scale_few: int
+    noisy: tuple[int, int, int]
+    equal: tuple[int, int, float, int]
+    weights: tuple[int, int]
+    callers: tuple[int, int, int]
+    cost: tuple[float, int, int]
+    ocr: tuple[int, int]
+    obedient_tasks: int
+    claims_large: int
+    claims_rounds: int
+
+
+FULL = Sizes(20000, 200, 50000, 100, (20000, 200, 5), (50, 600, 1.0, 0), (3000, 3000), (1000, 10, 8000),
+             (60.0, 200, 1500), (3, 3), 20000, 100_000, 3000)
+SMOKE = Sizes(2000, 50, 2000, 20, (2000, 50, 2), (20, 300, 1.0, 2000), (2000, 3000), (1000, 2, 1500),
+              (10.0, 40, 300), (1, 1), 2000, 10_000, 500)
