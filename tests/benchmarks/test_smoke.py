@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -64,9 +65,9 @@ async def statuses(cluster: Cluster, device_prefix: str) -> dict[str, int]:
     return {r["status"]: r["n"] for r in rows}
 
 
-async def _timed() -> dict[str, Any]:
+async def _timed(log_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    async with running_cluster(workers=0, credentials=bench_fairness.CREDENTIALS,
+    async with running_cluster(workers=0, log_dir=log_dir, credentials=bench_fairness.CREDENTIALS,
                                **bench_fairness.fairness_env(20000)) as cluster:
         out["equal"] = await bench_fairness.equal_share(*SMOKE.equal, cluster=cluster, timeout_s=120)
         out["equal_statuses"] = await statuses(cluster, "CC:")
@@ -78,9 +79,9 @@ async def _timed() -> dict[str, Any]:
     return out
 
 
-async def _real() -> dict[str, Any]:
+async def _real(log_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    async with running_cluster(workers=2, credentials=bench_fairness.CREDENTIALS,
+    async with running_cluster(workers=2, log_dir=log_dir, credentials=bench_fairness.CREDENTIALS,
                                **bench_fairness.fairness_env(20000)) as cluster:
         out["noisy"] = await bench_fairness.noisy_neighbour(*SMOKE.noisy, cluster=cluster, timeout_s=120)
         few = SMOKE.scale_few
@@ -91,15 +92,15 @@ async def _real() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def timed() -> dict[str, Any]:
+def timed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     _require_stores()
-    return asyncio.run(_timed())
+    return asyncio.run(_timed(tmp_path_factory.mktemp("timed-cluster")))
 
 
 @pytest.fixture(scope="module")
-def real() -> dict[str, Any]:
+def real(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     _require_stores()
-    return asyncio.run(_real())
+    return asyncio.run(_real(tmp_path_factory.mktemp("real-cluster")))
 
 
 def test_equal_devices_get_equal_shares_of_every_window_of_hand_outs(timed: dict[str, Any]) -> None:
