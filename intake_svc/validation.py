@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 from sieve.db.tasks import NewTask
 from sieve.errors import InvalidInput
+from sieve.ids import uuid7_at
 from sieve.images import ImageError, check_pixels, inspect_image
 from sieve.mac import normalize_mac
 from sieve.outbound import DestinationRefused, OutboundPolicy
@@ -103,7 +104,7 @@ def validate_spec(spec: intake_pb2.TaskSpec, field: str, caller: str, settings: 
         raise InvalidInput(f"{field}.max_attempts", f"must be at most {settings.max_attempts} (the global limit)")
 
     return NewTask(
-        task_id=uuid.uuid4(), device=device, task_type=spec.type, priority=priority, caller=caller,
+        task_id=uuid7_at(now), device=device, task_type=spec.type, priority=priority, caller=caller,
         created_at=now, expires_at=now + timedelta(seconds=ttl_s), text=text, image=image, image_url=url,
         idempotency_key=key, trace_context=trace_context, max_attempts=spec.max_attempts or None,
     )

@@ -30,6 +30,7 @@ from scheduler_svc.rebuild import Rebuilder
 from scheduler_svc.reconcile import Reconciler
 from scheduler_svc.watermark import Watermark
 from sieve.backoff import compute_backoff
+from sieve.db.retention import Retention
 from sieve.db.tasks import TaskStore
 from sieve.queue_store import QueueStore, now_ms
 from sieve.workers import WorkerRecords
@@ -72,6 +73,8 @@ class Housekeeping:
         self.execution_timeouts: dict[str, int] = {}
         #: leases of dead scheduler replicas put back
         self.orphans_put_back = 0
+        #: partitions ahead and old days dropped (sieve/db/retention.py), every retention_check_interval_s
+        self.retention = Retention(tasks.pool, self.settings)
 
     async def run(self) -> None:
         reconciling = asyncio.create_task(self.reconciler.run(), name="reconcile")
@@ -88,6 +91,7 @@ class Housekeeping:
         finally:
             reconciling.cancel()
             alive.cancel()
+            self.retention.stop()
 
     async def _say_alive(self) -> None:
         """Keeps this replica's entry in Keys.schedulers fresh; removes it when stopped (an orderly stop hands back
@@ -127,6 +131,7 @@ class Housekeeping:
         if time.monotonic() - self._last_watermark >= self.settings.watermark_interval_s:
             self._last_watermark = time.monotonic()
             await self.watermark.publish()
+        self.retention.start_if_due()
 
     async def reclaim_expired_leases(self, now: float) -> int:
         """Leases nobody renewed (their worker or scheduler died) go back to their device queues."""

@@ -280,7 +280,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         unproven = [a for a in mine if uuid.UUID(a.task_id) in unfinished]
         if proven:
             leased = [(a.task_id, session.held[a.task_id][1]) for a in proven]
-            results = await self.queues.ack(leased)
+            results = await self.queues.ack(leased, device_of={a.task_id: session.held[a.task_id][0] for a in proven})
             stale = results.count(False)
             if stale:
                 self.fencing_refusals += stale

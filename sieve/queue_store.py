@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -382,15 +383,32 @@ class QueueStore:
                 resumed.append(mac)
         return resumed
 
-    async def ack(self, leases: list[tuple[str, int]]) -> list[bool]:
-        """Finishes leased tasks; an ack whose attempt is not the lease's current one is refused."""
+    async def ack(self, leases: list[tuple[str, int]], *, device_of: Mapping[str, str] | None = None) -> list[bool]:
+        """Finishes leased tasks; an ack whose attempt is not the lease's current one is refused. One script call
+        per device (pipelined: one round trip), so that a device left with nothing queued or outstanding forgets
+        its meta. `device_of` (task id -> device) spares reading the lease data for the devices."""
         if not leases:
             return []
-        args: list[Any] = []
-        for task_id, attempt in leases:
-            args += [task_id, attempt]
-        reply = await self._call("ackTasks", [self.keys.leases, self.keys.lease_data, self.keys.caller_open], args)
-        return [bool(r) for r in reply]
+        known = dict(device_of or {})
+        unknown = [task_id for task_id, _ in leases if task_id not in known]
+        if unknown:
+            for task_id, value in zip(unknown, await self.redis.hmget(self.keys.lease_data, unknown), strict=True):
+                if value is not None:
+                    known[task_id] = value.partition("|")[0]
+        by_device: dict[str, list[int]] = defaultdict(list)
+        for i, (task_id, _) in enumerate(leases):
+            if task_id in known:
+                by_device[known[task_id]].append(i)
+        acked = [False] * len(leases)
+        if not by_device:
+            return acked
+        k = self.keys
+        calls = [("ackTasks", [k.leases, k.lease_data, k.caller_open, k.meta(mac)],
+                  [mac, *(x for i in indexes for x in leases[i])]) for mac, indexes in by_device.items()]
+        for indexes, reply in zip(by_device.values(), await self._call_pipelined(calls), strict=True):
+            for i, r in zip(indexes, reply, strict=True):
+                acked[i] = bool(r)
+        return acked
 
     async def requeue(self, mac: str, leases: list[tuple[str, int | None]], *, count_attempt: bool,
                       reason: str, retry_at_ms: float | None = None, max_attempts: int | None = None,

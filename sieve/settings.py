@@ -246,6 +246,9 @@ class Settings:
         self._validate_execution()
         if self.min_batch_size > self.batch_size:
             raise SettingsError("SIEVE_MIN_BATCH_SIZE must not exceed SIEVE_BATCH_SIZE")
+        if self.retention_days < 0 or self.retention_ahead_days < 1 or self.retention_check_interval_s <= 0:
+            raise SettingsError("SIEVE_RETENTION_DAYS must be at least 0, SIEVE_RETENTION_AHEAD_DAYS at least 1 "
+                                "and SIEVE_RETENTION_CHECK_INTERVAL_S positive")
         if self.no_gpu_strategy not in ("defer", "cpu", "dead_letter"):
             raise SettingsError("SIEVE_NO_GPU_STRATEGY must be defer, cpu or dead_letter")
         self.weights_by_device  # noqa: B018  (parses and validates)
@@ -366,6 +369,13 @@ class Settings:
     outbound_allow_private_nets: str = ""
     #: Image bytes of a task once its result is stored: keep | delete.
     ocr_payload_retention: str = "keep"
+    #: Finished tasks, their results, image bytes and idempotency keys are deleted once unchanged this many days,
+    #: a day's partition at a time (sieve/db/retention.py); 0 keeps everything.
+    retention_days: int = 30
+    #: Day partitions of tasks and results made ahead of today.
+    retention_ahead_days: int = 2
+    #: How often the scheduler's housekeeping runs the retention job (partitions ahead, old days dropped).
+    retention_check_interval_s: float = 3600.0
     #: Tests only: an injected engine failure. "gpu_oom_once": the worker starts in simulated GPU mode and its
     #: first inference raises a CUDA out-of-memory error; "oom_always": every inference raises one; "hang_once": the
     #: first inference hangs (its thread returns only when the process ends); "hang": every inference hangs.

@@ -140,9 +140,25 @@ class TaskStore:
     # --- intake ---------------------------------------------------------------------------------
     async def insert(self, tasks: Sequence[NewTask]) -> list[Recorded]:
         """Records new tasks (status PENDING) in one statement; a repeated idempotency key returns the
-        earlier task instead of creating one."""
+        earlier task instead of creating one (read in one more round trip).
+
+        Keys live in `idempotency_keys` (one row per caller, device and key; `tasks` is partitioned by id, so
+        it cannot hold a unique index on them): the same statement claims each key and inserts only the tasks
+        whose key it claimed, or that have none."""
         rows = await self.pool.fetch(
             """
+            WITH u AS (
+                SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::text[], $6::text[],
+                                     $7::text[], $8::bytea[], $9::text[], $10::timestamptz[], $11::timestamptz[],
+                                     $12::text[], $13::smallint[]) WITH ORDINALITY
+                     AS u(id, device, type, priority, caller, key, text, image, url, created, expires, trace,
+                          max_attempts, n)
+            ), claimed AS (
+                INSERT INTO idempotency_keys (caller, device, key, task_id, created_at)
+                SELECT caller, device, key, id, created FROM u WHERE key IS NOT NULL ORDER BY n
+                ON CONFLICT (caller, device, key) DO NOTHING
+                RETURNING task_id
+            )
             INSERT INTO tasks (id, device, type, priority, status, caller, idempotency_key, payload_text,
                                payload_bytes, payload_url, created_at, updated_at, expires_at, enqueued_at,
                                trace_context, max_attempts, history)
@@ -150,12 +166,9 @@ class TaskStore:
                    u.created, u.created, u.expires, u.created, u.trace, u.max_attempts,
                    jsonb_build_array(jsonb_build_object('status', 'PENDING', 'at', u.created,
                                                         'attempt', 0, 'detail', 'accepted from ' || u.caller))
-            FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::text[], $6::text[],
-                        $7::text[], $8::bytea[], $9::text[], $10::timestamptz[], $11::timestamptz[],
-                        $12::text[], $13::smallint[])
-                 AS u(id, device, type, priority, caller, key, text, image, url, created, expires, trace,
-                      max_attempts)
-            ON CONFLICT (caller, device, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+            FROM u
+            WHERE u.key IS NULL OR u.id IN (SELECT task_id FROM claimed)
+            ORDER BY u.n
             RETURNING id
             """,
             [t.task_id for t in tasks], [t.device for t in tasks], [type_name(t.task_type) for t in tasks],
@@ -165,15 +178,30 @@ class TaskStore:
             [t.max_attempts for t in tasks],
         )
         created = {r["id"] for r in rows}
+        repeated = [t for t in tasks if t.task_id not in created]
+        earlier: dict[tuple[str, str, str], asyncpg.Record] = {}
+        if repeated:
+            found = await self.pool.fetch(
+                """
+                SELECT t.* FROM unnest($1::text[], $2::text[], $3::text[]) AS u(caller, device, key)
+                JOIN idempotency_keys k ON k.caller = u.caller AND k.device = u.device AND k.key = u.key
+                JOIN tasks t ON t.id = k.task_id
+                """,
+                [t.caller for t in repeated], [t.device for t in repeated], [t.idempotency_key for t in repeated])
+            earlier = {(r["caller"], r["device"], r["idempotency_key"]): r for r in found}
         out: list[Recorded] = []
         for t in tasks:
             if t.task_id in created:
                 out.append(Recorded(t.task_id, True))
                 continue
-            existing = await self.pool.fetchrow(
-                "SELECT * FROM tasks WHERE caller = $1 AND device = $2 AND idempotency_key = $3",
-                t.caller, t.device, t.idempotency_key)
-            if existing is None:  # the earlier task was withdrawn meanwhile: record this one
+            existing = earlier.get((t.caller, t.device, t.idempotency_key or ""))
+            if existing is None:
+                # the earlier task was withdrawn meanwhile, or deleted by retention before its key: forget a
+                # key whose task is gone and record this one
+                await self.pool.execute(
+                    "DELETE FROM idempotency_keys k WHERE caller = $1 AND device = $2 AND key = $3 "
+                    "AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = k.task_id)",
+                    t.caller, t.device, t.idempotency_key)
                 again = await self.insert([t])
                 out.append(again[0])
             else:
@@ -181,9 +209,17 @@ class TaskStore:
         return out
 
     async def withdraw(self, task_ids: Sequence[uuid.UUID]) -> None:
-        """Removes tasks that were recorded but could not be queued (the caller was told no)."""
+        """Removes tasks that were recorded but could not be queued (the caller was told no), with their
+        idempotency keys."""
         await self.pool.execute(
-            "DELETE FROM tasks WHERE id = ANY($1::uuid[]) AND status = 'PENDING' AND attempts = 0",
+            """
+            WITH gone AS (
+                DELETE FROM tasks WHERE id = ANY($1::uuid[]) AND status = 'PENDING' AND attempts = 0
+                RETURNING id, caller, device, idempotency_key
+            )
+            DELETE FROM idempotency_keys k USING gone g
+            WHERE k.caller = g.caller AND k.device = g.device AND k.key = g.idempotency_key AND k.task_id = g.id
+            """,
             list(task_ids))
 
     # --- reading ----------------------------------------------------------------------------------

@@ -34,6 +34,7 @@
 --- @include "deviceHeads"
 --- @include "scheduleDevice"
 --- @include "deadLetter"
+--- @include "countOutstanding"
 --- @include "takeLease"
 --- @include "ownsLock"
 --- @include "countCaller"

@@ -41,6 +41,7 @@
 --- @include "deviceHeads"
 --- @include "scheduleDevice"
 --- @include "deadLetter"
+--- @include "countOutstanding"
 --- @include "takeLease"
 --- @include "ownsLock"
 --- @include "countCaller"
@@ -67,6 +68,7 @@ local function defer(e)
   if delay > cap then delay = cap end
   local due = now + delay
   redis.call("ZADD", KEYS[19], due, mac .. "|" .. encodeEntry(e))
+  countOutstanding(KEYS[1], 1)
   waiting[#waiting + 1] = e.id
   if earliest == 0 or due < earliest then earliest = due end
 end

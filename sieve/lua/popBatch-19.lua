@@ -46,6 +46,7 @@
 --- @include "deviceHeads"
 --- @include "scheduleDevice"
 --- @include "countCaller"
+--- @include "countOutstanding"
 
 local now = tonumber(ARGV[1])
 local mac = ARGV[7]
@@ -129,6 +130,7 @@ end
 if #taken > 0 then
   redis.call("ZADD", KEYS[15], unpack(leaseArgs))
   redis.call("HSET", KEYS[16], unpack(dataArgs))
+  countOutstanding(KEYS[1], #taken)
 end
 
 local removed = #taken + #expired

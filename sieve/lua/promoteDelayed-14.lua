@@ -19,6 +19,7 @@
 --- @include "deviceHeads"
 --- @include "scheduleDevice"
 --- @include "settleReturned"
+--- @include "countOutstanding"
 
 local now = tonumber(ARGV[1])
 local mac = ARGV[2]
@@ -32,5 +33,6 @@ for i = #ARGV, 3, -1 do
     back = back + 1
   end
 end
+countOutstanding(KEYS[1], -back)
 settleReturned(mac, back, KEYS[12], KEYS[14], now)
 return back

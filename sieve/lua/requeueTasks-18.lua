@@ -31,9 +31,11 @@
 --- @include "deviceHeads"
 --- @include "scheduleDevice"
 --- @include "deadLetter"
+--- @include "countOutstanding"
 --- @include "takeLease"
 --- @include "settleReturned"
 --- @include "countCaller"
+--- @include "forgetIdle"
 
 local now = tonumber(ARGV[1])
 local mac = ARGV[2]
@@ -50,6 +52,7 @@ for i = #ARGV - 1, 8, -2 do
       countCaller(KEYS[18], e, -1)
     elseif retryAt > now then
       redis.call("ZADD", KEYS[17], retryAt, mac .. "|" .. encodeEntry(e))
+      countOutstanding(KEYS[1], 1)
     else
       redis.call("LPUSH", KEYS[1 + e.prio], encodeEntry(e))
       back = back + 1
@@ -57,5 +60,6 @@ for i = #ARGV - 1, 8, -2 do
   end
 end
 settleReturned(mac, back, KEYS[12], KEYS[16], now)
+forgetIdle(KEYS[1])
 out[1] = back
 return out

@@ -532,7 +532,7 @@ async def test_a_pop_that_finds_only_expired_entries_takes_nothing(store: QueueS
     assert popped.taken == []
     assert [e.task_id for e in popped.expired] == ["x1", "x2"]
     await store.release(A, "tok", now=T0 + 2 * S)
-    assert (await store.device_meta(A))["state"] == "idle"
+    assert await store.device_meta(A) == {}  # idle, nothing outstanding: its meta is forgotten
 
 
 async def test_pop_raises_the_attempt_and_records_the_leases(store: QueueStore, redis: Redis,
@@ -856,7 +856,7 @@ async def test_a_device_that_resumes_with_nothing_left_is_no_longer_active(store
     await store.cancel(A, "a0", now=T0 + S)
     await store.cancel(A, "a1", now=T0 + S)
     assert await store.resume_due(now=T0 + 30 * S) == [A]
-    assert (await store.device_meta(A))["state"] == "idle"
+    assert await store.device_meta(A) == {}  # idle, nothing outstanding: its meta is forgotten
     assert not await redis.sismember(keys.devices, A)
 
 
@@ -887,7 +887,7 @@ async def test_a_task_deferred_max_attempts_times_is_dead_lettered(store: QueueS
     assert [json.loads(r) for r in await redis.lrange(keys.dead_letters, 0, -1)] == deferred.dead_letters
     assert await store.queued(A) == []
     assert await store.pending() == 0
-    assert (await store.device_meta(A))["state"] == "idle"
+    assert await store.device_meta(A) == {}  # idle, nothing outstanding: its meta is forgotten
 
 
 async def test_the_dead_letter_list_is_capped(redis: Redis, settings: Settings) -> None:
@@ -1130,7 +1130,7 @@ async def test_cancelling_the_last_task_makes_the_device_idle(store: QueueStore,
     await store.enqueue(A, [entry("a0")], now=T0)
     assert await store.cancel(A, "a0", now=T0 + S)
     meta = await store.device_meta(A)
-    assert (meta["state"], meta["backlog"]) == ("idle", "0")
+    assert meta == {}  # idle, nothing outstanding: its meta is forgotten
     assert not await redis.sismember(keys.devices, A)
     assert (await store.rank(now=T0 + 2 * S)).mac is None
 
@@ -1171,7 +1171,7 @@ async def test_cancel_in_a_device_in_backoff_keeps_it_in_backoff(store: QueueSto
     assert (meta["state"], meta["backlog"]) == ("backoff", "0")
     # its resume finds nothing left
     assert await store.resume_due(now=T0 + 30 * S) == [A]
-    assert (await store.device_meta(A))["state"] == "idle"
+    assert await store.device_meta(A) == {}  # idle, nothing outstanding: its meta is forgotten
 
 
 # --- leases ------------------------------------------------------------------------------------------

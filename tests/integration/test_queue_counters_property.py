@@ -8,7 +8,8 @@ After every step: the global pending counter == the sum of queue lengths == the 
 backlogs; each caller's open-task counter == its tasks in queues, leases and the delayed set == the model's
 accepted and not finished ones (and an enqueue over the caller limit is refused as such);
 every task is in exactly one place (queued once, leased, delayed, or finished one way);
-each device's state matches the schedule, backoff and active sets; rank names only a ready device.
+each device's state matches the schedule, backoff and active sets; its `outstanding` == its leased and
+delayed tasks, and a device idle with none keeps no meta at all; rank names only a ready device.
 (Not checked: that an idle device has left the active set; a defer or resume that leaves a device
 idle keeps it there, see test_lua_scripts.py.)
 
@@ -183,6 +184,11 @@ async def check(redis: Redis, store: QueueStore, model: Model, macs: list[str], 
         if state in (None, "idle"):
             assert not entries, f"{mac} is {state} with {len(entries)} queued"
             assert int(meta.get("backlog") or 0) == 0
+        # leased or delayed tasks are the device's outstanding; with none and nothing queued its meta is gone
+        outstanding = sum(1 for t, m in model.created.items() if m == mac and (t in model.leased or t in model.delayed))
+        assert int(meta.get("outstanding") or 0) == outstanding, (mac, meta, outstanding)
+        if state in (None, "idle") and not outstanding:
+            assert meta == {}, f"{mac} has no work left but keeps {meta}"
     assert all(n == 1 for n in queued.values()), f"queued twice: {[t for t, n in queued.items() if n > 1]}"
     assert not (set(queued) & lease_ids), f"queued and leased: {set(queued) & lease_ids}"
     assert not (set(queued) & set(model.delayed)) and not (lease_ids & set(model.delayed))

@@ -189,7 +189,7 @@ async def test_a_device_left_in_a_schedule_set_without_its_meta_is_taken_out(
         # Then it is out of the schedule sets, idle
         assert report.found["device"] == 1, report
         assert (await queues.rank()).mac is None
-        assert (await queues.device_meta(A))["state"] == "idle"
+        assert (await queues.device_meta(A)).get("state", "idle") == "idle"  # (a meta with nothing in it goes)
         assert len(popped.taken) == 2
 
 

@@ -1,8 +1,9 @@
 --[[
   takeLease(leases_key, lease_data_key, mac, task_id, token) -> entry table | nil
   Removes the lease of a task of this device and returns its entry, when the token ("*" for any) is the
-  lease's attempt. A lease of another device, another attempt, or none at all is left alone (nil).
-  Needs: parseEntry.
+  lease's attempt. A lease of another device, another attempt, or none at all is left alone (nil). A lease
+  taken is no longer outstanding for the device (KEYS[1], its meta): the caller counts it again if it delays it.
+  Needs: parseEntry, countOutstanding.
 ]]
 local function takeLease(leasesKey, dataKey, mac, id, token)
   local v = redis.call("HGET", dataKey, id)
@@ -11,5 +12,6 @@ local function takeLease(leasesKey, dataKey, mac, id, token)
   if token ~= "*" and tostring(e.attempt) ~= token then return nil end
   redis.call("HDEL", dataKey, id)
   redis.call("ZREM", leasesKey, id)
+  countOutstanding(KEYS[1], -1)
   return e
 end
