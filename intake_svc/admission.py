@@ -6,8 +6,9 @@
   by +-`GLOBAL_JITTER` so that refused clients do not all come back at once, within
   [`MIN_GLOBAL_RETRY_S`, retry_after_s]. When no replica dispatched anything in the last `RATE_FRESH_S`, the
   queues are not draining now (every worker full or holding back, or none connected): the delay is about as
-  long again as that pause has lasted (from 1 s); when none has dispatched for an hour, or ever, the configured
-  maximum. Both jittered the same way.
+  long again as that pause has lasted (from 1 s, up to the maximum). When no replica has published a rate at
+  all (a fresh installation whose first tasks are not dispatched yet, or none for a day) nothing is known: 1 s.
+  All jittered the same way.
 - Over a device's own limit: what that device needs to drain below its limit at its recent service rate,
   within [1 s, max_wait]; a device never served yet gets the configured maximum.
 """
@@ -60,8 +61,8 @@ def global_retry_after_s(pending: int, incoming: int, drain: Drain, settings: Se
     if drain.rate_per_s is not None and drain.rate_per_s > 0:
         excess = max(1, pending + incoming - settings.max_total_pending)
         return min(ceiling, max(MIN_GLOBAL_RETRY_S, excess / drain.rate_per_s * jitter))
-    if drain.last_ms is None:  # nothing dispatched for an hour, or ever
-        return ceiling * rng.uniform(1 - 2 * GLOBAL_JITTER, 1.0)
+    if drain.last_ms is None:  # never measured (or not for a day): come back soon and see
+        return min(ceiling, PAUSED_MIN_RETRY_S * jitter)
     paused_s = max(0.0, ((now or now_ms()) - drain.last_ms) / 1000)
     return min(ceiling, max(PAUSED_MIN_RETRY_S, paused_s) * jitter)
 

@@ -5,8 +5,10 @@ count) points of the last `LONG_WINDOW_S` and publishes, at most every `PUBLISH_
 `QueueStore.publish_drain`), the larger of two rates: over the last `WINDOW_S` (what it does now) and over the
 last `LONG_WINDOW_S` (what it did lately: a moment in which every worker was full or held back does not make a
 client wait as if the queues had slowed for good). After a whole window without dispatching, a window starts
-afresh, so that a burst is not diluted by the quiet before it. A replica that dispatches nothing publishes
-nothing, so its entry goes stale and the intake reads a pause (`intake_svc.admission`).
+afresh, so that a burst is not diluted by the quiet before it. An idle dispatcher (no work) still ticks about
+every second and says so (its rate, 0 when it has done nothing lately); one that waits for credits (every
+worker full or holding back) does not tick at all, so its entry goes stale and the intake reads a pause in
+draining (`intake_svc.admission`).
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ LONG_WINDOW_S = 10.0
 PUBLISH_EVERY_S = 0.25
 #: points closer together than this are not kept (s)
 POINT_EVERY_S = 0.05
-#: a rate needs at least this much history (s)
+#: a rate needs at least this much history (s) ...
 MIN_SPAN_S = 0.1
+#: ... except that a replica says what it knows at least this often while it ticks (s)
+IDLE_PUBLISH_S = 1.0
 
 
 class _Window:
@@ -71,10 +75,11 @@ class DrainMeter:
         now, count = self._clock(), self.dispatched()
         current = self._now.rate(now, count)
         recent = self._recent.rate(now, count)
-        if current is None or now - self._published_at < PUBLISH_EVERY_S:
+        since = now - self._published_at
+        if since < PUBLISH_EVERY_S or (current is None and since < IDLE_PUBLISH_S):
             return
         self._published_at = now
-        self.rate_per_s = max(current, recent or 0.0)
+        self.rate_per_s = max(current or 0.0, recent or 0.0)
         await self.queues.publish_drain(self.replica, self.rate_per_s)
 
 

@@ -91,14 +91,14 @@ class Deferred:
 @dataclass(frozen=True, slots=True)
 class Drain:
     """How fast the queues drain (tasks/s; None when no scheduler replica is dispatching now) and when a
-    replica last published its rate (ms; None when none did within DRAIN_KEEP_MS)."""
+    replica last published its rate (ms; None when none did within DRAIN_KEEP_MS, a day)."""
 
     rate_per_s: float | None
     last_ms: int | None
 
 
 #: the drain record lives this long after its last write
-DRAIN_KEEP_MS = 3_600_000
+DRAIN_KEEP_MS = 86_400_000
 
 
 @dataclass(frozen=True, slots=True)
