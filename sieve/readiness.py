@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -372,6 +373,11 @@ class Readiness:
 
     async def _build(self) -> None:
         built = await self.build(self.stores)
+        # a library imported while building must not take over the ordered shutdown (PaddlePaddle installs a
+        # SIGTERM handler of its own that dumps and kills the process): the loop's handlers go back in place
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop_requested.set)
         capture = _Capture()
         built.service.register(capture)  # type: ignore[arg-type]
         self._routes.handlers = capture.handlers
