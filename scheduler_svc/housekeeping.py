@@ -200,9 +200,10 @@ class Housekeeping:
                 continue
             if now - alive_ms < silent_enough_s * 1000:
                 continue
+            if not await redis.hdel(key, replica):  # another replica claimed it first: it sweeps
+                continue
             bound = alive_ms + (s.lease_ttl_s + ALIVE_EVERY_S + 0.5) * 1000
             put_back = await self._put_back_leases_until(bound, replica)
-            await redis.hdel(key, replica)
             log.warning("scheduler replica %s is gone (silent for %.1fs): %d of its leases put back", replica,
                         (now - alive_ms) / 1000, put_back)
             count += put_back

@@ -48,7 +48,6 @@ class LifecycleWriter:
         self.tasks = tasks
         self._assigned: list[HandOut] = []
         self._put_back: list[PutBack] = []
-        self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         self._loop_task: asyncio.Task[None] | None = None
@@ -72,7 +71,6 @@ class LifecycleWriter:
             del self._assigned[:excess]
             self.dropped += len(dropped)
         self._idle.clear()
-        self._wake.set()
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.get_running_loop().create_task(self._run(), name="lifecycle-writer")
 
@@ -92,17 +90,16 @@ class LifecycleWriter:
                 await self._loop_task
 
     async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
+        """Writes what is queued, group after group, and ends when nothing is left (the next record starts it
+        again)."""
+        while self._assigned or self._put_back:
             assigned, self._assigned = self._assigned, []
             put_back, self._put_back = self._put_back, []
             for i in range(0, len(assigned), GROUP_ROWS):
                 await self._write("ASSIGNED", self.tasks.assigned, assigned[i: i + GROUP_ROWS])
             for i in range(0, len(put_back), GROUP_ROWS):
                 await self._write("put-back", self.tasks.put_back, put_back[i: i + GROUP_ROWS])
-            if not self._assigned and not self._put_back:
-                self._idle.set()
+        self._idle.set()
 
     async def _write(self, kind: str, write: Any, group: list[Any]) -> None:
         backoff = Backoff(base_s=0.1, max_s=2.0)
@@ -165,17 +162,18 @@ class Returns:
         groups: dict[int | None, list[Returned]] = defaultdict(list)
         for item in items:
             groups[limits.get(item.task_id)].append(item)
-        requeued, dead = 0, []
+        requeued, dead, taken = 0, [], []
         for limit, group in groups.items():
             result = await self.queues.requeue(mac, [(i.task_id, i.lease) for i in group], count_attempt=counted,
                                                reason=reason, retry_at_ms=retry_at_ms, max_attempts=limit, now=now)
             requeued += result.requeued
             dead += result.dead_letters
+            taken += result.put_back
         await self.outcomes.dead_lettered(dead)
-        gone = {d["task_id"] for d in dead}
         retry_at = (datetime.fromtimestamp(retry_at_ms / 1000, UTC)
                     if retry_at_ms is not None and retry_at_ms > now else None)
+        mine = set(taken)  # only what this call took back is recorded (another replica may have raced it)
         self.outcomes.lifecycle.put_back([
             PutBack(uuid.UUID(i.task_id), i.lease, i.worker_id, detail or reason, counted, retry_at)
-            for i in items if i.lease is not None and i.task_id not in gone])
-        return Requeued(requeued, dead)
+            for i in items if i.lease is not None and i.task_id in mine])
+        return Requeued(requeued, dead, taken)

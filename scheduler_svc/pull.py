@@ -143,7 +143,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         log.info("worker %s connected", session.worker_id, extra={"worker": session.worker_id})
         try:
             if first.hello.held:
-                await self._adopt(session, first)
+                try:
+                    await self._adopt(session, first)
+                except Exception as exc:  # Redis away: the claims wait, and are looked at again
+                    log.warning("worker %s: re-announced leases not checked yet: %s", session.worker_id, exc)
+                    self._adopting[session] = asyncio.create_task(self._adopt_later(session),
+                                                                  context=telemetry.detached_context())
             await self._handle(session, first)
         except Exception:
             await self.end_session(session, "worker gone: its stream closed")
@@ -259,7 +264,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     async def _ack(self, session: Session, acks: list[scheduler_pb2.Ack]) -> None:
         """Settles acks for leases this stream holds. A task PostgreSQL does not show finished (a worker that
-        acks without storing a result) is put back with its attempt counted, not removed."""
+        acks without storing a result) is put back with its attempt counted, not removed — unless PostgreSQL
+        records a newer hand-out of it than this one (this one was overtaken and is only settled)."""
         acks = self._sift(session, acks)
         if not acks:
             return
@@ -276,8 +282,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             log.warning("acks of %d tasks not verified (%s): put back", len(mine), exc)
             await self._put_back(session, [(a, "ack not verified: PostgreSQL unavailable", False) for a in mine])
             return
-        proven = [a for a in mine if uuid.UUID(a.task_id) not in unfinished]
-        unproven = [a for a in mine if uuid.UUID(a.task_id) in unfinished]
+        # an open task whose recorded lease is newer than this hand-out's was overtaken (the worker's start was
+        # refused): this ack settles only its own stale lease; the newer hand-out goes on untouched
+        def settled(ack: scheduler_pb2.Ack) -> bool:
+            recorded = unfinished.get(uuid.UUID(ack.task_id))
+            return recorded is None or recorded > session.held[ack.task_id][1]
+
+        proven = [a for a in mine if settled(a)]
+        unproven = [a for a in mine if not settled(a)]
         if proven:
             leased = [(a.task_id, session.held[a.task_id][1]) for a in proven]
             results = await self.queues.ack(leased, device_of={a.task_id: session.held[a.task_id][0] for a in proven})

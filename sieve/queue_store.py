@@ -71,6 +71,8 @@ class TokenTake:
 class Requeued:
     requeued: int
     dead_letters: list[dict[str, Any]]
+    #: tasks whose lease this call took and put back (at once or delayed), dead letters aside
+    put_back: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,7 +428,8 @@ class QueueStore:
             "requeueTasks", [*block, k.pending, k.leases, k.lease_data, k.dead_letters, k.devices, k.delayed,
                              k.caller_open],
             args)
-        return Requeued(int(reply[0]), [json.loads(r) for r in reply[1:]])
+        dead = int(reply[1])
+        return Requeued(int(reply[0]), [json.loads(r) for r in reply[2: 2 + dead]], [str(i) for i in reply[2 + dead:]])
 
     async def promote_due(self, *, now: float | None = None, limit: int = 1000) -> int:
         """Puts delayed tasks whose retry time has come back at the front of their queues."""

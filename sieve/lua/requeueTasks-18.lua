@@ -25,7 +25,8 @@
     ARGV[8..]    pairs: task_id, attempt ("*" for whatever attempt holds the lease), in dispatch order
 
   Output:
-    {requeued at once, dead-letter records (JSON)...}  (delayed tasks are in neither)
+    {requeued at once, n, dead-letter records (JSON) x n, ids of the other tasks whose lease was taken...}
+    (requeued at once or delayed; a pair whose lease was not there, or is another attempt's, is in neither)
 ]]
 --- @include "parseEntry"
 --- @include "deviceHeads"
@@ -40,7 +41,8 @@
 local now = tonumber(ARGV[1])
 local mac = ARGV[2]
 local counts = ARGV[3] == "1"
-local out = {0}
+local out = {0, 0}
+local taken = {}
 local back = 0
 local retryAt = tonumber(ARGV[7])
 for i = #ARGV - 1, 8, -2 do
@@ -53,13 +55,17 @@ for i = #ARGV - 1, 8, -2 do
     elseif retryAt > now then
       redis.call("ZADD", KEYS[17], retryAt, mac .. "|" .. encodeEntry(e))
       countOutstanding(KEYS[1], 1)
+      taken[#taken + 1] = e.id
     else
       redis.call("LPUSH", KEYS[1 + e.prio], encodeEntry(e))
       back = back + 1
+      taken[#taken + 1] = e.id
     end
   end
 end
 settleReturned(mac, back, KEYS[12], KEYS[16], now)
 forgetIdle(KEYS[1])
 out[1] = back
+out[2] = #out - 2
+for _, id in ipairs(taken) do out[#out + 1] = id end
 return out

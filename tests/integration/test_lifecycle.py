@@ -50,6 +50,12 @@ def put_backs(history: list[dict[str, object]]) -> list[dict[str, object]]:
     return [h for h in history if h["status"] == "PENDING" and "counted" in h]
 
 
+async def put_back(p: Platform, task_id: str, count: int = 1) -> bool:
+    """The task is PENDING again after `count` put-backs (the initial PENDING does not count)."""
+    r = await row(p, task_id)
+    return r["status"] == "PENDING" and len(put_backs(r["history"])) >= count
+
+
 async def test_a_task_is_assigned_until_its_worker_starts_it_then_pending_without_worker_when_its_worker_goes(
         settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
     async with platform_with(settings, redis, pg) as p:
@@ -71,7 +77,7 @@ async def test_a_task_is_assigned_until_its_worker_starts_it_then_pending_withou
             assert attempt.HasField("assigned_at") and not attempt.HasField("started_at")
             assert attempt.outcome == S.TASK_STATUS_UNSPECIFIED
         # When its stream closes, Then it is PENDING again, with no worker, and the history says why
-        await eventually(lambda: status_is(p, task_id, "PENDING"), 5, "not put back")
+        await eventually(lambda: put_back(p, task_id), 5, "not put back")
         r = await row(p, task_id)
         assert r["worker_id"] is None
         [back] = put_backs(r["history"])
@@ -91,7 +97,7 @@ async def test_a_nacked_task_is_pending_with_its_reason_and_due_time_then_a_late
             # When the worker hands it back for a reason that may pass
             flaky.send(scheduler_pb2.PullRequest(nacks=[scheduler_pb2.Nack(
                 task_id=task_id, lease_token=a.lease_token, reason="fetch failed: timed out", count_attempt=True)]))
-            await eventually(lambda: status_is(p, task_id, "PENDING"), 5, "not put back")
+            await eventually(lambda: put_back(p, task_id), 5, "not put back")
             # Then it is PENDING, without a worker, with the reason and the time of its retry (the backoff)
             r = await row(p, task_id)
             assert r["worker_id"] is None
@@ -123,7 +129,7 @@ async def test_an_expired_lease_puts_the_task_back_and_its_late_ack_start_and_re
         async with RawPull.hello(p.settings, "frozen", credits=1) as frozen:
             [a] = await frozen.wait_for(1)
             # When the worker says nothing for longer than the lease (its stream stays open)
-            await eventually(lambda: status_is(p, task_id, "PENDING"), 10, "lease not reclaimed")
+            await eventually(lambda: put_back(p, task_id), 10, "lease not reclaimed")
             r = await row(p, task_id)
             [back] = put_backs(r["history"])
             assert back["detail"] == "lease expired" and back["counted"] is True and r["worker_id"] is None
@@ -199,7 +205,7 @@ async def test_max_attempts_is_the_tasks_own_bounded_by_the_setting(
                 scheduler_pb2.Nack(task_id=a.task_id, lease_token=a.lease_token, reason="broken", count_attempt=True)
                 for a in assignments]))
             await eventually(lambda: status_is(p, once, "DEAD_LETTERED"), 5, "not dead-lettered at its limit")
-            await eventually(lambda: status_is(p, default, "PENDING"), 5, "not put back")
+            await eventually(lambda: put_back(p, default), 5, "not put back")
             await failing.wait_for(3)  # the default one comes back for its second attempt
         assert [a.task_id for a in failing.received].count(once) == 1
 
@@ -215,6 +221,7 @@ async def test_a_put_back_that_does_not_count_keeps_the_attempt_number(
             busy.send(scheduler_pb2.PullRequest(nacks=[nack], credits=1))
             [_, again] = await busy.wait_for(2)
         assert again.attempt == 1 and lease_number(again.lease_token) > lease_number(a.lease_token)
+        await eventually(lambda: put_back(p, task_id, 2), 5, "not put back")
         back = put_backs((await row(p, task_id))["history"])[0]  # (the second goes back when the stream closes)
         assert back["counted"] is False and back["detail"] == "nacked: worker over watermark"
 

@@ -208,16 +208,71 @@ async def test_an_injected_gpu_out_of_memory_switches_the_worker_to_cpu_and_the_
     assert worker.ocr.fault.fired == 1
 
 
-async def test_an_engine_failure_fails_the_task_once_instead_of_retrying_it(platform: Platform) -> None:
+async def test_an_engine_failure_is_retried_with_its_attempts_counted_then_dead_lettered(platform: Platform) -> None:
     font = require_cjk_font()
-    # Given a CPU worker whose every inference fails
+    # Given a CPU worker whose every inference fails (an OCR runtime error: it may pass, so it is retried)
     await platform.add_worker(worker_id="ocr-broken", ocr_fault="oom_always", test_hooks=True, **OCR_WORKER)
-    # When an image is submitted, Then it fails in its first attempt with the engine's error
-    task = await wait_final(platform.intake, await submit(platform, image_spec(render(SAMPLES[0], font))),
-                            OCR_WAIT_S)
-    assert task.status == types_pb2.TASK_STATUS_FAILED
+    # When an image that may be tried twice is submitted
+    spec = image_spec(render(SAMPLES[0], font))
+    spec.max_attempts = 2
+    task = await wait_final(platform.intake, await submit(platform, spec), OCR_WAIT_S)
+    # Then each attempt is handed back counted, with the engine's error, and the second is dead-lettered
+    assert task.status == types_pb2.TASK_STATUS_DEAD_LETTERED, task
     assert "OCR failed" in task.error and "MemoryError" in task.error
-    assert task.attempts == 1
+    first, second = task.attempt_log
+    assert first.outcome == types_pb2.TASK_STATUS_PENDING and first.counted
+    assert first.detail.startswith("nacked: OCR failed") and "MemoryError" in first.detail
+    assert second.outcome == types_pb2.TASK_STATUS_DEAD_LETTERED and task.attempts == 2
+
+
+async def test_a_hung_inference_is_abandoned_at_its_timeout_and_keeps_its_slot_until_its_thread_returns(
+        platform: Platform) -> None:
+    font = require_cjk_font()
+    # Given an OCR worker with two slots whose first inference hangs, and a 2 s execution timeout
+    worker = await platform.add_worker(worker_id="ocr-hang", ocr_fault="hang_once", test_hooks=True,
+                                       ocr_timeout_s=2.0, worker_concurrency=2, **OCR_WORKER)
+    assert worker.ocr is not None
+    try:
+        first = await submit(platform, image_spec(render(SAMPLES[0], font)))
+        # Then past the timeout the worker stops waiting: the task is nacked, but the thread keeps its slot
+        await _until(lambda: worker.runner.abandoned == 1 and len(worker.runner.holds) == 1, 30)
+        await _until(lambda: worker.puller.in_use == 1, 5)
+        # and an image that reaches it meanwhile is handed back at once, uncounted (the engine's thread is taken)
+        second = await submit(platform, image_spec(render(SAMPLES[1], font)))
+        await _until(lambda: _put_back(platform, second), 30)
+        assert worker.puller.in_use == 1
+    finally:
+        worker.ocr.fault.release()
+    # When the thread returns, its slot is free again, and both images are read: the first on a second attempt
+    await _until(lambda: not worker.runner.holds, 10)
+    one = await wait_final(platform.intake, first, OCR_WAIT_S)
+    two = await wait_final(platform.intake, second, OCR_WAIT_S)
+    assert one.status == two.status == types_pb2.TASK_STATUS_SUCCEEDED, (one.error, two.error)
+    timed_out = one.attempt_log[0]
+    assert timed_out.outcome == types_pb2.TASK_STATUS_PENDING and timed_out.counted
+    assert timed_out.detail == "nacked: execution timed out: ran longer than 2s (inference)"
+    assert one.attempts == 2
+    bounced = [a for a in two.attempt_log if a.outcome == types_pb2.TASK_STATUS_PENDING]
+    assert bounced and not any(a.counted for a in bounced) and "abandoned inference" in bounced[0].detail
+    assert two.attempts == 1
+    await _until(lambda: worker.puller.in_use == 0, 10)
+
+
+async def _until(check: object, timeout_s: float) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        value = check()  # type: ignore[operator]
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
+
+
+async def _put_back(platform: Platform, task_id: str) -> bool:
+    history = await platform.pg.fetchval("SELECT history FROM tasks WHERE id = $1", uuid.UUID(task_id))
+    return any(h["status"] == "PENDING" and "counted" in h for h in history)
 
 
 async def _wait_record(records: WorkerRecords, worker_id: str, ok: object, timeout_s: float = 10.0) -> object:
