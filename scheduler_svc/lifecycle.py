@@ -105,7 +105,14 @@ class LifecycleWriter:
         backoff = Backoff(base_s=0.1, max_s=2.0)
         for attempt in range(1, WRITE_TRIES + 1):
             try:
-                await write(group)
+                result = await write(group)
+                if kind == "put-back":  # rows a worker was writing were skipped: those again, a moment later
+                    skipped = set(result[1])
+                    if skipped and attempt < WRITE_TRIES:
+                        self.written += len(group) - len(skipped)
+                        group = [item for item in group if item.task_id in skipped]
+                        await asyncio.sleep(backoff.next())
+                        continue
                 self.written += len(group)
                 return
             except asyncio.CancelledError:

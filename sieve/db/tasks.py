@@ -359,44 +359,68 @@ class TaskStore:
     async def assigned(self, hand_outs: Sequence[HandOut]) -> int:
         """Records hand-outs as they are sent: open tasks become ASSIGNED to their worker, for a lease newer than
         the row's (a worker's start that got there first, or a put-back of that lease, wins). Returns how many
-        moved. Not flushed to the WAL before it returns (as `start`): losing it loses a status, never a task."""
+        moved. Rows another transaction holds are skipped, never waited for (that is a worker starting them, whose
+        start records ASSIGNED itself): the scheduler's many-row writes cannot deadlock with the workers'. Not
+        flushed to the WAL before it returns (as `start`): losing it loses a status, never a task."""
         result = await self.pool.execute(
             """
+            WITH u AS (
+                SELECT * FROM unnest($1::uuid[], $2::int[], $3::int[], $4::text[], $5::timestamptz[])
+                     AS u(id, lease, attempt, worker, at)
+            ), free AS (
+                SELECT t.id FROM tasks t JOIN u ON t.id = u.id
+                WHERE t.status = ANY($6::text[]) AND t.lease < u.lease
+                FOR UPDATE OF t SKIP LOCKED
+            )
             UPDATE tasks t SET status = 'ASSIGNED', lease = u.lease, attempts = u.attempt, worker_id = u.worker,
                    updated_at = now(),
                    history = t.history || jsonb_build_array(jsonb_build_object(
                        'status', 'ASSIGNED', 'at', u.at, 'attempt', u.attempt, 'lease', u.lease, 'worker', u.worker,
                        'detail', u.worker))
-            FROM unnest($1::uuid[], $2::int[], $3::int[], $4::text[], $5::timestamptz[])
-                     AS u(id, lease, attempt, worker, at),
-                 (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
-            WHERE t.id = u.id AND t.status = ANY($6::text[]) AND t.lease < u.lease
+            FROM u, (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
+            WHERE t.id = u.id AND t.id IN (SELECT id FROM free) AND t.status = ANY($6::text[]) AND t.lease < u.lease
             """,
             [h.task_id for h in hand_outs], [h.lease for h in hand_outs], [h.attempt for h in hand_outs],
             [h.worker_id for h in hand_outs], [h.at for h in hand_outs], list(OPEN_STATUSES))
         return int(result.rpartition(" ")[2] or 0)
 
-    async def put_back(self, items: Sequence[PutBack]) -> list[uuid.UUID]:
+    async def put_back(self, items: Sequence[PutBack]) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
         """Tasks whose hand-out was taken back (nacked, lease expired, execution timeout, worker gone, scheduler
         restart) are PENDING again, without a worker id, with the reason (and whether it counted, and when it may
         run again) in their history — for that lease, or a row that had not heard of it yet; a newer hand-out or
-        a final status is left alone. Returns those that moved. A late start or result of that lease is refused
-        afterwards (start needs a newer lease or the same one ASSIGNED / RUNNING; finish needs RUNNING)."""
+        a final status is left alone. A late start or result of that lease is refused afterwards (start needs a
+        newer lease or the same one ASSIGNED / RUNNING; finish needs RUNNING).
+
+        Rows another transaction holds (a worker writing them) are skipped, not waited for, so that this many-row
+        write cannot deadlock with the workers'. Returns (ids that moved, ids skipped so: try them again)."""
         rows = await self.pool.fetch(
             """
-            UPDATE tasks t SET status = 'PENDING', worker_id = NULL, lease = u.lease, updated_at = now(),
-                   history = t.history || jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
-                       'status', 'PENDING', 'at', now(), 'attempt', t.attempts, 'lease', u.lease,
-                       'worker', u.worker, 'detail', u.reason, 'counted', u.counted, 'retry_at', u.retry_at)))
-            FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::bool[], $6::timestamptz[])
+            WITH u AS (
+                SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::bool[], $6::timestamptz[])
                      AS u(id, lease, worker, reason, counted, retry_at)
-            WHERE t.id = u.id AND t.status = ANY($7::text[]) AND t.lease <= u.lease
-            RETURNING t.id
+            ), free AS (
+                SELECT t.id FROM tasks t JOIN u ON t.id = u.id
+                WHERE t.status = ANY($7::text[]) AND t.lease <= u.lease
+                FOR UPDATE OF t SKIP LOCKED
+            ), moved AS (
+                UPDATE tasks t SET status = 'PENDING', worker_id = NULL, lease = u.lease, updated_at = now(),
+                       history = t.history || jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
+                           'status', 'PENDING', 'at', now(), 'attempt', t.attempts, 'lease', u.lease,
+                           'worker', u.worker, 'detail', u.reason, 'counted', u.counted, 'retry_at', u.retry_at)))
+                FROM u
+                WHERE t.id = u.id AND t.id IN (SELECT id FROM free) AND t.status = ANY($7::text[])
+                  AND t.lease <= u.lease
+                RETURNING t.id
+            )
+            SELECT id, true AS moved FROM moved
+            UNION ALL
+            SELECT t.id, false FROM tasks t JOIN u ON t.id = u.id
+            WHERE t.status = ANY($7::text[]) AND t.lease <= u.lease AND t.id NOT IN (SELECT id FROM free)
             """,
             [i.task_id for i in items], [i.lease for i in items], [i.worker_id for i in items],
             [i.reason for i in items], [i.counted for i in items], [i.retry_at for i in items],
             list(OPEN_STATUSES))
-        return [r["id"] for r in rows]
+        return [r["id"] for r in rows if r["moved"]], [r["id"] for r in rows if not r["moved"]]
 
     async def finish(self, outcomes: Sequence[Outcome]) -> set[uuid.UUID]:
         """Stores results and final statuses of many attempts in one transaction (group commit).

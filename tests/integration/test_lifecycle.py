@@ -228,3 +228,26 @@ async def test_a_put_back_that_does_not_count_keeps_the_attempt_number(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_the_schedulers_status_writes_skip_rows_a_worker_is_writing_instead_of_waiting(
+        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    from sieve.db.tasks import HandOut, PutBack
+
+    async with platform_with(settings, redis, pg) as p:
+        ids = [uuid.UUID(await submit(p)) for _ in range(2)]
+        store = TaskStore(p.pg)
+        now = datetime.now(UTC)
+        async with p.pg.acquire() as conn, conn.transaction():
+            # Given a worker's transaction holding the first row (it is writing it)
+            await conn.execute("SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE", ids[0])
+            # Then the scheduler's writes go around it at once: ASSIGNED only for the other row, and the
+            # put-back says which row it could not write yet
+            moved = await asyncio.wait_for(store.assigned([HandOut(i, 5, 1, "w", now) for i in ids]), 2)
+            assert moved == 1
+            done, skipped = await asyncio.wait_for(
+                store.put_back([PutBack(i, 5, "w", "lease expired", True) for i in ids]), 2)
+            assert done == [ids[1]] and skipped == [ids[0]]
+        # When the row is free again, the put-back of it goes through
+        assert await store.put_back([PutBack(ids[0], 5, "w", "lease expired", True)]) == ([ids[0]], [])
+        assert (await row(p, str(ids[0])))["lease"] == 5
