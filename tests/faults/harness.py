@@ -125,10 +125,12 @@ class Audit:
     extra_rows: int
     pending_left: int
     refusals: int
+    #: what the fault hit and how long recovery took, where the case measures it
+    note: str = ""
 
     def row(self) -> str:
         return (f"{self.case:<34} {self.submitted:>9} {self.accepted:>8} {self.succeeded:>9} {self.results:>7} "
-                f"{self.duplicates:>10} {self.lost:>5} {self.refusals:>8}")
+                f"{self.duplicates:>10} {self.lost:>5} {self.refusals:>8}" + (f"  {self.note}" if self.note else ""))
 
     HEADER = (f"{'case':<34} {'submitted':>9} {'accepted':>8} {'succeeded':>9} {'results':>7} "
               f"{'duplicates':>10} {'lost':>5} {'refused':>8}")

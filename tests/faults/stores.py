@@ -70,8 +70,10 @@ class PostgresProcess:
     """A PostgreSQL cluster of its own (initdb on construction, trust auth for user postgres, fsync off), on a
     free port; `start` / `kill` run and end its postmaster for real."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: dict[str, str] | None = None) -> None:
         self.port = free_port()
+        #: server settings over the defaults below (e.g. {"synchronous_commit": "on"})
+        self.options = dict(options or {})
         self.dir = Path(tempfile.mkdtemp(prefix="sieve-pg-"))
         self.data = self.dir / "data"
         self.user: int | None = None
@@ -91,7 +93,8 @@ class PostgresProcess:
         self.proc = subprocess.Popen(
             [postgres_bin("postgres"), "-D", str(self.data), "-p", str(self.port), "-k", str(self.dir),
              "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off",
-             "-c", "full_page_writes=off", "-c", "max_connections=100"],
+             "-c", "full_page_writes=off", "-c", "max_connections=100",
+             *(arg for k, v in self.options.items() for arg in ("-c", f"{k}={v}"))],  # a later -c wins
             stdout=log, stderr=subprocess.STDOUT, user=self.user)
         _wait_port(self.port, self.proc, "postgres")
 
