@@ -421,6 +421,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         adopted: list[str] = []
         acks: list[scheduler_pb2.Ack] = []
         nacks: list[scheduler_pb2.Nack] = []
+        holders = {t: other for other in self.board.sessions for t in other.held}
         for task_id in ids:
             claim = session.claims[task_id]
             fact = facts.get(task_id)
@@ -431,7 +432,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 if claim.settlement is not None:
                     self.reannounced_gone += 1
                 continue
-            holder = self.board.holder(task_id)
+            holder = holders.get(task_id)
             if holder is not None:
                 session.claims.pop(task_id)
                 if holder is not session:

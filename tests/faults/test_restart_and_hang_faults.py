@@ -94,21 +94,23 @@ async def test_the_only_scheduler_killed_and_restarted_under_load_settles_in_fli
         fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis) -> None:
     c = fault_cluster
     # one-minute leases: only the reconnect (not a lease expiry) can settle in-flight work within seconds
+    # (ten slots a worker: a backlog builds up, so there is work in flight at every kill)
     await start_platform(c, workers=2, SIEVE_LEASE_TTL_S="60", SIEVE_WORKER_TTL_S="60",
-                         SIEVE_HOUSEKEEPING_INTERVAL_S="0.3")
+                         SIEVE_HOUSEKEEPING_INTERVAL_S="0.3", SIEVE_WORKER_CONCURRENCY="10")
     load = Load(c.settings)
-    submitting = asyncio.create_task(load.run(pause_s=0.08))
+    submitting = asyncio.create_task(load.run(batch=50, pause_s=0.3))  # ~15 s of load
     recoveries: list[float] = []
     adopted = acked = orphans = 0
     name = "scheduler"
     for kill in range(1, KILLS + 1):
         await when_results_reach(pg, kill * TASKS // (KILLS + 2), timeout_s=120)
-        for _ in range(2000):  # kill it with work in flight
-            if await in_flight(own_redis, c.settings.redis_prefix):
+        for i in range(2000):  # kill it with work in flight (a good deal of it, if it comes within a few seconds)
+            if len(await in_flight(own_redis, c.settings.redis_prefix)) >= (10 if i < 600 else 1):
                 break
             await asyncio.sleep(0.005)
         kill9(c, name)
         flying = await in_flight(own_redis, c.settings.redis_prefix)
+        assert flying, "no work was in flight to kill the scheduler under"
         name = f"scheduler-restart-{kill}"
         address = await start_scheduler(c, name)
         # Then every task in flight when it died is final within seconds of the new one serving
