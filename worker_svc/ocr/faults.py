@@ -3,7 +3,8 @@
 `FaultHook` is built from `SIEVE_OCR_FAULT` (empty in production: it does nothing) and is called on the
 engine thread right before each inference. It raises exactly what PaddlePaddle raises when CUDA runs out
 of memory — Python `MemoryError` with Paddle's "(ResourceExhausted) Out of memory error on GPU 0" text —
-so the fallback path under test is the one a real GPU takes.
+so the fallback path under test is the one a real GPU takes. "hang_once" / "hang" block the engine thread instead,
+as a wedged inference does (the execution timeout's path: the worker stops waiting, the thread keeps its slot).
 
 `is_gpu_failure` decides which errors of an inference in GPU mode switch the worker to CPU: `MemoryError`,
 and errors whose text names CUDA, cuDNN, cuBLAS, an out-of-memory or a failed allocation (older Paddle
