@@ -3,7 +3,7 @@
 A Submit with an idempotency key (scoped per caller and device) creates one task; repeating it returns that
 task with `deduplicated: true`. "Repeating" means the same request: the task row stores a SHA-256
 `fingerprint` of what the caller asked for — type, priority, the payload (which of text / image / image_url,
-and its content) and the requested TTL — and a later Submit with the same key but another fingerprint changes
+and its content), the requested TTL and attempts — and a later Submit with the same key but another fingerprint changes
 nothing and is answered ALREADY_EXISTS naming the first task (`Conflict`), in the message and in an ErrorInfo
 detail (reason IDEMPOTENCY_KEY_REUSED, metadata task_id and field). In a SubmitBatch that item carries the
 code ALREADY_EXISTS and the message; the batch itself answers OK.
@@ -28,13 +28,13 @@ REASON = "IDEMPOTENCY_KEY_REUSED"
 DOMAIN = "sieve.v1.IntakeService"
 
 
-def fingerprint(task_type: int, priority: int, ttl_ms: int, kind: str, payload: bytes) -> bytes:
-    """SHA-256 of a request's task: type, effective priority, requested TTL (0: the default), payload kind
-    ("text", "image" or "image_url") and payload bytes. Every part has a fixed size or a length prefix, so
-    no two different requests share an encoding."""
+def fingerprint(task_type: int, priority: int, ttl_ms: int, kind: str, payload: bytes, max_attempts: int = 0) -> bytes:
+    """SHA-256 of a request's task: type, effective priority, requested TTL (0: the default), requested attempts
+    (0: the default), payload kind ("text", "image" or "image_url") and payload bytes. Every part has a fixed
+    size or a length prefix, so no two different requests share an encoding."""
     digest = hashlib.sha256()
     digest.update(b"sieve-task-v1")
-    digest.update(struct.pack(">iiq", task_type, priority, ttl_ms))
+    digest.update(struct.pack(">iiqQ", task_type, priority, ttl_ms, max_attempts))
     name = kind.encode()
     digest.update(struct.pack(">I", len(name)) + name)
     digest.update(struct.pack(">Q", len(payload)))
@@ -52,8 +52,8 @@ class Conflict:
     @property
     def message(self) -> str:
         return (f"idempotency_key {shown(self.key)} was used for task {self.task_id} with a different request "
-                "(type, priority, payload or ttl): nothing was changed; send the same request to get that task, "
-                "or use a new key")
+                "(type, priority, payload, ttl or max_attempts): nothing was changed; send the same request to get "
+                "that task, or use a new key")
 
     def status(self, field: str) -> status_pb2.Status:
         """ALREADY_EXISTS with an ErrorInfo naming the first task and the field."""

@@ -21,6 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from intake_svc.caller_limits import permission_denied
+from intake_svc.idempotency import Conflict
 from intake_svc.ownership import Owner
 from intake_svc.submission import Accepted, Refused, Submitter
 from intake_svc.task_view import new_task_message, task_message
@@ -72,12 +73,12 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
     # --- Submit --------------------------------------------------------------------------------------
     async def Submit(self, request: intake_pb2.SubmitRequest,
                      context: grpc.aio.ServicerContext) -> intake_pb2.SubmitResponse:
-        async def run() -> intake_pb2.SubmitResponse | Refused:
+        async def run() -> intake_pb2.SubmitResponse | Refused | Conflict:
             if not request.HasField("task"):
                 raise InvalidInput("task", "is required")
             task = validate_spec(request.task, "task", current_principal.get().name, self.settings)
             (decision,) = await self.submitter.submit([task], current_principal.get(), ["task"])
-            if isinstance(decision, Refused):
+            if isinstance(decision, Refused | Conflict):
                 return decision
             # a new task is answered from what was recorded; only an earlier one is read back
             view = (await self._task(str(decision.task_id), current_principal.get()) if decision.deduplicated
@@ -90,6 +91,8 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
                                                        **dict(outcome.error_metadata)))
         if isinstance(outcome, Refused):
             await rpc.abort(context, rpc.resource_exhausted(outcome.message, outcome.retry_after_s))
+        if isinstance(outcome, Conflict):
+            await rpc.abort(context, outcome.status("task.idempotency_key"))
         assert isinstance(outcome, intake_pb2.SubmitResponse)
         return outcome
 
@@ -109,6 +112,9 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
                         task=types_pb2.Task(task_id=str(decision.task_id), device_id=task.device,
                                             type=task.task_type, priority=task.priority),
                         deduplicated=True))
+                elif isinstance(decision, Conflict):
+                    items.append(intake_pb2.SubmitBatchItem(code=grpc.StatusCode.ALREADY_EXISTS.value[0],
+                                                            message=decision.message))
                 elif decision.code == grpc.StatusCode.PERMISSION_DENIED:
                     items.append(intake_pb2.SubmitBatchItem(code=decision.code.value[0], message=decision.message))
                 else:

@@ -20,6 +20,7 @@ import grpc
 
 from intake_svc.admission import RetryAdvisor
 from intake_svc.caller_limits import CallerLimits, priority_name
+from intake_svc.idempotency import Conflict
 from intake_svc.observe import count_decisions, enqueue_span, stamp_trace
 from intake_svc.ownership import DeviceOwners, Ownership
 from sieve.auth import Principal, current_principal
@@ -51,7 +52,7 @@ class Refused:
     error_metadata: tuple[tuple[str, str], ...] = ()
 
 
-Decision = Accepted | Refused
+Decision = Accepted | Refused | Conflict
 
 
 def _entry(task: NewTask, enqueued_ms: int) -> Entry:
@@ -164,6 +165,8 @@ class Submitter:
         for i, rec in zip(admitted, recorded, strict=True):
             if rec.created:
                 fresh[batch[i].device].append(i)
+            elif rec.conflict:  # the key names a task of another request: nothing changes
+                decisions[i] = Conflict(rec.task_id, batch[i].idempotency_key or "")
             else:
                 decisions[i] = Accepted(rec.task_id, deduplicated=True)
 

@@ -1,4 +1,9 @@
-"""Validation of what callers send: every bad field becomes InvalidInput naming that field."""
+"""Validation of what callers send: every bad field becomes InvalidInput naming that field.
+
+Every string has a cap and must be storable (`sieve.fields`: no U+0000, which PostgreSQL text cannot hold;
+identifiers and URLs printable); error messages quote at most a short prefix of a bad value. A keyed task
+gets the fingerprint of its request (`intake_svc.idempotency`).
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,10 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
+from intake_svc.idempotency import fingerprint
 from sieve.db.tasks import NewTask
 from sieve.errors import InvalidInput
+from sieve.fields import parse_uuid, shown, text_problem
 from sieve.ids import uuid7_at
 from sieve.images import ImageError, check_pixels, inspect_image
 from sieve.mac import normalize_mac
@@ -19,6 +26,8 @@ MAX_BATCH = 1000
 MAX_IDEMPOTENCY_KEY = 200
 MAX_URL = 2048
 MAX_TTL_S = 7 * 24 * 3600
+#: a MAC address in its longest spelling, with blanks around it
+MAX_DEVICE_ID = 64
 
 _IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"BM")
 
@@ -34,10 +43,12 @@ def validate_spec(spec: intake_pb2.TaskSpec, field: str, caller: str, settings: 
                   now: datetime | None = None, trace_context: str | None = None) -> NewTask:
     """Turns one TaskSpec into a NewTask, or raises InvalidInput naming `field`.<name>."""
     now = now or datetime.now(UTC)
+    if len(spec.device_id) > MAX_DEVICE_ID:
+        raise InvalidInput(f"{field}.device_id", f"{shown(spec.device_id)} is not a MAC address (too long)")
     try:
         device = normalize_mac(spec.device_id)
     except ValueError:
-        raise InvalidInput(f"{field}.device_id", f"{spec.device_id!r} is not a MAC address") from None
+        raise InvalidInput(f"{field}.device_id", f"{shown(spec.device_id)} is not a MAC address") from None
 
     if spec.type not in (types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE):
         raise InvalidInput(f"{field}.type", f"unknown task type {spec.type}")
@@ -47,13 +58,18 @@ def validate_spec(spec: intake_pb2.TaskSpec, field: str, caller: str, settings: 
 
     payload = spec.WhichOneof("payload")
     text = image = url = None
+    if payload == "image_url":  # stored as text and fetched by a worker: one printable line, capped
+        problem = text_problem(spec.image_url, max_chars=MAX_URL, printable=True)
+        if problem is not None:
+            raise InvalidInput(f"{field}.image_url", problem)
     if spec.type == types_pb2.TASK_TYPE_TEXT:
         if payload != "text":
             raise InvalidInput(f"{field}.text", "a TEXT task needs a text")
         if not spec.text.strip():
             raise InvalidInput(f"{field}.text", "is empty")
-        if len(spec.text.encode()) > settings.max_text_bytes:
-            raise InvalidInput(f"{field}.text", f"is larger than {settings.max_text_bytes} bytes")
+        problem = text_problem(spec.text, max_bytes=settings.max_text_bytes)  # size, and no U+0000
+        if problem is not None:
+            raise InvalidInput(f"{field}.text", problem)
         text = spec.text
     else:
         if payload == "image":
@@ -94,8 +110,9 @@ def validate_spec(spec: intake_pb2.TaskSpec, field: str, caller: str, settings: 
                            f"must be printable, at most {MAX_IDEMPOTENCY_KEY} characters")
 
     ttl_s = settings.task_ttl_s
+    requested_ttl_ms = spec.ttl.ToMilliseconds() if spec.HasField("ttl") else 0
     if spec.HasField("ttl"):
-        ttl_s = spec.ttl.ToMilliseconds() / 1000
+        ttl_s = requested_ttl_ms / 1000
         if ttl_s == 0:
             ttl_s = settings.task_ttl_s
         elif not 0 < ttl_s <= MAX_TTL_S:
@@ -103,10 +120,17 @@ def validate_spec(spec: intake_pb2.TaskSpec, field: str, caller: str, settings: 
     if spec.max_attempts > settings.max_attempts:  # 0: the setting
         raise InvalidInput(f"{field}.max_attempts", f"must be at most {settings.max_attempts} (the global limit)")
 
+    digest = None
+    if key is not None:  # only a keyed task is compared with an earlier one
+        content = image if image is not None else (text if text is not None else url or "").encode()
+        digest = fingerprint(spec.type, priority, requested_ttl_ms, payload or "", content,
+                             spec.max_attempts)
+
     return NewTask(
         task_id=uuid7_at(now), device=device, task_type=spec.type, priority=priority, caller=caller,
         created_at=now, expires_at=now + timedelta(seconds=ttl_s), text=text, image=image, image_url=url,
-        idempotency_key=key, trace_context=trace_context, max_attempts=spec.max_attempts or None,
+        idempotency_key=key, trace_context=trace_context, fingerprint=digest,
+        max_attempts=spec.max_attempts or None,
     )
 
 
@@ -122,7 +146,5 @@ def validate_batch(request: intake_pb2.SubmitBatchRequest, caller: str, settings
 
 
 def parse_task_id(raw: str, field: str = "task_id") -> uuid.UUID:
-    try:
-        return uuid.UUID(raw)
-    except ValueError:
-        raise InvalidInput(field, f"{raw!r} is not a task id") from None
+    """A task id (any spelling of a UUID, at most 45 characters), or InvalidInput naming `field`."""
+    return parse_uuid(raw, field)

@@ -66,6 +66,7 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
+_LENGTH_DELIMITED = frozenset({FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES, FieldDescriptor.TYPE_MESSAGE})
 _FIXED = {FieldDescriptor.TYPE_DOUBLE: 8, FieldDescriptor.TYPE_FIXED64: 8, FieldDescriptor.TYPE_SFIXED64: 8,
           FieldDescriptor.TYPE_FLOAT: 4, FieldDescriptor.TYPE_FIXED32: 4, FieldDescriptor.TYPE_SFIXED32: 4}
 
@@ -99,7 +100,8 @@ def _find(data: bytes, descriptor: Descriptor, path: str, depth: int) -> tuple[s
         number, wire = tag >> 3, tag & 7
         field = descriptor.fields_by_number.get(number)
         name = field.name if field is not None else f"#{number}"
-        if field is not None and field.label == FieldDescriptor.LABEL_REPEATED:
+        packed = wire == 2 and field is not None and field.type not in _LENGTH_DELIMITED
+        if field is not None and field.label == FieldDescriptor.LABEL_REPEATED and not packed:
             name += f"[{seen.get(number, 0)}]"
             seen[number] = seen.get(number, 0) + 1
         where = f"{path}.{name}" if path else name

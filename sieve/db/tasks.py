@@ -63,6 +63,8 @@ class NewTask:
     image_url: str | None = None
     idempotency_key: str | None = None
     trace_context: str | None = None
+    #: SHA-256 of the request (intake_svc.idempotency), set with an idempotency key
+    fingerprint: bytes | None = None
     #: counted attempts after which it is dead-lettered (TaskSpec.max_attempts); None: the global setting
     max_attempts: int | None = None
 
@@ -74,6 +76,8 @@ class Recorded:
     task_id: uuid.UUID
     created: bool
     row: asyncpg.Record | None = None
+    #: the earlier task was recorded for another request under the same key (nothing was changed)
+    conflict: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +144,9 @@ class TaskStore:
     # --- intake ---------------------------------------------------------------------------------
     async def insert(self, tasks: Sequence[NewTask]) -> list[Recorded]:
         """Records new tasks (status PENDING) in one statement; a repeated idempotency key returns the
-        earlier task instead of creating one (read in one more round trip).
+        earlier task instead of creating one (`conflict` when its stored fingerprint differs from the new
+        task's: another request under the same key). Tasks without a key cost no further round trip; the
+        earlier tasks of repeated keys are read in one more.
 
         Keys live in `idempotency_keys` (one row per caller, device and key; `tasks` is partitioned by id, so
         it cannot hold a unique index on them): the same statement claims each key and inserts only the tasks
@@ -150,9 +156,9 @@ class TaskStore:
             WITH u AS (
                 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::text[], $6::text[],
                                      $7::text[], $8::bytea[], $9::text[], $10::timestamptz[], $11::timestamptz[],
-                                     $12::text[], $13::smallint[]) WITH ORDINALITY
+                                     $12::text[], $13::bytea[], $14::smallint[]) WITH ORDINALITY
                      AS u(id, device, type, priority, caller, key, text, image, url, created, expires, trace,
-                          max_attempts, n)
+                          fingerprint, max_attempts, n)
             ), claimed AS (
                 INSERT INTO idempotency_keys (caller, device, key, task_id, created_at)
                 SELECT caller, device, key, id, created FROM u WHERE key IS NOT NULL ORDER BY n
@@ -161,9 +167,9 @@ class TaskStore:
             )
             INSERT INTO tasks (id, device, type, priority, status, caller, idempotency_key, payload_text,
                                payload_bytes, payload_url, created_at, updated_at, expires_at, enqueued_at,
-                               trace_context, max_attempts, history)
+                               trace_context, fingerprint, max_attempts, history)
             SELECT u.id, u.device, u.type, u.priority, 'PENDING', u.caller, u.key, u.text, u.image, u.url,
-                   u.created, u.created, u.expires, u.created, u.trace, u.max_attempts,
+                   u.created, u.created, u.expires, u.created, u.trace, u.fingerprint, u.max_attempts,
                    jsonb_build_array(jsonb_build_object('status', 'PENDING', 'at', u.created,
                                                         'attempt', 0, 'detail', 'accepted from ' || u.caller))
             FROM u
@@ -175,7 +181,7 @@ class TaskStore:
             [t.priority for t in tasks], [t.caller for t in tasks], [t.idempotency_key for t in tasks],
             [t.text for t in tasks], [t.image for t in tasks], [t.image_url for t in tasks],
             [t.created_at for t in tasks], [t.expires_at for t in tasks], [t.trace_context for t in tasks],
-            [t.max_attempts for t in tasks],
+            [t.fingerprint for t in tasks], [t.max_attempts for t in tasks],
         )
         created = {r["id"] for r in rows}
         repeated = [t for t in tasks if t.task_id not in created]
@@ -205,7 +211,9 @@ class TaskStore:
                 again = await self.insert([t])
                 out.append(again[0])
             else:
-                out.append(Recorded(existing["id"], False, existing))
+                stored = existing["fingerprint"]
+                conflict = stored is not None and t.fingerprint is not None and bytes(stored) != t.fingerprint
+                out.append(Recorded(existing["id"], False, existing, conflict=conflict))
         return out
 
     async def withdraw(self, task_ids: Sequence[uuid.UUID]) -> None:
@@ -237,11 +245,13 @@ class TaskStore:
             list(task_ids))
         return {r["id"]: r["max_attempts"] for r in rows}
 
-    async def unfinished(self, task_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
-        """Which of these tasks are not final (one indexed lookup; acks are checked against it)."""
-        rows = await self.pool.fetch("SELECT id FROM tasks WHERE id = ANY($1::uuid[]) AND status = ANY($2::text[])",
-                                     list(task_ids), list(OPEN_STATUSES))
-        return {r["id"] for r in rows}
+    async def unfinished(self, task_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, int]:
+        """Which of these tasks are not final, with the lease PostgreSQL records for each (one indexed lookup;
+        acks are checked against it)."""
+        rows = await self.pool.fetch(
+            "SELECT id, lease FROM tasks WHERE id = ANY($1::uuid[]) AND status = ANY($2::text[])",
+            list(task_ids), list(OPEN_STATUSES))
+        return {r["id"]: int(r["lease"] or 0) for r in rows}
 
     async def pending_by_class(self) -> list[tuple[int, str, int]]:
         """(priority, type, count) of PENDING tasks (metrics; the partial index on PENDING keeps it cheap)."""
