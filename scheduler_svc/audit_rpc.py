@@ -19,6 +19,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from sieve import rpc
 from sieve.audit import current_sink
 from sieve.db.audit import MAX_LIMIT, AuditEvent, AuditLog, AuditQuery, BadPageToken
+from sieve.fields import text_problem
 from sieve.v1 import scheduler_pb2
 
 log = logging.getLogger("sieve.scheduler.audit")
@@ -52,8 +53,9 @@ async def list_audit_events(request: scheduler_pb2.ListAuditEventsRequest,
     if request.kind and request.kind not in _KIND_NAMES:
         await _invalid(context, "kind", f"unknown kind {request.kind}")
     for name in ("principal", "method", "outcome", "page_token"):
-        if len(getattr(request, name)) > _MAX_FILTER_CHARS:
-            await _invalid(context, name, f"longer than {_MAX_FILTER_CHARS} characters")
+        problem = text_problem(getattr(request, name), max_chars=_MAX_FILTER_CHARS)  # length, and no U+0000
+        if problem is not None:
+            await _invalid(context, name, problem)
     before = None
     if request.HasField("before"):
         try:
