@@ -83,7 +83,8 @@ async def wait_settled(pg: asyncpg.Pool, redis: Redis, prefix: str, ids: list[st
     while True:
         left = await pg.fetchval("SELECT count(*) FROM tasks WHERE id = ANY($1::uuid[]) "
                                  "AND status IN ('PENDING', 'ASSIGNED', 'RUNNING')", ids)
-        leased = sum(1 for score in await redis.zmscore("{" + prefix + "}:leases", ids) if score is not None)
+        scores = await redis.zmscore("{" + prefix + "}:leases", ids) if ids else []
+        leased = sum(1 for score in scores if score is not None)
         if not left and not leased:
             return time.monotonic() - began
         assert time.monotonic() - began < timeout_s, f"of {len(ids)} in-flight tasks: {left} open, {leased} leased"
