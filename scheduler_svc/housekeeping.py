@@ -131,7 +131,8 @@ class Housekeeping:
         if time.monotonic() - self._last_watermark >= self.settings.watermark_interval_s:
             self._last_watermark = time.monotonic()
             await self.watermark.publish()
-        self.retention.start_if_due()
+        if self.settings.retention_in_scheduler:
+            self.retention.start_if_due()
 
     async def reclaim_expired_leases(self, now: float) -> int:
         """Leases nobody renewed (their worker or scheduler died) go back to their device queues."""

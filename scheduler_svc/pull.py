@@ -35,6 +35,7 @@ from sieve.auth import current_credential_valid, current_principal
 from sieve.backoff import compute_backoff
 from sieve.coalesce import coalesce
 from sieve.errors import InvalidInput
+from sieve.fields import storable
 from sieve.lease import LeaseSigner, lease_number
 from sieve.queue_store import QueueStore, now_ms
 from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -350,7 +351,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 failures = handed.failures if handed is not None else 0
                 delay_s = compute_backoff(failures + 1, base_s=s.retry_backoff_base_s, max_s=s.retry_backoff_max_s,
                                           jitter=False)
-            key = (mac, n.count_attempt, round(now + delay_s * 1000, 1), (n.reason or "nacked")[:MAX_REASON_CHARS])
+            reason = storable((n.reason or "nacked")[:MAX_REASON_CHARS])
+            key = (mac, n.count_attempt, round(now + delay_s * 1000, 1), reason)
             by_key[key].append(Returned(n.task_id, lease, session.worker_id))
         for (mac, counts, retry_at, reason), items in by_key.items():
             await self.returns.put_back(mac, items, counted=counts, reason=reason,

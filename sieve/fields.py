@@ -26,6 +26,12 @@ SHOWN_CHARS = 40
 MAX_UUID_CHARS = 45
 
 
+def storable(value: str) -> str:
+    """Text PostgreSQL can store: U+0000 (which no text column holds) becomes U+FFFD. For text Sieve writes itself
+    from what a peer said (a nack reason, an error message); callers' input is refused instead."""
+    return value.replace("\x00", "\ufffd")
+
+
 def shown(value: str, limit: int = SHOWN_CHARS) -> str:
     """`repr` of a value for an error message, cut to `limit` characters."""
     if len(value) <= limit:

@@ -376,6 +376,9 @@ class Settings:
     retention_ahead_days: int = 2
     #: How often the scheduler's housekeeping runs the retention job (partitions ahead, old days dropped).
     retention_check_interval_s: float = 3600.0
+    #: The scheduler runs the retention job itself; false where services may not change the schema (then
+    #: `python -m sieve.db.retention` runs as the schema owner, e.g. the k8s CronJob).
+    retention_in_scheduler: bool = True
     #: Tests only: an injected engine failure. "gpu_oom_once": the worker starts in simulated GPU mode and its
     #: first inference raises a CUDA out-of-memory error; "oom_always": every inference raises one; "hang_once": the
     #: first inference hangs (its thread returns only when the process ends); "hang": every inference hangs.

@@ -25,6 +25,7 @@ from typing import Any
 
 import asyncpg
 
+from sieve.fields import storable
 from sieve.v1 import types_pb2
 
 FINAL_STATUSES = ("SUCCEEDED", "FAILED", "EXPIRED", "CANCELLED", "DEAD_LETTERED")
@@ -469,7 +470,7 @@ class TaskStore:
             [o.task_id for o in outcomes], [o.attempt for o in outcomes],
             [o.worker_id for o in outcomes], [o.verdict for o in outcomes],
             [o.hits_json for o in outcomes], [o.text for o in outcomes],
-            [o.details_json for o in outcomes], [o.error for o in outcomes])
+            [o.details_json for o in outcomes], [None if o.error is None else storable(o.error) for o in outcomes])
         return {r["id"] for r in rows}
 
     # --- reconciling Redis with this record (scheduler_svc/reconcile.py) -------------------------------

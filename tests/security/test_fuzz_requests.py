@@ -704,8 +704,6 @@ async def test_every_unary_method_answers_any_message_and_random_bytes_cleanly(s
     await assert_consistent(stack)
 
 
-@pytest.mark.xfail(strict=True, reason="scheduler_svc/pull.py stores nack reasons as they come: U+0000 makes the "
-                   "DEAD_LETTERED write fail (CharacterNotInRepertoireError), leaving the row open and Redis empty")
 async def test_a_nack_reason_postgresql_cannot_store_leaves_nothing_half_written(stack: Stack) -> None:
     """A worker's nack reason goes into the task's history and, at its last attempt, its error: one with U+0000
     (which PostgreSQL text cannot hold) must still leave the task in exactly one place."""
