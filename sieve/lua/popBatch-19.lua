@@ -57,6 +57,11 @@ if not redis.call("SET", KEYS[12], ARGV[2], "NX", "PX", ARGV[3]) then
 end
 if redis.call("HGET", KEYS[1], "state") ~= "ready" then
   redis.call("DEL", KEYS[12])
+  if redis.call("EXISTS", KEYS[1]) == 0 then
+    -- no meta at all (its keys were lost): out of the schedule sets, or the next rank picks it again and the
+    -- dispatcher spins on it; the reconciler repairs the device and schedules it again
+    for i = 7, 11 do redis.call("ZREM", KEYS[i], mac) end
+  end
   return {-3}
 end
 local class = tonumber(redis.call("HGET", KEYS[1], "class") or "0")

@@ -465,6 +465,19 @@ async def test_pop_moves_the_device_from_its_schedule_set_to_serving(
     assert (await store.rank(now=T0 + 2 * S)).mac is None
 
 
+async def test_pop_of_a_device_whose_meta_was_lost_takes_it_out_of_the_schedule_sets(
+        store: QueueStore, redis: Redis, keys: Keys) -> None:
+    # Given a device whose meta was deleted behind Sieve's back while it sat in a schedule set
+    await store.enqueue(A, tasks("a", 2), now=T0)
+    await redis.delete(keys.meta(A))
+    assert (await store.rank(now=T0 + S)).mac == A
+    # When it is popped, Then it is not ready and the rank no longer offers it (no dispatch spin on a ghost)
+    assert not (await store.pop(A, "tok", 1, now=T0 + S)).ready
+    assert await schedule_score(redis, keys, A, NORMAL) is None
+    assert (await store.rank(now=T0 + 2 * S)).mac is None
+    assert await redis.get(keys.lock(A)) is None
+
+
 async def test_pop_of_a_device_without_work_is_not_ready_and_leaves_no_lock(
         store: QueueStore, redis: Redis, keys: Keys) -> None:
     popped = await store.pop(A, "tok", 5, now=T0)
