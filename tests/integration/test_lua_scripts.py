@@ -476,6 +476,9 @@ async def test_pop_of_a_device_whose_meta_was_lost_takes_it_out_of_the_schedule_
     assert await schedule_score(redis, keys, A, NORMAL) is None
     assert (await store.rank(now=T0 + 2 * S)).mac is None
     assert await redis.get(keys.lock(A)) is None
+    # (the lost meta leaves the counters disagreeing: the reconciler's repair, not this test's subject)
+    await redis.delete(*(keys.queue(A, prio) for prio in range(1, 6)), keys.caller_open)
+    await redis.set(keys.pending, 0)
 
 
 async def test_pop_of_a_device_without_work_is_not_ready_and_leaves_no_lock(
