@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import asyncpg
 
 from sieve import rpc
+from sieve.auth import AuthError, client_token
 from sieve.db.tasks import TaskStore, type_value
 from sieve.logs import setup_logging
 from sieve.metrics import REGISTRY, start_metrics_server
@@ -121,6 +122,10 @@ def _ocr_runtime(settings: Settings) -> OcrRuntime:
 async def main() -> None:
     settings = Settings.from_env()
     setup_logging("sieve-worker", settings.log_level)
+    # a worker's credential is the token it calls the scheduler and registry with: none, no start
+    if not settings.allow_anonymous and not client_token(settings.auth_token, settings.auth_token_file):
+        raise AuthError("sieve-worker: no credential to call the scheduler and registry with (SIEVE_AUTH_TOKEN or "
+                        "SIEVE_AUTH_TOKEN_FILE); set SIEVE_ALLOW_ANONYMOUS=true to run without authentication")
     setup_telemetry("sieve-worker", settings)
     start_metrics_server(settings.worker_metrics_addr)
 

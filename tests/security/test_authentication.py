@@ -307,6 +307,16 @@ def test_a_service_process_without_credentials_exits_saying_why(settings: Settin
     assert "SIEVE_ALLOW_ANONYMOUS" in done.stdout + done.stderr
 
 
+def test_a_worker_process_without_its_token_exits_saying_why(settings: Settings) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIEVE_")}
+    env.update({"SIEVE_DATABASE_URL": settings.database_url, "SIEVE_DATABASE_SCHEMA": settings.database_schema,
+                "SIEVE_WORKER_METRICS_ADDR": "", "PYTHONPATH": str(ROOT)})
+    done = subprocess.run([sys.executable, "-m", "worker_svc"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode != 0
+    assert "SIEVE_AUTH_TOKEN" in done.stdout + done.stderr and "SIEVE_ALLOW_ANONYMOUS" in done.stdout + done.stderr
+
+
 # --- rotation and reloading ---------------------------------------------------------------------------
 async def test_two_tokens_of_one_name_both_work_as_the_same_caller(settings: Settings, redis: Redis,
                                                                  pg: asyncpg.Pool) -> None:
