@@ -38,7 +38,7 @@ log = logging.getLogger("sieve.worker.pressure")
 
 SAMPLE_EVERY_S = 0.25
 #: CPU over its watermark holds the worker back once it has stayed there this long (s)
-CPU_ENTER_AFTER_S = 1.0
+CPU_ENTER_AFTER_S = 2.0
 #: shortest delay of a task put back under pressure
 MIN_RETRY_S = 1.0
 #: a put-back's delay is spread over [1 - JITTER, 1 + JITTER] x the estimate

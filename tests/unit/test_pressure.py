@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sieve.settings import Settings
-from worker_svc.pressure import MIN_RETRY_S, SAMPLE_EVERY_S, Pressure
+from worker_svc.pressure import CPU_ENTER_AFTER_S, MIN_RETRY_S, SAMPLE_EVERY_S, Pressure
 from worker_svc.resources import ResourceSampler
 
 
@@ -47,10 +47,9 @@ def test_a_worker_holds_back_at_the_watermark_and_takes_work_again_only_under_th
     clock = Clock()
     p = pressure_of(readings, clock)
     assert p.reasons() == [] and not p.held
-    # others' CPU reaches the 75 % watermark: a second of it holds the worker back (a burst does not)
-    for _ in range(3):
+    # others' CPU reaches the 75 % watermark: CPU_ENTER_AFTER_S of it holds the worker back (a burst does not)
+    for _ in range(round(CPU_ENTER_AFTER_S / SAMPLE_EVERY_S)):
         assert step(p, clock, readings, "cpu=80,cpu_own=5,memory=10") == []
-    assert step(p, clock, readings, "cpu=80,cpu_own=5,memory=10") == []
     assert step(p, clock, readings, "cpu=80,cpu_own=5,memory=10") == ["cpu 75.0% besides this worker's 5.0% >= 75.0%"]
     assert p.held and p.held_resources() == ["cpu"]
     # down to 70 %: still within the 10-point hysteresis, still held (and says what it waits for)
@@ -81,16 +80,18 @@ def test_time_held_back_is_kept_per_resource_including_the_episode_going_on(read
     p = pressure_of(readings, clock)
     step(p, clock, readings, "cpu=10,memory=90")  # memory from t0, at once
     step(p, clock, readings, "cpu=90,memory=90", 1.0)  # cpu over from t0 + 1 s ...
-    step(p, clock, readings, "cpu=90,memory=90", 1.0)  # ... holds from t0 + 2 s
+    step(p, clock, readings, "cpu=90,memory=90", CPU_ENTER_AFTER_S)  # ... holds from t0 + 1 s + CPU_ENTER_AFTER_S
     step(p, clock, readings, "cpu=10,memory=90", 3.0)  # and lets go 3 s after that
     held = p.held_back_seconds()
+    memory_s = 1.0 + CPU_ENTER_AFTER_S + 3.0
     assert held["cpu"] == pytest.approx(3.0)
-    assert held["memory"] == pytest.approx(5.0)
+    assert held["memory"] == pytest.approx(memory_s)
     clock.now += 4.0  # still held by memory: the running episode counts
-    assert p.held_back_seconds()["memory"] == pytest.approx(9.0)
+    assert p.held_back_seconds()["memory"] == pytest.approx(memory_s + 4.0)
     step(p, clock, readings, "cpu=10,memory=10", 0.0)
     clock.now += 100
-    assert p.held_back_seconds() == {"cpu": pytest.approx(3.0), "memory": pytest.approx(9.0), "gpu_memory": 0.0}
+    assert p.held_back_seconds() == {"cpu": pytest.approx(3.0), "memory": pytest.approx(memory_s + 4.0),
+                                     "gpu_memory": 0.0}
     assert p.episodes == 1
 
 
