@@ -100,7 +100,7 @@ async def test_a_full_device_is_refused_with_retry_info_while_others_are_accepte
     await server.stop(1)
 
 
-async def test_the_global_limit_refuses_with_the_seed_retry_delay(
+async def test_the_global_limit_refuses_with_a_retry_delay_within_the_configured_maximum(
         settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
     settings = settings.replace(max_total_pending=2)
     server = await rpc.create_server(build_intake(settings, redis, TaskStore(pg)), "127.0.0.1:0", settings)
@@ -111,7 +111,9 @@ async def test_the_global_limit_refuses_with_the_seed_retry_delay(
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.Submit(intake_pb2.SubmitRequest(task=text_spec("AA-BB-CC-DD-EE-03", "x")))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert rpc.retry_delay_of(err.value) == settings.retry_after_s
+        # the delay comes from the measured drain rate, jittered (tests/unit/test_drain_meter.py); the seed's 30 s
+        # is its upper bound
+        assert 0 < (rpc.retry_delay_of(err.value) or 0) <= settings.retry_after_s
         assert await pg.fetchval("SELECT count(*) FROM tasks") == 2
     await server.stop(1)
 
