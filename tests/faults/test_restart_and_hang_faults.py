@@ -179,17 +179,25 @@ async def _ocr_worker(c: Cluster, name: str, **env: str) -> None:
 async def test_a_hung_ocr_inference_is_abandoned_at_its_timeout_and_another_attempt_finishes_it(
         fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis) -> None:
     c = fault_cluster
-    await start_platform(c, workers=0, SIEVE_NO_GPU_STRATEGY="cpu", SIEVE_OCR_TIMEOUT_S="4",
+    await start_platform(c, workers=2, SIEVE_NO_GPU_STRATEGY="cpu", SIEVE_OCR_TIMEOUT_S="4",
                          SIEVE_EXECUTION_TIMEOUT_GRACE_S="30", SIEVE_LEASE_TTL_S="60")
-    # Given a worker whose first inference hangs for good, and a healthy one
+    # Given a worker whose first inference hangs for good, and a healthy one, while 2 000 texts flow beside them
     await _ocr_worker(c, "ocr-hangs", SIEVE_OCR_FAULT="hang_once")
     await _ocr_worker(c, "ocr-fine")
+    load = Load(c.settings)
+    submitting = asyncio.create_task(load.run())
     began = time.monotonic()
     ids = await _submit_images(c, 4)
     # Then every image is read: the one that hung was abandoned past 4 s and finished by another attempt
     tasks = await _tasks(c, ids, timeout_s=150)
     recovered = time.monotonic() - began
     assert all(t.status == types_pb2.TASK_STATUS_SUCCEEDED for t in tasks), [t.error for t in tasks]
+    # and the texts beside them all finished once, none lost
+    await submitting
+    a = await audit("OCR hangs (worker timeout), 2 000 texts", load, pg, own_redis, c.settings, c.log_dir)
+    AUDITS.append(a)
+    assert a.accepted == TASKS and a.succeeded == TASKS and a.results == TASKS + len(ids), a
+    assert (a.duplicates, a.lost, a.extra_rows, a.pending_left) == (0, 0, len(ids), 0), a
     hung = [t for t in tasks if len(t.attempt_log) > 1]
     assert len(hung) == 1, ([[a.worker_id for a in t.attempt_log] for t in tasks], c.log_of("ocr-hangs", 30))
     first, *_, last = hung[0].attempt_log
@@ -200,7 +208,8 @@ async def test_a_hung_ocr_inference_is_abandoned_at_its_timeout_and_another_atte
     # and the hung thread keeps its slot (the worker takes nothing more)
     assert "abandoned after 4s (inference); its inference thread still runs" in c.log_of("ocr-hangs", 400)
     refusals = _refusals(c)
-    ROWS.append(("OCR inference hangs (worker timeout)", len(ids), len(tasks), refusals, f"{recovered:.1f}"))
+    ROWS.append(("OCR inference hangs (worker timeout), 2 000 texts beside", len(ids) + a.accepted,
+                 len(tasks) + a.succeeded, refusals, f"{recovered:.1f}"))
 
 
 @pytest.mark.skipif(not _ocr_available(), reason="the `ocr` extra or the OCR models are not installed")
@@ -208,14 +217,21 @@ async def test_when_every_inference_hangs_the_scheduler_takes_hand_outs_back_and
         fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis) -> None:
     c = fault_cluster
     # the scheduler allows 2 s + 1 s; the workers would wait ten minutes
-    await start_platform(c, workers=0, SIEVE_NO_GPU_STRATEGY="cpu", SIEVE_OCR_TIMEOUT_S="2",
+    await start_platform(c, workers=2, SIEVE_NO_GPU_STRATEGY="cpu", SIEVE_OCR_TIMEOUT_S="2",
                          SIEVE_EXECUTION_TIMEOUT_GRACE_S="1", SIEVE_LEASE_TTL_S="60")
     for name in ("ocr-hangs-1", "ocr-hangs-2"):
         await _ocr_worker(c, name, SIEVE_OCR_FAULT="hang", SIEVE_OCR_TIMEOUT_S="600")
+    load = Load(c.settings)  # 2 000 texts flow beside the hung OCR workers
+    submitting = asyncio.create_task(load.run())
     began = time.monotonic()
     [task_id] = await _submit_images(c, 1, max_attempts=2)
     [task] = await _tasks(c, [task_id], timeout_s=60)
     took = time.monotonic() - began
+    await submitting
+    a = await audit("every OCR inference hangs, 2 000 texts", load, pg, own_redis, c.settings, c.log_dir)
+    AUDITS.append(a)
+    assert a.accepted == a.succeeded == a.results == TASKS, a
+    assert (a.duplicates, a.lost, a.extra_rows, a.pending_left) == (0, 0, 1, 0), a
     assert task.status == types_pb2.TASK_STATUS_DEAD_LETTERED, task
     assert [a.worker_id for a in task.attempt_log] == ["ocr-hangs-1", "ocr-hangs-2"] or \
         [a.worker_id for a in task.attempt_log] == ["ocr-hangs-2", "ocr-hangs-1"], list(task.attempt_log)
@@ -224,7 +240,8 @@ async def test_when_every_inference_hangs_the_scheduler_takes_hand_outs_back_and
     assert first.detail == "execution timed out: ran longer than 2s"
     assert second.outcome == types_pb2.TASK_STATUS_DEAD_LETTERED
     assert metric(c.metrics["scheduler"], "sieve_execution_timeouts") == {'{type="OCR_IMAGE"}': 2.0}
-    ROWS.append(("every OCR inference hangs (scheduler timeout)", 1, 1, _refusals(c), f"{took:.1f}"))
+    ROWS.append(("every OCR inference hangs (scheduler timeout), 2 000 texts beside", 1 + a.accepted,
+                 1 + a.succeeded, _refusals(c), f"{took:.1f}"))
 
 
 def _refusals(c: Cluster) -> int:
