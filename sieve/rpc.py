@@ -156,7 +156,8 @@ async def create_server(service: Service, address: str, settings: Settings, *,
     # innermost: a request that does not parse is INVALID_ARGUMENT naming the field, not UNKNOWN
     interceptors = [*telemetry.server_interceptors(), RpcMetricsInterceptor(), *service.interceptors, audit, guard,
                     MalformedRequests()]
-    server = grpc.aio.server(interceptors=interceptors, options=channel_options(settings))
+    # no SO_REUSEPORT: a second server on a taken port must fail to bind, not silently share its connections
+    server = grpc.aio.server(interceptors=interceptors, options=[*channel_options(settings), ("grpc.so_reuseport", 0)])
     service.register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
