@@ -80,6 +80,7 @@ class Settings:
     tls_server_name: str = ""
 
     # --- intake -----------------------------------------------------------------------------------
+    #: Largest TEXT task (UTF-8 bytes) and largest image (bytes) the intake accepts.
     max_text_bytes: int = 64 * 1024
     max_image_bytes: int = 10 * 1024 * 1024
     #: Admission: refuse new tasks above this many pending in all (seed CELERY_MAX_TOTAL_PENDING).
@@ -172,6 +173,7 @@ class Settings:
     reconcile_fence_step: int = 1000
 
     # --- workers and registry ---------------------------------------------------------------------
+    #: A worker heartbeats this often; the registry forgets one silent for worker_ttl_s.
     heartbeat_interval_s: float = 15.0
     worker_ttl_s: float = 60.0
     #: Longest wait of a task a worker puts back under pressure (seed: countdown=30); the wait itself is about
@@ -203,12 +205,14 @@ class Settings:
     # Tracing follows the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_EXPORTER, ...):
     # see sieve/telemetry.py. Each service serves Prometheus metrics at http://<addr>/metrics; "host:0" picks
     # a free port, an empty address serves none.
+    #: host:port of each service's Prometheus endpoint (/metrics).
     intake_metrics_addr: str = "127.0.0.1:9101"
     scheduler_metrics_addr: str = "127.0.0.1:9102"
     registry_metrics_addr: str = "127.0.0.1:9103"
     worker_metrics_addr: str = "127.0.0.1:9104"
 
     # --- logs -------------------------------------------------------------------------------------
+    #: DEBUG | INFO | WARNING | ERROR; logs are one JSON object per line on stdout.
     log_level: str = "INFO"
 
     # ----------------------------------------------------------------------------------------------

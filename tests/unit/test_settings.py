@@ -168,3 +168,14 @@ def test_replace_returns_a_changed_copy() -> None:
     s = Settings.from_env({})
     t = s.replace(batch_size=3)
     assert (s.batch_size, t.batch_size) == (10, 3)
+
+
+def test_the_readme_documents_every_setting_as_the_settings_define_it() -> None:
+    from pathlib import Path
+
+    from sieve.settings_doc import BEGIN, END, markdown_table
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme[readme.index(BEGIN) + len(BEGIN):readme.index(END)].strip()
+    assert block == markdown_table(), "README settings table is stale: paste `python -m sieve.settings_doc` into it"
+    assert all(f"`{name}`" in block for name in settings_field_names())
