@@ -96,8 +96,14 @@ async def test_a_worker_over_its_memory_watermark_gets_nothing_until_it_drops_be
     while not (await listed(c))["worker-hot"].available:
         assert time.monotonic() - dropped < 2.5, "still unavailable after a heartbeat"
         await asyncio.sleep(0.1)
-    # Then within a heartbeat it takes work again
-    assert "worker-hot" in set(await workers_of(pg, await submit(c, 400, "second")))
+    # Then within a few seconds it takes work again (its own pressure check resumes it; tasks keep coming)
+    seen: set[str] = set()
+    for round_ in range(20):
+        seen |= set(await workers_of(pg, await submit(c, 100, f"second-{round_}")))
+        if "worker-hot" in seen:
+            break
+    assert "worker-hot" in seen, f"the hot worker took nothing {time.monotonic() - dropped:.1f}s after it cooled"
+    assert time.monotonic() - dropped < 15
 
 
 async def test_a_worker_that_gets_hot_withdraws_its_credits_and_another_worker_does_the_work(
