@@ -280,13 +280,17 @@ def require_credentials(authenticator: Authenticator, allow_anonymous: bool, ser
 
 
 # --- server side ---------------------------------------------------------------------------------------
-def _refuse(code: grpc.StatusCode, message: str, streaming_request: bool,
-            streaming_response: bool) -> grpc.RpcMethodHandler:
+def refusing_handler(code: grpc.StatusCode, message: str | Callable[[], str], streaming_request: bool,
+                     streaming_response: bool) -> grpc.RpcMethodHandler:
+    """A handler of the given shape that ends every call with `code` and `message` (a callable: read per call)."""
+    def text() -> str:
+        return message() if callable(message) else message
+
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(code, message)
+        await context.abort(code, text())
 
     async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        await context.abort(code, message)
+        await context.abort(code, text())
         yield  # pragma: no cover  (makes this an async generator)
 
     if streaming_request and streaming_response:
@@ -331,7 +335,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         refusal = self._check(method, bearer_of(details.invocation_metadata))
         if refusal is not None:
             code, message = refusal
-            return _refuse(code, message, handler.request_streaming, handler.response_streaming)
+            return refusing_handler(code, message, handler.request_streaming, handler.response_streaming)
         return handler
 
     def _check(self, method: str, token: str | None) -> tuple[grpc.StatusCode, str] | None:

@@ -28,7 +28,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -45,6 +45,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sieve import rpc
 from sieve.audit import AuditSink, LogSink
+from sieve.auth import refusing_handler
 from sieve.backoff import Backoff
 from sieve.db import create_pool
 from sieve.redis_conn import EvictionCheck, EvictionPolicyError, redis_client, redis_location
@@ -150,20 +151,7 @@ def _method_shapes(service_names: Sequence[str]) -> dict[str, tuple[bool, bool]]
 
 def _unavailable(message: Callable[[], str], streaming_request: bool, streaming_response: bool
                  ) -> grpc.RpcMethodHandler:
-    async def unary(request: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(grpc.StatusCode.UNAVAILABLE, message())
-
-    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        await context.abort(grpc.StatusCode.UNAVAILABLE, message())
-        yield  # pragma: no cover  (makes this an async generator)
-
-    if streaming_request and streaming_response:
-        return grpc.stream_stream_rpc_method_handler(stream)
-    if streaming_request:
-        return grpc.stream_unary_rpc_method_handler(unary)
-    if streaming_response:
-        return grpc.unary_stream_rpc_method_handler(stream)
-    return grpc.unary_unary_rpc_method_handler(unary)
+    return refusing_handler(grpc.StatusCode.UNAVAILABLE, message, streaming_request, streaming_response)
 
 
 class _Capture:
