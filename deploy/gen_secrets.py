@@ -38,12 +38,12 @@ PG_ROLES = ("admin", "owner", "intake", "scheduler", "worker")
 
 
 def new_token() -> str:
-    """A bearer token as sieve.auth.new_token makes them (256 bits, URL-safe)."""
+    """A bearer token as sieve.rpc.auth.new_token makes them (256 bits, URL-safe)."""
     return "sv_" + secrets.token_urlsafe(32)
 
 
 def credential_line(name: str, role: str, token: str) -> str:
-    """The stored entry of a token (sieve.auth.credential_line): name:role:sha256hex."""
+    """The stored entry of a token (sieve.rpc.auth.credential_line): name:role:sha256hex."""
     return f"{name}:{role}:{hashlib.sha256(token.encode()).hexdigest()}"
 
 

@@ -41,8 +41,8 @@ import embedded  # noqa: E402  (deploy/embedded.py)
 import grpc  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
-from sieve.auth import credential_line, new_token  # noqa: E402
-from sieve.devcerts import DevCerts, write_dev_certs  # noqa: E402
+from sieve.rpc.auth import credential_line, new_token  # noqa: E402
+from sieve.rpc.devcerts import DevCerts, write_dev_certs  # noqa: E402
 from sieve.settings import Settings  # noqa: E402
 from sieve.v1 import registry_pb2, registry_pb2_grpc  # noqa: E402
 

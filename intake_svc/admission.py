@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from sieve.errors import AdmissionRefused
-from sieve.queue_store import Drain, QueueStore, now_ms
+from sieve.redis.queue_store import Drain, QueueStore, now_ms
 from sieve.settings import Settings
 
 MIN_RETRY_S = 1.0

@@ -23,9 +23,9 @@ from __future__ import annotations
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from intake_svc.admission import RetryAdvisor, global_retry_after_s
-from sieve.auth import Principal
 from sieve.caller_policy import CallerPolicies, CallerPolicy
-from sieve.queue_store import NO_LIMIT, QueueStore, TokenTake
+from sieve.redis.queue_store import NO_LIMIT, QueueStore, TokenTake
+from sieve.rpc.auth import Principal
 from sieve.settings import Settings
 from sieve.v1 import types_pb2
 

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, TypeVar
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from sieve import metrics, telemetry
 from sieve.db.tasks import NewTask, type_name
+from sieve.observe import metrics, telemetry
 
 if TYPE_CHECKING:
     from intake_svc.submission import Decision
-    from sieve.entry import Entry
+    from sieve.redis.entry import Entry
 
 D = TypeVar("D", bound="Decision")
 

@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from sieve import metrics
-from sieve.rpc_metrics import code_name, wrap_handler
+from sieve.observe import metrics
+from sieve.observe.rpc_metrics import code_name, wrap_handler
 
 _SUBMITS = ("/sieve.v1.IntakeService/Submit", "/sieve.v1.IntakeService/SubmitBatch")
 _REASONS = {"INVALID_ARGUMENT": "invalid_argument", "UNAUTHENTICATED": "unauthenticated",

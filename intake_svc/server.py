@@ -9,12 +9,12 @@ from intake_svc.servicer import IntakeServicer
 from sieve import rpc
 from sieve.db.audit import AuditLog
 from sieve.db.tasks import TaskStore
-from sieve.logs import setup_logging
-from sieve.metrics import start_metrics_server
-from sieve.queue_store import QueueStore
-from sieve.readiness import Built, Readiness, Stores
+from sieve.observe.logs import setup_logging
+from sieve.observe.metrics import start_metrics_server
+from sieve.observe.telemetry import setup_telemetry
+from sieve.redis.queue_store import QueueStore
+from sieve.rpc.readiness import Built, Readiness, Stores
 from sieve.settings import Settings
-from sieve.telemetry import setup_telemetry
 from sieve.v1 import intake_pb2, intake_pb2_grpc
 
 SERVICE_NAME = intake_pb2.DESCRIPTOR.services_by_name["IntakeService"].full_name
@@ -40,7 +40,7 @@ async def main() -> None:
     async def build(stores: Stores) -> Built:
         return Built(build_service(settings, stores.redis, TaskStore(stores.pool)))
 
-    # listens at once (health NOT_SERVING) and serves once Redis and PostgreSQL answer (sieve/readiness.py)
+    # listens at once (health NOT_SERVING) and serves once Redis and PostgreSQL answer (sieve/rpc/readiness.py)
     readiness = Readiness(settings, "sieve-intake", [SERVICE_NAME], build, redis=True, postgres=True)
     await readiness.run(settings.intake_addr)
 

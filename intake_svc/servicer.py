@@ -26,12 +26,13 @@ from intake_svc.ownership import Owner
 from intake_svc.submission import Accepted, Refused, Submitter
 from intake_svc.task_view import new_task_message, task_message
 from intake_svc.validation import parse_task_id, validate_batch, validate_spec
-from sieve import audit, rpc
-from sieve.auth import Principal, current_principal
+from sieve import rpc
 from sieve.db.tasks import TaskStore
 from sieve.errors import InvalidInput, RedisNotReady
 from sieve.mac import normalize_mac
-from sieve.queue_store import QueueStore
+from sieve.redis.queue_store import QueueStore
+from sieve.rpc import audit
+from sieve.rpc.auth import Principal, current_principal
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 

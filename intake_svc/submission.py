@@ -23,12 +23,12 @@ from intake_svc.caller_limits import CallerLimits, priority_name
 from intake_svc.idempotency import Conflict
 from intake_svc.observe import count_decisions, enqueue_span, stamp_trace
 from intake_svc.ownership import DeviceOwners, Ownership
-from sieve.auth import Principal, current_principal
 from sieve.caller_policy import CallerPolicy
 from sieve.db.tasks import NewTask, TaskStore
-from sieve.entry import Entry
 from sieve.errors import AdmissionRefused, ScriptCode
-from sieve.queue_store import QueueStore
+from sieve.redis.entry import Entry
+from sieve.redis.queue_store import QueueStore
+from sieve.rpc.auth import Principal, current_principal
 from sieve.settings import Settings
 
 log = logging.getLogger("sieve.intake.submission")

@@ -18,7 +18,7 @@ from sieve.fields import parse_uuid, shown, text_problem
 from sieve.ids import uuid7_at
 from sieve.images import ImageError, check_pixels, inspect_image
 from sieve.mac import normalize_mac
-from sieve.outbound import DestinationRefused, OutboundPolicy
+from sieve.outbound.policy import DestinationRefused, OutboundPolicy
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, types_pb2
 
@@ -95,7 +95,7 @@ def validate_spec(spec: intake_pb2.TaskSpec, field: str, caller: str, settings: 
             if parts is None or parts.scheme not in ("http", "https") or not host or len(spec.image_url) > MAX_URL:
                 raise InvalidInput(f"{field}.image_url", "must be an http(s) URL of at most 2048 characters")
             # an IP-literal host (any spelling) outside public space, or a host off a names-only allow-list;
-            # no DNS here: the worker checks every address again when it connects (sieve/outbound.py)
+            # no DNS here: the worker checks every address again when it connects (sieve/outbound/policy.py)
             try:
                 OutboundPolicy.from_settings(settings).check_without_dns(host)
             except DestinationRefused as exc:

@@ -10,9 +10,9 @@ from collections import Counter
 
 from prometheus_client.core import Metric
 
-from sieve import metrics as m
-from sieve.metrics import ScrapeCollector
-from sieve.workers import WorkerRecords, task_type_name
+from sieve.observe import metrics as m
+from sieve.observe.metrics import ScrapeCollector
+from sieve.redis.worker_records import WorkerRecords, task_type_name
 
 #: (resource label, WorkerRecord attribute)
 _READINGS = (("cpu", "cpu_percent"), ("memory", "memory_percent"), ("gpu_memory", "gpu_memory_percent"),

@@ -9,14 +9,14 @@ from redis.asyncio import Redis
 
 from registry_svc.metrics import RegistryCollector
 from registry_svc.servicer import RegistryServicer
-from sieve.logs import setup_logging
-from sieve.metrics import REGISTRY, start_metrics_server
-from sieve.readiness import Built, Readiness, Stores
+from sieve.observe.logs import setup_logging
+from sieve.observe.metrics import REGISTRY, start_metrics_server
+from sieve.observe.telemetry import setup_telemetry
+from sieve.redis.worker_records import WorkerRecords
 from sieve.rpc import Service
+from sieve.rpc.readiness import Built, Readiness, Stores
 from sieve.settings import Settings
-from sieve.telemetry import setup_telemetry
 from sieve.v1 import registry_pb2, registry_pb2_grpc
-from sieve.workers import WorkerRecords
 
 log = logging.getLogger("sieve.registry")
 
@@ -43,6 +43,6 @@ async def main() -> None:
         REGISTRY.register(RegistryCollector(WorkerRecords(stores.redis, settings)))
         return Built(build_service(settings, stores.redis))
 
-    # listens at once (health NOT_SERVING) and serves once Redis answers (sieve/readiness.py)
+    # listens at once (health NOT_SERVING) and serves once Redis answers (sieve/rpc/readiness.py)
     readiness = Readiness(settings, "sieve-registry", [SERVICE_NAME], build, redis=True, postgres=False)
     await readiness.run(settings.registry_addr)

@@ -1,4 +1,4 @@
-"""The registry's RPCs: validate the request, then read or write the worker records of `sieve.workers`.
+"""The registry's RPCs: validate the request, then read or write the worker records of `sieve.redis.worker_records`.
 
 Register replaces a worker's record and starts its TTL; Heartbeat refreshes a live record and answers
 NOT_FOUND for one that expired (the worker then registers again); ListWorkers lists live records with
@@ -19,12 +19,12 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from sieve.auth import current_principal
 from sieve.fields import text_problem
+from sieve.redis.worker_records import WorkerRecords, availability
 from sieve.rpc import abort, invalid_argument, plain_status
+from sieve.rpc.auth import current_principal
 from sieve.settings import Settings
 from sieve.v1 import registry_pb2, registry_pb2_grpc, types_pb2
-from sieve.workers import WorkerRecords, availability
 
 log = logging.getLogger("sieve.registry")
 

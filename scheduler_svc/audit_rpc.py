@@ -1,6 +1,6 @@
 """SchedulerService.ListAuditEvents: the audit log (sieve/db/audit.py), newest first, for operators.
 
-The log listed is the one this server's AuditInterceptor writes to (`sieve.audit.current_sink`: the scheduler's
+The log listed is the one this server's AuditInterceptor writes to (`sieve.rpc.audit.current_sink`: the scheduler's
 PostgreSQL `AuditLog`), so a listing shows exactly what was recorded in this schema — the intake's and the
 scheduler's events alike. ListAuditEvents is operator-only (and itself audited).
 Bad input is INVALID_ARGUMENT naming the field: limit over 1000, an unknown kind, a page token this
@@ -17,9 +17,9 @@ import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from sieve import rpc
-from sieve.audit import current_sink
 from sieve.db.audit import MAX_LIMIT, AuditEvent, AuditLog, AuditQuery, BadPageToken
 from sieve.fields import text_problem
+from sieve.rpc.audit import current_sink
 from sieve.v1 import scheduler_pb2
 
 log = logging.getLogger("sieve.scheduler.audit")

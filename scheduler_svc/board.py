@@ -2,7 +2,7 @@
 
 `place` turns popped entries into per-worker assignments (GPU workers first for OCR), spending one
 credit per task; tasks no connected worker takes, or no worker has room for, come back unplaced. Each
-hand-out gets a lease token signed for its worker (`sieve.lease.LeaseSigner`), and `send` records it
+hand-out gets a lease token signed for its worker (`sieve.redis.leases.LeaseSigner`), and `send` records it
 ASSIGNED (`scheduler_svc.lifecycle`). `adopt` gives a stream a lease that a reconnecting worker re-announced
 (the checks are the servicer's); `timed_out` lists hand-outs past their type's execution timeout.
 """
@@ -20,8 +20,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from sieve.db.tasks import HandOut, type_name
-from sieve.entry import Entry
-from sieve.lease import LeaseSigner, new_token
+from sieve.redis.entry import Entry
+from sieve.redis.leases import LeaseSigner, new_token
 from sieve.v1 import scheduler_pb2
 
 if TYPE_CHECKING:

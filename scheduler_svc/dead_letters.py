@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sieve.db.tasks import TaskStore, type_value
-from sieve.entry import Entry
 from sieve.errors import InvalidInput
 from sieve.fields import parse_uuid, shown, text_problem
 from sieve.mac import normalize_mac
-from sieve.queue_store import QueueStore, now_ms
+from sieve.redis.entry import Entry
+from sieve.redis.queue_store import QueueStore, now_ms
 from sieve.v1 import scheduler_pb2, types_pb2
 
 log = logging.getLogger("sieve.scheduler.dead_letters")

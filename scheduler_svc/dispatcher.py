@@ -19,8 +19,8 @@ from scheduler_svc.drain import DrainMeter
 from scheduler_svc.outcomes import Outcomes
 from scheduler_svc.routing import Action, Router
 from scheduler_svc.task_trace import DispatchObserver
-from sieve.entry import Entry
-from sieve.queue_store import QueueStore, Rank, now_ms
+from sieve.redis.entry import Entry
+from sieve.redis.queue_store import QueueStore, Rank, now_ms
 from sieve.settings import Settings
 
 log = logging.getLogger("sieve.scheduler.dispatch")

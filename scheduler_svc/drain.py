@@ -18,7 +18,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 
-from sieve.queue_store import QueueStore
+from sieve.redis.queue_store import QueueStore
 
 #: the current rate covers this much of the recent past (s)
 WINDOW_S = 1.0

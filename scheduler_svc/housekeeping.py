@@ -32,8 +32,8 @@ from scheduler_svc.watermark import Watermark
 from sieve.backoff import compute_backoff
 from sieve.db.retention import Retention
 from sieve.db.tasks import TaskStore
-from sieve.queue_store import QueueStore, now_ms
-from sieve.workers import WorkerRecords
+from sieve.redis.queue_store import QueueStore, now_ms
+from sieve.redis.worker_records import WorkerRecords
 
 log = logging.getLogger("sieve.scheduler.housekeeping")
 

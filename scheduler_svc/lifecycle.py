@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from sieve.backoff import Backoff
 from sieve.db.tasks import HandOut, PutBack, TaskStore
-from sieve.queue_store import QueueStore, Requeued, now_ms
+from sieve.redis.queue_store import QueueStore, Requeued, now_ms
 
 if TYPE_CHECKING:
     from scheduler_svc.outcomes import Outcomes

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import Metric
 
 from scheduler_svc.task_trace import priority_name
-from sieve import metrics as m
-from sieve.metrics import ScrapeCollector
+from sieve.observe import metrics as m
+from sieve.observe.metrics import ScrapeCollector
 
 if TYPE_CHECKING:
     from scheduler_svc.server import Scheduler

@@ -13,7 +13,7 @@ from typing import Any
 
 from scheduler_svc.lifecycle import LifecycleWriter
 from sieve.db.tasks import TaskStore
-from sieve.entry import Entry
+from sieve.redis.entry import Entry
 
 log = logging.getLogger("sieve.scheduler.outcomes")
 

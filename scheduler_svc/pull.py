@@ -7,7 +7,7 @@ the front of its device's queue (the attempt counts: the worker may have died in
 A worker whose previous stream broke re-announces in its first hello the leases it still holds (running, or
 settled without knowing whether the ack or nack arrived), and sends those acks and nacks in the same message.
 When the scheduler that handed them out died, this one adopts each lease that Redis still holds under the same
-lease number, presented with its exact token (signed for this worker id: `sieve.lease`), that no other stream
+lease number, presented with its exact token (signed for this worker id: `sieve.redis.leases`), that no other stream
 here holds, and that no live holder renews (a lease renewed within `housekeeping_interval_s + 1 s` waits, and is
 looked at again, until it is not); the acks and nacks then settle through the normal paths at once, instead of
 the tasks waiting for their leases to expire.
@@ -30,16 +30,17 @@ from scheduler_svc.dead_letters import DeadLetters, Filter, to_proto
 from scheduler_svc.lifecycle import Returned, Returns
 from scheduler_svc.outcomes import Outcomes
 from scheduler_svc.watermark import Watermark
-from sieve import rpc, telemetry
-from sieve.auth import current_credential_valid, current_principal
+from sieve import rpc
 from sieve.backoff import compute_backoff
 from sieve.coalesce import coalesce
 from sieve.errors import InvalidInput
 from sieve.fields import storable
-from sieve.lease import LeaseSigner, lease_number
-from sieve.queue_store import QueueStore, now_ms
+from sieve.observe import telemetry
+from sieve.redis.leases import LeaseSigner, lease_number
+from sieve.redis.queue_store import QueueStore, now_ms
+from sieve.redis.worker_records import KNOWN_TASK_TYPES, WorkerRecords, worker_id_problem
+from sieve.rpc.auth import current_credential_valid, current_principal
 from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc
-from sieve.workers import KNOWN_TASK_TYPES, WorkerRecords, worker_id_problem
 
 log = logging.getLogger("sieve.scheduler.pull")
 

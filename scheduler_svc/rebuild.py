@@ -17,8 +17,8 @@ import uuid
 from collections import defaultdict
 
 from sieve.db.tasks import TaskStore, type_value
-from sieve.entry import Entry
-from sieve.queue_store import QueueStore, now_ms
+from sieve.redis.entry import Entry
+from sieve.redis.queue_store import QueueStore, now_ms
 
 log = logging.getLogger("sieve.scheduler.rebuild")
 

@@ -54,11 +54,11 @@ from typing import Any
 
 import asyncpg
 
-from sieve import metrics
 from sieve.db.tasks import TaskStore, type_value
-from sieve.entry import Entry
 from sieve.errors import RedisNotReady
-from sieve.queue_store import QueueStore, now_ms
+from sieve.observe import metrics
+from sieve.redis.entry import Entry
+from sieve.redis.queue_store import QueueStore, now_ms
 
 log = logging.getLogger("sieve.scheduler.reconcile")
 

@@ -25,11 +25,11 @@ from enum import Enum
 from redis.asyncio import Redis
 
 from scheduler_svc.board import Board, Session
-from sieve.keys import Keys
-from sieve.queue_store import now_ms
+from sieve.redis.keys import Keys
+from sieve.redis.queue_store import now_ms
+from sieve.redis.worker_records import WorkerRecord
 from sieve.settings import Settings
 from sieve.v1 import types_pb2
-from sieve.workers import WorkerRecord
 
 OCR = types_pb2.TASK_TYPE_OCR_IMAGE
 ALL_TYPES = (types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE)

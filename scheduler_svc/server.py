@@ -26,14 +26,14 @@ from scheduler_svc.watermark import Watermark
 from sieve import rpc
 from sieve.db.audit import AuditLog
 from sieve.db.tasks import TaskStore
-from sieve.logs import setup_logging
-from sieve.metrics import REGISTRY, start_metrics_server
-from sieve.queue_store import QueueStore
-from sieve.readiness import Built, Readiness, Stores
+from sieve.observe.logs import setup_logging
+from sieve.observe.metrics import REGISTRY, start_metrics_server
+from sieve.observe.telemetry import setup_telemetry
+from sieve.redis.queue_store import QueueStore
+from sieve.redis.worker_records import WorkerRecords
+from sieve.rpc.readiness import Built, Readiness, Stores
 from sieve.settings import Settings
-from sieve.telemetry import setup_telemetry
 from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc
-from sieve.workers import WorkerRecords
 
 log = logging.getLogger("sieve.scheduler")
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
@@ -95,7 +95,7 @@ async def main() -> None:
         # before the first SERVING (and before the dispatcher starts), and again after Redis was away
         return Built(service, before_serving=scheduler.housekeeping.rebuilder.ensure)
 
-    # listens at once (health NOT_SERVING) and serves once Redis and PostgreSQL answer (sieve/readiness.py)
+    # listens at once (health NOT_SERVING) and serves once Redis and PostgreSQL answer (sieve/rpc/readiness.py)
     readiness = Readiness(settings, "sieve-scheduler", [SERVICE_NAME], build, redis=True, postgres=True)
     await readiness.run(settings.scheduler_addr)
 

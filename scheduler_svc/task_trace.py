@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 
-from sieve import metrics, telemetry
 from sieve.db.tasks import type_name
-from sieve.entry import Entry
+from sieve.observe import metrics, telemetry
+from sieve.redis.entry import Entry
 from sieve.v1 import types_pb2
 
 if TYPE_CHECKING:

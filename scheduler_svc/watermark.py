@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 from redis.asyncio import Redis
 
-from sieve.queue_store import QueueStore
+from sieve.redis.queue_store import QueueStore
 from sieve.settings import Settings
 from sieve.v1 import scheduler_pb2
 

@@ -6,7 +6,7 @@ Every string field a request carries is checked before anything is stored:
   INVALID_ARGUMENT naming the field.
 - **Storable**: PostgreSQL `text` cannot hold U+0000, so no string field that may reach it may contain one
   (`text_problem`). Lone surrogates cannot arrive: protobuf refuses a `string` field that is not valid UTF-8
-  while parsing (`sieve.malformed` turns that into INVALID_ARGUMENT naming the field).
+  while parsing (`sieve.rpc.malformed` turns that into INVALID_ARGUMENT naming the field).
 - **Identifiers** (keys, ids, names, URLs) are one printable line: no control characters, no line breaks
   (`printable=True`); free text (a TEXT task's text, a dead-letter error filter) may hold any character but
   U+0000.

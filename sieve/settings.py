@@ -48,12 +48,12 @@ class Settings:
     grpc_max_message_bytes: int = 16 * 1024 * 1024
     #: Seconds a server waits for in-flight RPCs on SIGTERM.
     shutdown_grace_s: float = 10.0
-    #: Longest wait between two tries to reach Redis / PostgreSQL while a service is not ready (sieve/readiness.py).
+    #: Longest wait between two tries to reach Redis / PostgreSQL while a service is not ready (sieve/rpc/readiness.py).
     store_retry_max_s: float = 10.0
     #: How often a ready service checks that its stores still answer (PING / SELECT 1).
     store_probe_interval_s: float = 2.0
 
-    # --- trust: credentials, TLS (see sieve/auth.py and the README's "Security" section) ----------------
+    # --- trust: credentials, TLS (see sieve/rpc/auth.py and the README's "Security" section) ----------------
     #: Credentials a server accepts: "name:role:sha256hex" entries (role client | worker | operator; the
     #: hex SHA-256 of the bearer token), separated by commas or new lines. Several entries may share a name.
     auth_tokens: str = ""
@@ -203,7 +203,7 @@ class Settings:
 
     # --- telemetry --------------------------------------------------------------------------------
     # Tracing follows the standard OTEL_* variables (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_EXPORTER, ...):
-    # see sieve/telemetry.py. Each service serves Prometheus metrics at http://<addr>/metrics; "host:0" picks
+    # see sieve/observe/telemetry.py. Each service serves Prometheus metrics at http://<addr>/metrics; "host:0" picks
     # a free port, an empty address serves none.
     #: host:port of each service's Prometheus endpoint (/metrics).
     intake_metrics_addr: str = "127.0.0.1:9101"
@@ -256,10 +256,10 @@ class Settings:
         if self.no_gpu_strategy not in ("defer", "cpu", "dead_letter"):
             raise SettingsError("SIEVE_NO_GPU_STRATEGY must be defer, cpu or dead_letter")
         self.weights_by_device  # noqa: B018  (parses and validates)
-        from sieve.outbound import policy_for  # SIEVE_OUTBOUND_*: SettingsError naming the variable
+        from sieve.outbound.policy import policy_for  # SIEVE_OUTBOUND_*: SettingsError naming the variable
 
         policy_for(self.outbound_allow_hosts, self.outbound_allow_private_nets)
-        from sieve.auth import AuthError, parse_credentials
+        from sieve.rpc.auth import AuthError, parse_credentials
 
         try:
             parse_credentials(self.auth_tokens, "SIEVE_AUTH_TOKENS")
@@ -364,7 +364,7 @@ class Settings:
     ocr_fetch_timeout_s: float = 10.0
     #: image_url tasks: redirects followed (each to http or https only).
     ocr_fetch_max_redirects: int = 3
-    #: Outbound http(s) (image_url fetches, callbacks; sieve/outbound.py) reaches public addresses only. This
+    #: Outbound http(s) (image_url fetches, callbacks; sieve/outbound/policy.py) reaches public addresses only. This
     #: allow-list, when not empty, narrows it further: comma-separated host names ("img.example.com"),
     #: suffixes (".example.com": example.com and every name under it) and/or CIDRs ("198.51.100.0/24").
     outbound_allow_hosts: str = ""

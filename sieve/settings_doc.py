@@ -1,6 +1,6 @@
 """The README's table of every setting, made from `sieve/settings.py` (its `#:` comments and defaults).
 
-`python -m sieve.settings_doc` prints it; tests/unit/test_settings.py checks that the README holds it as printed,
+`python -m sieve.settings_doc` prints it; tests/unit/sieve/test_settings.py checks that the README holds it as printed,
 so a new setting cannot go undocumented.
 """
 

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import Metric
 
-from sieve import metrics as m
-from sieve.metrics import ScrapeCollector
-from sieve.workers import WATERMARK_RESOURCES
+from sieve.observe import metrics as m
+from sieve.observe.metrics import ScrapeCollector
+from sieve.redis.worker_records import WATERMARK_RESOURCES
 
 if TYPE_CHECKING:
     from worker_svc.server import Worker

@@ -29,9 +29,9 @@ import random
 import time
 from collections.abc import Callable
 
+from sieve.redis.worker_records import WATERMARK_RESOURCES, watermark_levels
 from sieve.settings import Settings
 from sieve.v1 import registry_pb2
-from sieve.workers import WATERMARK_RESOURCES, watermark_levels
 from worker_svc.resources import ResourceSampler
 
 log = logging.getLogger("sieve.worker.pressure")

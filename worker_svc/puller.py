@@ -30,9 +30,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 import grpc
 
-from sieve import metrics, rpc, telemetry
+from sieve import rpc
 from sieve.backoff import Backoff
 from sieve.coalesce import coalesce
+from sieve.observe import metrics, telemetry
 from sieve.settings import Settings
 from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
 from worker_svc.pressure import Pressure

@@ -2,7 +2,7 @@
 this worker actually runs under, and how much of each is the worker's own doing.
 
 `ResourceSampler.sample` gives the `Resources` a worker registers and heartbeats with, and from which it
-decides whether to hold back (`worker_svc.pressure`, on top of the shared `sieve.workers.availability`).
+decides whether to hold back (`worker_svc.pressure`, on top of the shared `sieve.redis.worker_records.availability`).
 
 Where each reading comes from (`Resources.scope` says which was used, e.g. "cpu=cgroup v2,memory=host"):
 
@@ -48,9 +48,9 @@ from typing import Any
 
 import psutil
 
+from sieve.redis.worker_records import availability
 from sieve.settings import Settings
 from sieve.v1 import registry_pb2
-from sieve.workers import availability
 
 log = logging.getLogger("sieve.worker.resources")
 

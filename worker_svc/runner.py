@@ -30,10 +30,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from sieve import metrics
 from sieve.db.payloads import RETENTION_DELETE, PayloadStore
 from sieve.db.tasks import Outcome, Started, TaskStore
-from sieve.lease import lease_number
+from sieve.observe import metrics
+from sieve.redis.leases import lease_number
 from sieve.settings import Settings
 from sieve.v1 import scheduler_pb2, types_pb2
 from worker_svc import task_trace

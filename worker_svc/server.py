@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 import asyncpg
 
 from sieve import rpc
-from sieve.auth import AuthError, client_token
 from sieve.db.tasks import TaskStore, type_value
-from sieve.logs import setup_logging
-from sieve.metrics import REGISTRY, start_metrics_server
-from sieve.readiness import Built, Readiness, Stores
+from sieve.observe.logs import setup_logging
+from sieve.observe.metrics import REGISTRY, start_metrics_server
+from sieve.observe.telemetry import setup_telemetry
+from sieve.rpc.auth import AuthError, client_token
+from sieve.rpc.readiness import Built, Readiness, Stores
 from sieve.settings import Settings
-from sieve.telemetry import setup_telemetry
 from worker_svc.lexicon import Lexicon
 from worker_svc.metrics import WorkerCollector
 from worker_svc.pressure import Pressure
@@ -141,7 +141,7 @@ async def main() -> None:
                               before_stop=worker.drain)
         return Built(service, close=worker.close)
 
-    # the health server listens at once (NOT_SERVING) and serves once PostgreSQL answers (sieve/readiness.py)
+    # the health server listens at once (NOT_SERVING) and serves once PostgreSQL answers (sieve/rpc/readiness.py)
     readiness = Readiness(settings, "sieve-worker", [], build, redis=False, postgres=True)
     await readiness.run(settings.worker_health_addr)
 

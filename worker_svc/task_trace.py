@@ -30,8 +30,8 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from sieve import metrics, telemetry
 from sieve.db.tasks import Outcome, Started, type_name
+from sieve.observe import metrics, telemetry
 from sieve.v1 import scheduler_pb2, types_pb2
 
 log = logging.getLogger("sieve.worker.tasks")

@@ -29,5 +29,5 @@ registry=$(digest redis-registry)
 umask 077
 sed -e "s/@INTAKE_SHA256@/$intake/" -e "s/@SCHEDULER_SHA256@/$scheduler/" -e "s/@REGISTRY_SHA256@/$registry/" \
     -e "s/@PREFIX@/$prefix/g" "$template" > "$out"
-# noeviction: Sieve's services may not run CONFIG to check it (sieve/redis_conn.py), so it is set here
+# noeviction: Sieve's services may not run CONFIG to check it (sieve/redis/connection.py), so it is set here
 exec redis-server --aclfile "$out" --maxmemory-policy noeviction "$@"

@@ -325,7 +325,7 @@ class Retention:
 
 async def _main() -> None:
     from sieve.db import create_pool
-    from sieve.logs import setup_logging
+    from sieve.observe.logs import setup_logging
 
     parser = argparse.ArgumentParser(description="Make the partitions ahead and delete what is past retention.")
     parser.parse_args()

@@ -37,8 +37,8 @@ import asyncpg
 from redis.asyncio import Redis
 
 from sieve import rpc
-from sieve.entry import Entry
-from sieve.queue_store import QueueStore, now_ms
+from sieve.redis.entry import Entry
+from sieve.redis.queue_store import QueueStore, now_ms
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2_grpc
 from tests.benchmarks.cluster import REDIS_URL, cleanup, running_cluster

@@ -28,8 +28,8 @@ from redis.asyncio import Redis
 from scheduler_svc.reconcile import Reconciler
 from sieve.db import create_pool
 from sieve.db.tasks import RECONCILE_PAGE_SETTINGS, RECONCILE_PAGE_SQL, TaskStore, type_value
-from sieve.entry import Entry
-from sieve.queue_store import QueueStore, now_ms
+from sieve.redis.entry import Entry
+from sieve.redis.queue_store import QueueStore, now_ms
 from sieve.settings import Settings
 from tests.benchmarks.cluster import REDIS_URL
 from tests.conftest import DATABASE_URL

@@ -17,8 +17,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sieve import rpc
-from sieve.auth import credential_line, new_token
-from sieve.devcerts import write_dev_certs
+from sieve.rpc.auth import credential_line, new_token
+from sieve.rpc.devcerts import write_dev_certs
 from sieve.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

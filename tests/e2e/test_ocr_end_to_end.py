@@ -13,8 +13,8 @@ import pytest
 from redis.asyncio import Redis
 
 from sieve import rpc
+from sieve.redis.worker_records import WorkerRecords
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
-from sieve.workers import WorkerRecords
 from tests.e2e.conftest import Cluster, free_port
 from tests.ocr_samples import SAMPLES, character_errors, render, require_cjk_font
 

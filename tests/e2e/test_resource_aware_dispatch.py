@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from sieve import rpc
-from sieve.queue_store import QueueStore
+from sieve.redis.queue_store import QueueStore
 from sieve.v1 import intake_pb2, intake_pb2_grpc, registry_pb2, registry_pb2_grpc, types_pb2
 from tests.e2e.conftest import Cluster, free_port
 

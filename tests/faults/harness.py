@@ -21,7 +21,7 @@ import grpc
 from redis.asyncio import Redis
 
 from sieve import rpc
-from sieve.queue_store import QueueStore
+from sieve.redis.queue_store import QueueStore
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 from tests.e2e.conftest import Cluster, free_port

@@ -30,8 +30,8 @@ import pytest
 from redis.asyncio import Redis
 
 from sieve import rpc
-from sieve.keys import PRIORITIES
-from sieve.queue_store import QueueStore
+from sieve.redis.keys import PRIORITIES
+from sieve.redis.queue_store import QueueStore
 from sieve.v1 import intake_pb2, intake_pb2_grpc, registry_pb2, registry_pb2_grpc, types_pb2
 from tests.e2e.conftest import Cluster
 from tests.faults.harness import (

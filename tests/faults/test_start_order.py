@@ -19,7 +19,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sieve import rpc
-from sieve.readiness import LIVENESS
+from sieve.rpc.readiness import LIVENESS
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 from tests.e2e.conftest import Cluster, free_port, service_env

@@ -19,7 +19,7 @@ from registry_svc.server import build_service as build_registry
 from scheduler_svc.server import Scheduler, build_scheduler
 from sieve import rpc
 from sieve.db.tasks import TaskStore
-from sieve.queue_store import QueueStore
+from sieve.redis.queue_store import QueueStore
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, scheduler_pb2_grpc, types_pb2
 from worker_svc.server import Worker

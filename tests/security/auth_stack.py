@@ -22,8 +22,8 @@ from intake_svc.server import build_service as build_intake
 from registry_svc.server import build_service as build_registry
 from scheduler_svc.server import Scheduler, build_scheduler
 from sieve import rpc
-from sieve.auth import credential_line, new_token
 from sieve.db.tasks import TaskStore
+from sieve.rpc.auth import credential_line, new_token
 from sieve.settings import Settings
 from sieve.v1 import (
     intake_pb2,

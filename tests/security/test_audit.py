@@ -19,8 +19,8 @@ from google.protobuf import timestamp_pb2
 from redis.asyncio import Redis
 
 from sieve import rpc
-from sieve.audit import MAX_TARGET_CHARS, describe_request
 from sieve.db.audit import BadPageToken, decode_page_token, encode_page_token
+from sieve.rpc.audit import MAX_TARGET_CHARS, describe_request
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, registry_pb2, scheduler_pb2, scheduler_pb2_grpc
 from tests.integration.pull_client import ScriptedWorker
@@ -305,21 +305,21 @@ async def test_an_audit_write_that_fails_is_logged_and_does_not_fail_the_call(
     # Given an audit table that cannot take rows (a real PostgreSQL error: the table is gone)
     await stack.pg.execute("ALTER TABLE audit_events RENAME TO audit_events_away")
     ops = stack.scheduler_stub(credentials.tokens["ops"])
-    with caplog.at_level(logging.WARNING, logger="sieve.audit"):
+    with caplog.at_level(logging.WARNING, logger="sieve.rpc.audit"):
         # When an operator acts, the call still succeeds
         reply = await ops.GetWatermark(scheduler_pb2.GetWatermarkRequest(), timeout=10)
     assert reply.at.seconds > 0
     # Then the failure is logged with the event
-    failed = [r for r in caplog.records if r.name == "sieve.audit" and "audit write failed" in r.getMessage()]
+    failed = [r for r in caplog.records if r.name == "sieve.rpc.audit" and "audit write failed" in r.getMessage()]
     assert failed and "GetWatermark" in failed[0].getMessage() and "'ops'" in failed[0].getMessage()
     await stack.pg.execute("ALTER TABLE audit_events_away RENAME TO audit_events")
 
 
 async def test_the_registrys_operator_rpc_is_audited_in_its_log(
         stack: SecureStack, credentials: Credentials, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="sieve.audit"):
+    with caplog.at_level(logging.INFO, logger="sieve.rpc.audit"):
         await stack.registry(credentials.tokens["ops"]).ListWorkers(registry_pb2.ListWorkersRequest(), timeout=5)
-    entries = [getattr(r, "audit", None) for r in caplog.records if r.name == "sieve.audit"]
+    entries = [getattr(r, "audit", None) for r in caplog.records if r.name == "sieve.rpc.audit"]
     entries = [e for e in entries if e]
     assert [(e["kind"], e["method"], e["principal"], e["outcome"]) for e in entries] == [
         ("operator", "/sieve.v1.RegistryService/ListWorkers", "ops", "OK")]

@@ -29,8 +29,8 @@ from intake_svc.server import build_service as build_intake
 from registry_svc.server import build_service as build_registry
 from scheduler_svc.server import build_scheduler
 from sieve import rpc
-from sieve.auth import METHOD_ROLES, AuthError, hash_token, new_token
 from sieve.db.tasks import TaskStore
+from sieve.rpc.auth import METHOD_ROLES, AuthError, hash_token, new_token
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, registry_pb2, scheduler_pb2
 from tests.security.auth_stack import Credentials, SecureStack, eventually, secure_stack, text

@@ -48,11 +48,12 @@ from redis.asyncio import Redis
 from intake_svc.server import build_service as build_intake
 from registry_svc.server import build_service as build_registry
 from scheduler_svc.server import build_scheduler
-from sieve import metrics, rpc
-from sieve.auth import METHOD_ROLES
+from sieve import rpc
 from sieve.db.tasks import OPEN_STATUSES, TaskStore
-from sieve.entry import Entry
-from sieve.queue_store import QueueStore
+from sieve.observe import metrics
+from sieve.redis.entry import Entry
+from sieve.redis.queue_store import QueueStore
+from sieve.rpc.auth import METHOD_ROLES
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, registry_pb2, scheduler_pb2, scheduler_pb2_grpc, types_pb2
 from tests.integration.conftest import PNG

@@ -1,4 +1,4 @@
-"""No SSRF through `image_url`: the OCR worker's fetcher (worker_svc/ocr/fetch.py on sieve/outbound_http.py)
+"""No SSRF through `image_url`: the OCR worker's fetcher (worker_svc/ocr/fetch.py on sieve/outbound/client.py)
 reaches only public destinations unless a setting allows more, and the intake refuses IP literals early.
 
 Against a real aiohttp server on 127.0.0.1. No test may send a packet anywhere but loopback: the
@@ -24,12 +24,12 @@ import pytest
 from intake_svc.validation import validate_spec
 from sieve import rpc
 from sieve.errors import InvalidInput
-from sieve.outbound import NOT_ALLOWED, NOT_PUBLIC, OutboundPolicy, literal_address, non_public_reason
+from sieve.outbound.policy import NOT_ALLOWED, NOT_PUBLIC, OutboundPolicy, literal_address, non_public_reason
 from sieve.settings import Settings, SettingsError
 from sieve.v1 import intake_pb2, types_pb2
 
 web = pytest.importorskip("aiohttp.web")
-from sieve.outbound_http import FetchError, SafeHttpClient  # noqa: E402  (needs aiohttp)
+from sieve.outbound.client import FetchError, SafeHttpClient  # noqa: E402  (needs aiohttp)
 from worker_svc.ocr.fetch import Fetcher  # noqa: E402
 
 #: a small but real PNG (1x1, RGBA)

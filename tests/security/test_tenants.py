@@ -21,9 +21,9 @@ from intake_svc.ownership import DeviceOwners, Owner, Ownership
 from intake_svc.server import build_service as build_intake
 from scheduler_svc.rebuild import Rebuilder
 from sieve import rpc
-from sieve.auth import hash_token
 from sieve.db.tasks import TaskStore
-from sieve.queue_store import QueueStore
+from sieve.redis.queue_store import QueueStore
+from sieve.rpc.auth import hash_token
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 from tests.integration.conftest import PNG, text_spec

@@ -1,4 +1,4 @@
-"""TLS and mTLS on real servers: certificates from `sieve.devcerts.write_dev_certs` in the test's tmp_path.
+"""TLS and mTLS on real servers: certificates from `sieve.rpc.devcerts.write_dev_certs` in the test's tmp_path.
 
 With TLS on, a plaintext client is refused; a client trusting the CA (sieve's `rpc.channel` with `tls_ca_file`,
 or the real grpcurl binary with `-cacert`) gets through, and authentication still applies inside TLS. With
@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 
 from registry_svc.server import build_service as build_registry
 from sieve import rpc
-from sieve.devcerts import DevCerts, write_dev_certs
+from sieve.rpc.devcerts import DevCerts, write_dev_certs
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, registry_pb2, registry_pb2_grpc, types_pb2
 from tests.security.auth_stack import Credentials, eventually, secure_stack, text, wait_final

@@ -1,9 +1,9 @@
 """Fetching the image of an `image_url` task over http(s): public destinations only, within time, size
 and redirect limits.
 
-One GET per URL through the shared `sieve.outbound_http.SafeHttpClient` (one connection pool per worker),
+One GET per URL through the shared `sieve.outbound.client.SafeHttpClient` (one connection pool per worker),
 under the outbound policy of `SIEVE_OUTBOUND_ALLOW_HOSTS` / `SIEVE_OUTBOUND_ALLOW_PRIVATE_NETS`
-(`sieve.outbound`): a host any of whose addresses is loopback, private, link-local, CGNAT, unique-local,
+(`sieve.outbound.policy`): a host any of whose addresses is loopback, private, link-local, CGNAT, unique-local,
 multicast, reserved… is refused before anything connects, on the first URL and on every redirect hop, and
 the connection goes to exactly the addresses that were checked (no DNS rebinding). The whole fetch —
 connecting, every redirect, the body — must end within `SIEVE_OCR_FETCH_TIMEOUT_S`; the body may be at most
@@ -19,8 +19,8 @@ URL that did not answer with an image now is not retried by the worker).
 
 from __future__ import annotations
 
-from sieve.outbound import OutboundPolicy
-from sieve.outbound_http import ALLOWED_SCHEMES, FetchError, GetAddrInfo, SafeHttpClient
+from sieve.outbound.client import ALLOWED_SCHEMES, FetchError, GetAddrInfo, SafeHttpClient
+from sieve.outbound.policy import OutboundPolicy
 from sieve.settings import Settings
 
 HEADERS = {"User-Agent": "sieve-ocr-worker", "Accept": "image/*"}

@@ -1,0 +1,2 @@
+"""Observability shared by every service: tracing (`telemetry`), Prometheus metrics (`metrics`, `rpc_metrics`)
+and JSON logs (`logs`)."""

@@ -1,0 +1,6 @@
+"""Sieve's Redis layer: the only code that names a key or sends a command.
+
+`keys` (the key schema), `entry` (queue entries), `queue_store` (device queues, leases, backoff: one Lua script
+per state change, in `lua/`), `worker_records` (registry records), `leases` (lease-token signing key),
+`connection` (one client per process and its checks).
+"""

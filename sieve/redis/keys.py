@@ -1,0 +1,118 @@
+"""The Redis key schema: every key Sieve uses is named here, and nowhere else.
+
+All keys share one hash tag, `{prefix}`, so every Lua script's keys live in one Redis Cluster slot.
+Per-device keys come as one block (`DeviceKeys.block`) in a fixed order that every device script
+expects as KEYS[1..11]:
+
+    KEYS[1]      meta hash of the device      {p}:meta:<mac>
+    KEYS[2..6]   its queue lists, priority 1..5 (BACKGROUND..CRITICAL)   {p}:q:<mac>:<prio>
+    KEYS[7..11]  the schedule sets of its weight, priority 1..5          {p}:sched:<prio>:<weight>
+
+Queue entries are strings `task_id|type|prio|enqueued_ms|expires_ms|attempt|defers|failures|trace[|caller]`
+(`entry.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PRIORITIES = (1, 2, 3, 4, 5)  # BACKGROUND, LOW, NORMAL, HIGH, CRITICAL (sieve.v1.Priority values)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceKeys:
+    """The keys of one device, for a given weight."""
+
+    meta: str
+    queues: tuple[str, ...]
+    schedules: tuple[str, ...]
+    lock: str
+
+    @property
+    def block(self) -> list[str]:
+        """KEYS[1..11] of every device script: meta, five queues, five schedule sets."""
+        return [self.meta, *self.queues, *self.schedules]
+
+
+class Keys:
+    """Builds every key name from the configured prefix."""
+
+    def __init__(self, prefix: str) -> None:
+        self.base = "{" + prefix + "}"
+        #: Tasks waiting in all device queues (not leased, not delayed).
+        self.pending = f"{self.base}:pending"
+        #: Devices currently being served: mac -> lock deadline (ms).
+        self.serving = f"{self.base}:serving"
+        #: Devices in backoff: mac -> unschedulable_until (ms).
+        self.backoff = f"{self.base}:backoff"
+        #: Devices over their pending limit (seed: sensitive:overloaded_macs).
+        self.overloaded = f"{self.base}:overloaded"
+        #: Devices that have queued work or are being served.
+        self.devices = f"{self.base}:devices"
+        #: Handed-out tasks: task_id -> lease deadline (ms).
+        self.leases = f"{self.base}:leases"
+        #: Handed-out tasks: task_id -> "mac|entry" (the entry carries the attempt, the fencing token).
+        self.lease_data = f"{self.base}:lease:data"
+        #: The key lease tokens are signed with (sieve/redis/leases.py), shared by every scheduler replica.
+        self.lease_key = f"{self.base}:lease:key"
+        #: Scheduler replicas that are alive: replica id -> when it last said so (ms). A replica silent for
+        #: scheduler_dead_after_s is gone: what it handed out and no worker re-announced is put back.
+        self.schedulers = f"{self.base}:schedulers"
+        #: Tasks waiting out a retry delay: "mac|entry" -> due time (ms).
+        self.delayed = f"{self.base}:delayed"
+        #: Dead letters, newest first, capped (JSON objects).
+        self.dead_letters = f"{self.base}:dead"
+        #: The latest watermark record (JSON, with a TTL).
+        self.watermark = f"{self.base}:watermark"
+        #: Changes when Redis is rebuilt from PostgreSQL; a missing key means Redis lost its memory.
+        self.generation = f"{self.base}:generation"
+        #: Held (SET NX EX) by the scheduler replica that rebuilds Redis from PostgreSQL.
+        self.rebuild_lock = f"{self.base}:rebuild"
+        #: Taken (SET NX PX, for one reconcile interval) by the scheduler replica that reconciles Redis with
+        #: PostgreSQL next: passes start at least an interval apart, whatever the number of replicas.
+        self.reconcile_lock = f"{self.base}:reconcile"
+        #: Pub/sub channel: a device became schedulable.
+        self.wake_channel = f"{self.base}:wake"
+        #: Registry: ids of registered workers (the records themselves expire).
+        self.worker_index = f"{self.base}:workers"
+        #: Tasks each caller has open in Redis (queued, leased or delayed): caller -> count (hash; a caller at 0
+        #: has no field). Kept by the same scripts that move tasks, rebuilt with the queues.
+        self.caller_open = f"{self.base}:caller:open"
+        #: Exists (with a TTL of gpu_expected_s, refreshed by every scheduler replica) while a GPU worker that
+        #: takes OCR has been alive recently: GPU workers are expected (the no-GPU strategy applies).
+        self.gpu_expected = f"{self.base}:gpu:expected"
+        #: Dispatch rate of each scheduler replica: replica id -> "tasks_per_s|at_ms" (how fast the queues drain,
+        #: for the intake's retry delays).
+        self.drain = f"{self.base}:drain"
+
+    def queue(self, mac: str, priority: int) -> str:
+        return f"{self.base}:q:{mac}:{priority}"
+
+    def meta(self, mac: str) -> str:
+        return f"{self.base}:meta:{mac}"
+
+    def lock(self, mac: str) -> str:
+        return f"{self.base}:lock:{mac}"
+
+    def schedule(self, priority: int, weight: int) -> str:
+        return f"{self.base}:sched:{priority}:{weight}"
+
+    def device(self, mac: str, weight: int) -> DeviceKeys:
+        return DeviceKeys(
+            meta=self.meta(mac),
+            queues=tuple(self.queue(mac, p) for p in PRIORITIES),
+            schedules=tuple(self.schedule(p, weight) for p in PRIORITIES),
+            lock=self.lock(mac),
+        )
+
+    def submit_bucket(self, caller: str) -> str:
+        """A caller's submit token bucket (hash: tokens, ts_ms; expires once full again)."""
+        return f"{self.base}:bucket:{caller}"
+
+    def worker(self, worker_id: str) -> str:
+        return f"{self.base}:worker:{worker_id}"
+
+    @property
+    def worker_pattern(self) -> str:
+        """SCAN MATCH pattern of worker records."""
+        return f"{self.base}:worker:*"

@@ -1,0 +1,666 @@
+"""Typed access to the device queues in Redis: every state change is one Lua script call.
+
+The path of a task through Redis reads in this module's order: enqueue -> rank -> pop (claim, lease)
+-> release -> ack, with requeue / defer / resume for the ways back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
+
+from sieve.errors import AdmissionRefused, LockNotOwned, RedisNotReady, ScriptCode
+from sieve.redis import lua
+from sieve.redis.entry import Entry
+from sieve.redis.keys import PRIORITIES, Keys
+from sieve.settings import Settings
+
+#: a pending limit that is never reached
+NO_LIMIT = 2**50
+
+
+def now_ms() -> float:
+    """Now in milliseconds, to 0.1 ms (Lua keeps 14 significant digits of a number)."""
+    return round(time.time() * 1000, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Rank:
+    """The device to serve next (`mac` is None when none is schedulable)."""
+
+    mac: str | None
+    starving: bool
+    next_backoff_ms: float | None
+    longest_wait_ms: float | None
+    #: how long the device had already waited beyond the point where it overtook the runner-up of its
+    #: tier, when ranked (see Dispatcher: without it, claims made one at a time blur the weights)
+    overshoot_ms: float = 0.0
+    #: when the ranking was made (ms)
+    ranked_at_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Popped:
+    """Tasks taken from a device (leased), and tasks dropped there because they had expired."""
+
+    ready: bool
+    taken: list[Entry] = field(default_factory=list)
+    expired: list[Entry] = field(default_factory=list)
+    #: popping stopped at a task whose type was not allowed
+    blocked: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TokenTake:
+    """Submit tokens to take from a caller's token bucket (takeTokens)."""
+
+    caller: str
+    wanted: int
+    rate_per_s: float
+    burst: int
+
+
+@dataclass(frozen=True, slots=True)
+class Requeued:
+    requeued: int
+    dead_letters: list[dict[str, Any]]
+    #: tasks whose lease this call took and put back (at once or delayed), dead letters aside
+    put_back: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseFact:
+    """What Redis holds about one lease: its device, entry (its attempt is the lease number) and deadline (ms)."""
+
+    mac: str
+    entry: Entry
+    deadline_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    unschedulable_until_ms: int
+    dead_letters: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """How fast the queues drain (tasks/s; None when no scheduler replica is dispatching now) and when a
+    replica last published its rate (ms; None when none did within DRAIN_KEEP_MS, a day)."""
+
+    rate_per_s: float | None
+    last_ms: int | None
+
+
+#: the drain record lives this long after its last write
+DRAIN_KEEP_MS = 86_400_000
+
+
+@dataclass(frozen=True, slots=True)
+class TypesDeferred:
+    """Tasks of some types of one device sent to wait (the device itself keeps being served)."""
+
+    #: when the first of them is due again (0 when none waits)
+    earliest_due_ms: int
+    #: ids of the tasks that wait (leased ones and queued ones alike)
+    waiting: list[str]
+    dead_letters: list[dict[str, Any]]
+
+
+class QueueStore:
+    """The per-device queues, schedule sets, locks and leases of one Sieve installation."""
+
+    _SCRIPTS = ("enqueueTasks", "rankDevices", "popBatch", "releaseDevice", "deferDevice", "deferTypes",
+                "resumeDevice", "ackTasks", "requeueTasks", "removeQueued", "promoteDelayed", "takeTokens")
+
+    def __init__(self, redis: Redis, settings: Settings) -> None:
+        self.redis = redis
+        self.settings = settings
+        self.keys = Keys(settings.redis_prefix)
+        self._scripts = {name: redis.register_script(lua.load(name)) for name in self._SCRIPTS}
+        self._classes = [(p, w) for w in settings.all_weights for p in PRIORITIES]
+        self._class_keys = [self.keys.schedule(p, w) for p, w in self._classes]
+        self._class_args = [f"{p}:{w}" for p, w in self._classes]
+
+    async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        return await self._scripts[name](keys=keys, args=args)
+
+    async def _call_pipelined(self, calls: list[tuple[str, list[str], list[Any]]]) -> list[Any]:
+        """Several script calls in one round trip (EVALSHA; loads the scripts once if Redis lost them)."""
+        for attempt in (1, 2):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for name, keys, args in calls:
+                    pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+                replies = await pipe.execute(raise_on_error=False)
+            if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
+                for script in self._scripts.values():
+                    await self.redis.script_load(script.script)
+                continue
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies
+        raise RuntimeError("unreachable")
+
+    def _device(self, mac: str) -> tuple[list[str], str]:
+        dk = self.keys.device(mac, self.settings.weight_of(mac))
+        return dk.block, dk.lock
+
+    # --- enqueue ----------------------------------------------------------------------------------
+    async def enqueue(self, mac: str, entries: list[Entry], *, now: float | None = None,
+                      caller_limit: int = NO_LIMIT) -> tuple[int, int]:
+        """Queues a device's tasks; returns (device backlog, global pending) or raises AdmissionRefused."""
+        if not entries:
+            raise ValueError("nothing to enqueue")
+        outcome = (await self.enqueue_many({mac: entries}, now=now, caller_limit=caller_limit))[mac]
+        if isinstance(outcome, AdmissionRefused):
+            raise outcome
+        return outcome
+
+    async def enqueue_many(self, groups: dict[str, list[Entry]], *, now: float | None = None, admit: bool = True,
+                           rebuilding: bool = False,
+                           caller_limit: int = NO_LIMIT) -> dict[str, tuple[int, int] | AdmissionRefused]:
+        """Queues several devices' tasks in one pipelined round trip; each device is admitted alone
+        (`admit=False` skips the limits: an operator's requeue of dead letters, a rebuild), and so is each
+        caller of its entries: at most `caller_limit` open tasks per caller. Raises RedisNotReady while
+        Redis has lost its memory and is not rebuilt (`rebuilding=True` is the rebuild itself)."""
+        now = now or now_ms()
+        k, s = self.keys, self.settings
+        total, per_device = (s.max_total_pending, s.max_per_device_pending) if admit else (NO_LIMIT, NO_LIMIT)
+        per_caller = caller_limit if admit else NO_LIMIT
+        replies = await self._call_pipelined([
+            ("enqueueTasks", [*self._device(mac)[0], k.pending, k.overloaded, k.devices, k.generation, k.caller_open],
+             [now, total, per_device, s.weight_of(mac), mac, k.wake_channel, int(not rebuilding), per_caller,
+              *(e.encode() for e in entries)])
+            for mac, entries in groups.items()])
+        if any(reply[0] == ScriptCode.REDIS_NOT_READY for reply in replies):
+            raise RedisNotReady("Redis lost its queues; they are being rebuilt from PostgreSQL")
+        out: dict[str, tuple[int, int] | AdmissionRefused] = {}
+        for mac, (code, backlog, pending, caller_open) in zip(groups, replies, strict=True):
+            refused = code < 0
+            out[mac] = (AdmissionRefused(ScriptCode(code), backlog, pending, caller_open) if refused
+                        else (backlog, pending))
+        return out
+
+    async def admission_snapshot(self, devices: list[str]) -> tuple[int, dict[str, int]]:
+        """Global pending and each device's backlog, in one round trip (a cheap check before writing)."""
+        pending, backlogs, *_ = await self.admission_view(devices, "")
+        return pending, backlogs
+
+    async def admission_view(self, devices: list[str], caller: str,
+                             take: TokenTake | None = None) -> tuple[int, dict[str, int], int, int, float]:
+        """Global pending, each device's backlog and the caller's open tasks ("": none) — and with `take`, the
+        submit tokens taken from a caller's bucket (granted, seconds until the rest is back; else 0, 0) — in one
+        round trip."""
+        for attempt in (1, 2):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                if take is not None:
+                    pipe.evalsha(self._scripts["takeTokens"].sha, 1, self.keys.submit_bucket(take.caller), "",
+                                 take.rate_per_s, take.burst, take.wanted)
+                pipe.get(self.keys.pending)
+                pipe.hget(self.keys.caller_open, caller)
+                for mac in devices:
+                    pipe.hget(self.keys.meta(mac), "backlog")
+                values = await pipe.execute(raise_on_error=False)
+            if attempt == 1 and take is not None and isinstance(values[0], NoScriptError):
+                await self.redis.script_load(self._scripts["takeTokens"].script)
+                continue
+            for value in values:
+                if isinstance(value, Exception):
+                    raise value
+            break
+        granted, wait_s = 0, 0.0
+        if take is not None:
+            (granted, wait_ms), values = values[0], values[1:]
+            granted, wait_s = int(granted), int(wait_ms) / 1000
+        backlogs = {m: int(v or 0) for m, v in zip(devices, values[2:], strict=True)}
+        return int(values[0] or 0), backlogs, int(values[1] or 0) if caller else 0, granted, wait_s
+
+    async def caller_open(self, callers: list[str] | None = None) -> dict[str, int]:
+        """Open tasks (queued, leased or delayed) per caller: of `callers`, or of every caller that has some."""
+        if callers is None:
+            return {c: int(n) for c, n in (await self.redis.hgetall(self.keys.caller_open)).items()}
+        if not callers:
+            return {}
+        values = await self.redis.hmget(self.keys.caller_open, callers)
+        return {c: int(v or 0) for c, v in zip(callers, values, strict=True)}
+
+    async def take_tokens(self, caller: str, wanted: int, rate_per_s: float, burst: int,
+                          *, now: float | None = None) -> tuple[int, float]:
+        """Takes up to `wanted` submit tokens from the caller's token bucket (Redis's clock unless `now`, ms, is
+        given): (tokens granted, seconds until the refused rest is back; 0 when all were granted)."""
+        granted, wait_ms = await self._call("takeTokens", [self.keys.submit_bucket(caller)],
+                                            ["" if now is None else now, rate_per_s, burst, wanted])
+        return int(granted), int(wait_ms) / 1000
+
+    async def mark_overloaded(self, mac: str) -> None:
+        """Marks a device refused for being over its limit (cleared when its backlog drops below it)."""
+        await self.redis.sadd(self.keys.overloaded, mac)
+
+    async def remove_queued(self, mac: str, task_id: str, *, now: float | None = None) -> Entry | None:
+        """Takes a task out of its device queue (cancelled or expired); None when it is not queued."""
+        block, _ = self._device(mac)
+        k = self.keys
+        raw = await self._call("removeQueued", [*block, k.pending, k.overloaded, k.devices, k.caller_open],
+                               [now or now_ms(), mac, task_id, self.settings.max_per_device_pending])
+        return Entry.decode(raw) if raw else None
+
+    async def cancel(self, mac: str, task_id: str, *, now: float | None = None) -> bool:
+        """Removes a queued task; False when it is not in the queue (leased, gone)."""
+        return await self.remove_queued(mac, task_id, now=now) is not None
+
+    # --- claim ------------------------------------------------------------------------------------
+    def _rank_call(self, exclude: str | None, now: float) -> tuple[str, list[str], list[Any]]:
+        s = self.settings
+        return ("rankDevices", [*self._class_keys, self.keys.backoff],
+                [now, int(s.aging_max_wait_s * 1000), int(s.starvation_hint_s * 1000), exclude or "",
+                 *self._class_args])
+
+    @staticmethod
+    def _rank(reply: list[Any], now: float) -> Rank:
+        mac, _index, starving, next_backoff, longest, wait, weight, runner = reply
+        next_backoff, longest, wait, runner = float(next_backoff), float(longest), float(wait), float(runner)
+        overshoot = max(0.0, wait - runner / int(weight)) if mac and runner >= 0 and weight else 0.0
+        return Rank(mac or None, bool(starving), None if next_backoff < 0 else next_backoff,
+                    None if longest < 0 else longest, overshoot, now)
+
+    async def rank(self, *, exclude: str | None = None, now: float | None = None) -> Rank:
+        """The device with the best aging score that is schedulable (not served, not in backoff)."""
+        now = now or now_ms()
+        return self._rank(await self._call(*self._rank_call(exclude, now)), now)
+
+    def _pop_call(self, mac: str, token: str, count: int, allowed_types: list[int] | None, release: bool,
+                  now: float, carry_ms: float = 0.0) -> tuple[str, list[str], list[Any]]:
+        block, lock = self._device(mac)
+        k, s = self.keys, self.settings
+        return ("popBatch",
+                [*block, lock, k.pending, k.serving, k.leases, k.lease_data, k.overloaded, k.devices, k.caller_open],
+                [now, token, int(s.lock_ttl_s * 1000), count, int(s.aging_max_wait_s * 1000),
+                 int(s.lease_ttl_s * 1000), mac, s.max_per_device_pending,
+                 # "-" allows no type at all ("" would allow any)
+                 "" if allowed_types is None else (",".join(map(str, allowed_types)) or "-"), int(release),
+                 round(carry_ms, 1)])
+
+    @staticmethod
+    def _popped(reply: list[Any]) -> Popped:
+        if reply[0] < 0:
+            return Popped(ready=False)
+        taken_count, blocked, rest = reply[1], reply[2], reply[3:]
+        return Popped(True, [Entry.decode(r) for r in rest[:taken_count]],
+                      [Entry.decode(r) for r in rest[taken_count:]], bool(blocked))
+
+    async def pop(self, mac: str, token: str, count: int, *, allowed_types: list[int] | None = None,
+                  release: bool = False, now: float | None = None) -> Popped:
+        """Locks the device with `token`, marks it served and leases up to `count` of its tasks (only of
+        `allowed_types`, when given). With `release` the device is unlocked and rescheduled at once."""
+        return self._popped(await self._call(*self._pop_call(mac, token, count, allowed_types, release,
+                                                             now or now_ms())))
+
+    async def pop_and_rank(self, mac: str, token: str, count: int, allowed_types: list[int], *,
+                           exclude: str | None = None, carry_ms: float = 0.0,
+                           now: float | None = None) -> tuple[Popped, Rank]:
+        """Pops and releases `mac`, then ranks the next device (after the release, so `mac` competes
+        with its wait just restarted), in one round trip."""
+        now = now or now_ms()
+        popped, ranked = await self._call_pipelined([
+            self._pop_call(mac, token, count, allowed_types, True, now, carry_ms), self._rank_call(exclude, now)])
+        return self._popped(popped), self._rank(ranked, now)
+
+    async def release(self, mac: str, token: str, *, now: float | None = None) -> None:
+        """Unlocks a device after a dispatch; it is scheduled again if it has work (wait restarts)."""
+        block, lock = self._device(mac)
+        k = self.keys
+        code = await self._call("releaseDevice", [*block, lock, k.serving, k.devices],
+                                [now or now_ms(), token, mac])
+        if code < 0:
+            raise LockNotOwned(f"lock of {mac} is not held by {token}")
+
+    async def extend_lock(self, mac: str, token: str) -> bool:
+        """Renews a held device lock; False when the token no longer holds it."""
+        _, lock = self._device(mac)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            await pipe.watch(lock)
+            if await pipe.get(lock) != token:
+                await pipe.unwatch()
+                return False
+            pipe.multi()
+            pipe.pexpire(lock, int(self.settings.lock_ttl_s * 1000))
+            await pipe.execute()
+        return True
+
+    # --- the ways back ----------------------------------------------------------------------------
+    async def defer(self, mac: str, token: str, task_ids: list[str], reason: str,
+                    *, now: float | None = None) -> Deferred:
+        """Puts `task_ids` back and backs the device off exponentially."""
+        block, lock = self._device(mac)
+        k, s = self.keys, self.settings
+        reply = await self._call(
+            "deferDevice",
+            [*block, lock, k.serving, k.backoff, k.pending, k.leases, k.lease_data, k.dead_letters, k.devices,
+             k.caller_open],
+            [now or now_ms(), token, mac, int(s.defer_backoff_base_s * 1000),
+             int(s.defer_backoff_max_s * 1000), s.max_attempts, reason, s.dead_letter_keep, *task_ids],
+        )
+        if reply[0] == ScriptCode.LOCK_NOT_OWNED:
+            raise LockNotOwned(f"lock of {mac} is not held by {token}")
+        return Deferred(int(reply[0]), [json.loads(r) for r in reply[1:]])
+
+    async def defer_types(self, mac: str, token: str, task_ids: list[str], task_types: list[int], reason: str,
+                          *, now: float | None = None) -> TypesDeferred:
+        """Sends the leased `task_ids` and every queued task of `task_types` of this device to wait in the
+        delayed set (each base x 2^(defers-1), capped; dead-lettered at max_attempts defers), then releases
+        the device and schedules it for its other work: one type that cannot be served does not hold back
+        the device's others."""
+        block, lock = self._device(mac)
+        k, s = self.keys, self.settings
+        reply = await self._call(
+            "deferTypes",
+            [*block, lock, k.serving, k.pending, k.leases, k.lease_data, k.dead_letters, k.devices, k.delayed,
+             k.overloaded, k.caller_open],
+            [now or now_ms(), token, mac, int(s.defer_backoff_base_s * 1000), int(s.defer_backoff_max_s * 1000),
+             s.max_attempts, reason, s.dead_letter_keep, ",".join(str(t) for t in sorted(set(task_types))),
+             s.max_per_device_pending, *task_ids],
+        )
+        if reply[0] == ScriptCode.LOCK_NOT_OWNED:
+            raise LockNotOwned(f"lock of {mac} is not held by {token}")
+        dead_count = int(reply[1])
+        return TypesDeferred(int(reply[0]), [str(i) for i in reply[2 + dead_count:]],
+                             [json.loads(r) for r in reply[2: 2 + dead_count]])
+
+    async def resume_due(self, *, now: float | None = None, limit: int = 500) -> list[str]:
+        """Schedules again every device whose backoff has ended; returns them."""
+        now = now or now_ms()
+        due = await self.redis.zrangebyscore(self.keys.backoff, "-inf", now, start=0, num=limit)
+        resumed = []
+        for mac in due:
+            block, _ = self._device(mac)
+            if await self._call("resumeDevice", [*block, self.keys.backoff, self.keys.devices], [now, mac]):
+                resumed.append(mac)
+        return resumed
+
+    async def ack(self, leases: list[tuple[str, int]], *, device_of: Mapping[str, str] | None = None) -> list[bool]:
+        """Finishes leased tasks; an ack whose attempt is not the lease's current one is refused. One script call
+        per device (pipelined: one round trip), so that a device left with nothing queued or outstanding forgets
+        its meta. `device_of` (task id -> device) spares reading the lease data for the devices."""
+        if not leases:
+            return []
+        known = dict(device_of or {})
+        unknown = [task_id for task_id, _ in leases if task_id not in known]
+        if unknown:
+            for task_id, value in zip(unknown, await self.redis.hmget(self.keys.lease_data, unknown), strict=True):
+                if value is not None:
+                    known[task_id] = value.partition("|")[0]
+        by_device: dict[str, list[int]] = defaultdict(list)
+        for i, (task_id, _) in enumerate(leases):
+            if task_id in known:
+                by_device[known[task_id]].append(i)
+        acked = [False] * len(leases)
+        if not by_device:
+            return acked
+        k = self.keys
+        calls = [("ackTasks", [k.leases, k.lease_data, k.caller_open, k.meta(mac)],
+                  [mac, *(x for i in indexes for x in leases[i])]) for mac, indexes in by_device.items()]
+        for indexes, reply in zip(by_device.values(), await self._call_pipelined(calls), strict=True):
+            for i, r in zip(indexes, reply, strict=True):
+                acked[i] = bool(r)
+        return acked
+
+    async def requeue(self, mac: str, leases: list[tuple[str, int | None]], *, count_attempt: bool,
+                      reason: str, retry_at_ms: float | None = None, max_attempts: int | None = None,
+                      now: float | None = None) -> Requeued:
+        """Puts one device's leased tasks back at the front of its queues (None attempt: any), at once
+        or, with `retry_at_ms` in the future, once that time comes (promote_due)."""
+        block, _ = self._device(mac)
+        k, s = self.keys, self.settings
+        args: list[Any] = [now or now_ms(), mac, int(count_attempt),
+                           s.max_attempts if max_attempts is None else max_attempts, reason,
+                           s.dead_letter_keep, retry_at_ms or 0]
+        for task_id, attempt in leases:
+            args += [task_id, "*" if attempt is None else attempt]
+        reply = await self._call(
+            "requeueTasks", [*block, k.pending, k.leases, k.lease_data, k.dead_letters, k.devices, k.delayed,
+                             k.caller_open],
+            args)
+        dead = int(reply[1])
+        return Requeued(int(reply[0]), [json.loads(r) for r in reply[2: 2 + dead]], [str(i) for i in reply[2 + dead:]])
+
+    async def promote_due(self, *, now: float | None = None, limit: int = 1000) -> int:
+        """Puts delayed tasks whose retry time has come back at the front of their queues."""
+        now = now or now_ms()
+        due = await self.redis.zrangebyscore(self.keys.delayed, "-inf", now, start=0, num=limit)
+        by_device: dict[str, list[str]] = defaultdict(list)
+        for member in due:
+            by_device[member.partition("|")[0]].append(member)
+        k = self.keys
+        back = 0
+        for mac, members in by_device.items():
+            back += await self._call("promoteDelayed", [*self._device(mac)[0], k.pending, k.delayed, k.devices],
+                                     [now, mac, *members])
+        return back
+
+    async def leases_due(self, *, now: float | None = None,
+                         limit: int = 1000) -> dict[str, list[tuple[str, int]]]:
+        """Leases that ran out, grouped by device: {mac: [(task_id, attempt)]}."""
+        ids = await self.redis.zrangebyscore(self.keys.leases, "-inf", now or now_ms(), start=0,
+                                             num=limit)
+        if not ids:
+            return {}
+        values = await self.redis.hmget(self.keys.lease_data, ids)
+        by_device: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        for task_id, value in zip(ids, values, strict=True):
+            if value is None:
+                await self.redis.zrem(self.keys.leases, task_id)
+                continue
+            mac, _, raw = value.partition("|")
+            by_device[mac].append((task_id, Entry.decode(raw).attempt))
+        return dict(by_device)
+
+    async def lease_facts(self, task_ids: list[str]) -> dict[str, LeaseFact]:
+        """The leases Redis holds for these tasks (device, entry, deadline), in one round trip; a task without
+        lease data is left out."""
+        if not task_ids:
+            return {}
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hmget(self.keys.lease_data, task_ids)
+            for task_id in task_ids:
+                pipe.zscore(self.keys.leases, task_id)
+            values, *deadlines = await pipe.execute()
+        out: dict[str, LeaseFact] = {}
+        for task_id, value, deadline in zip(task_ids, values, deadlines, strict=True):
+            if value is None:
+                continue
+            mac, _, raw = value.partition("|")
+            out[task_id] = LeaseFact(mac, Entry.decode(raw), float(deadline) if deadline is not None else 0.0)
+        return out
+
+    async def renew_leases(self, task_ids: list[str], *, now: float | None = None) -> None:
+        """Pushes the deadline of leases that are still held by a live worker (only existing ones)."""
+        if not task_ids:
+            return
+        deadline = (now or now_ms()) + int(self.settings.lease_ttl_s * 1000)
+        await self.redis.zadd(self.keys.leases, dict.fromkeys(task_ids, deadline), xx=True)
+
+    # --- drain rate -------------------------------------------------------------------------------
+    async def publish_drain(self, replica: str, tasks_per_s: float, *, now: float | None = None) -> None:
+        """Records how fast this scheduler replica takes tasks from the queues (the entries expire together,
+        DRAIN_KEEP_MS after the last write; readers tell fresh ones from stale ones)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(self.keys.drain, replica, f"{max(0.0, tasks_per_s):.3f}|{int(now or now_ms())}")
+            pipe.pexpire(self.keys.drain, DRAIN_KEEP_MS)
+            await pipe.execute()
+
+    async def drain_rate(self, *, fresh_ms: float, now: float | None = None) -> Drain:
+        """How fast the queues drain: the sum of the rates the scheduler replicas published within `fresh_ms`
+        (None when none is that fresh: nothing is dispatched now), and when the newest one was published."""
+        now = now or now_ms()
+        rates: list[float] = []
+        newest: int | None = None
+        for value in (await self.redis.hgetall(self.keys.drain)).values():
+            rate, _, at = value.partition("|")
+            if not at.isdigit():
+                continue
+            newest = max(newest or 0, int(at))
+            if now - int(at) <= fresh_ms:
+                rates.append(float(rate))
+        return Drain(sum(rates) if rates else None, newest)
+
+    # --- generation ---------------------------------------------------------------------------------
+    async def generation(self) -> str | None:
+        """The id of the current rebuild of Redis from PostgreSQL; None when Redis lost its memory."""
+        return await self.redis.get(self.keys.generation)
+
+    async def mark_rebuilt(self, generation: str) -> None:
+        """Redis holds every unfinished task again: intake may enqueue."""
+        await self.redis.set(self.keys.generation, generation)
+
+    # --- reading ----------------------------------------------------------------------------------
+    async def pending(self) -> int:
+        return int(await self.redis.get(self.keys.pending) or 0)
+
+    async def device_meta(self, mac: str) -> dict[str, str]:
+        return await self.redis.hgetall(self.keys.meta(mac))
+
+    async def queued(self, mac: str) -> list[Entry]:
+        """Every queued entry of a device, highest priority first (for tests and operators)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for p in reversed(PRIORITIES):
+                pipe.lrange(self.keys.queue(mac, p), 0, -1)
+            lists = await pipe.execute()
+        return [Entry.decode(raw) for items in lists for raw in items]
+
+    # --- reconciliation with PostgreSQL (scheduler_svc/reconcile.py) -----------------------------------
+    def _script(self, name: str) -> str:
+        """Registers one of the reconciler's scripts on first use; returns its name (for _call / _call_pipelined)."""
+        if name not in self._scripts:
+            self._scripts[name] = self.redis.register_script(lua.load(name))
+        return name
+
+    def _reconcile_keys(self, mac: str) -> list[str]:
+        """KEYS[1..18] of locateTasks and repairDevice."""
+        block, lock = self._device(mac)
+        k = self.keys
+        return [*block, lock, k.serving, k.backoff, k.leases, k.lease_data, k.delayed, k.devices]
+
+    async def locate(self, groups: dict[str, list[str]], *, exact: bool) -> dict[str, Located]:
+        """Where each device's given tasks are (one locateTasks call per device, one round trip): the ids in no
+        queue and no lease (with `exact`, nor in the delayed set: the whole truth at one instant per device),
+        leases without a deadline, ids found twice, and what is wrong with the device's own keys."""
+        if not groups:
+            return {}
+        name = self._script("locateTasks")
+        replies = await self._call_pipelined([(name, self._reconcile_keys(mac), [mac, int(exact), *ids])
+                                              for mac, ids in groups.items()])
+        out: dict[str, Located] = {}
+        for mac, reply in zip(groups, replies, strict=True):
+            queued, backlog, problem, m, u, d = reply[:6]
+            ids = [str(i) for i in reply[6:]]
+            out[mac] = Located(int(queued), int(backlog), str(problem), ids[:m], ids[m:m + u], ids[m + u:m + u + d])
+        return out
+
+    async def repair_devices(self, macs: list[str], *, now: float | None = None) -> dict[str, tuple[str, int, int]]:
+        """Mends the devices whose own keys disagree (repairDevice, checked again atomically): {mac: (problem,
+        queued, backlog before)} for those that had one."""
+        if not macs:
+            return {}
+        name, now = self._script("repairDevice"), now or now_ms()
+        replies = await self._call_pipelined([
+            (name, self._reconcile_keys(mac), [now, mac, self.settings.weight_of(mac)]) for mac in macs])
+        return {mac: (str(r[0]), int(r[1]), int(r[2])) for mac, r in zip(macs, replies, strict=True) if r[0]}
+
+    async def recount_pending(self, *, tries: int = 3) -> tuple[int, int] | None:
+        """Sets the global pending counter to the entries in every active device's queues: (before, after), or
+        None when the active devices kept changing under it."""
+        name = self._script("recountPending")
+        for _ in range(tries):
+            devices = sorted(await self.redis.smembers(self.keys.devices))
+            keys = [self.keys.pending, self.keys.devices,
+                    *(self.keys.queue(mac, p) for mac in devices for p in PRIORITIES)]
+            reply = await self._call(name, keys, devices)
+            if reply[0] != -1:
+                return int(reply[0]), int(reply[1])
+        return None
+
+    async def delayed_task_ids(self) -> set[str]:
+        """Ids of every task in the delayed set (members "mac|task_id|..."), read in SCAN steps (not atomic)."""
+        return {member.split("|", 2)[1] async for member, _ in self.redis.zscan_iter(self.keys.delayed, count=1000)
+                if member.count("|") >= 2}
+
+    async def misscheduled_devices(self) -> list[str]:
+        """Devices in a schedule set whose meta does not say they belong there (a deleted or evicted meta: the
+        dispatcher would claim them in vain, again and again). Read in steps, not atomic: repair_devices checks."""
+        members: list[tuple[str, int]] = []
+        for (priority, _weight), key in zip(self._classes, self._class_keys, strict=True):
+            members += [(mac, priority) async for mac, _ in self.redis.zscan_iter(key, count=1000)]
+        if not members:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for mac, _ in members:
+                pipe.hmget(self.keys.meta(mac), "state", "class")
+            metas = await pipe.execute()
+        return sorted({mac for (mac, priority), (state, cls) in zip(members, metas, strict=True)
+                       if state != "ready" or cls != str(priority)})
+
+    async def give_lease_deadlines(self, task_ids: list[str], *, now: float | None = None) -> int:
+        """Leases without a deadline (lease data, no entry in the leases set) get one lease TTL from now: renewed
+        while a live worker holds them, taken back otherwise. Returns how many were added."""
+        if not task_ids:
+            return 0
+        deadline = (now or now_ms()) + int(self.settings.lease_ttl_s * 1000)
+        return int(await self.redis.zadd(self.keys.leases, dict.fromkeys(task_ids, deadline), nx=True))
+
+    async def dead_letter_records(self) -> dict[str, dict[str, Any]]:
+        """The newest dead-letter record of each task in the dead-letter list (task_id -> record)."""
+        out: dict[str, dict[str, Any]] = {}
+        for raw in await self.redis.lrange(self.keys.dead_letters, 0, -1):
+            try:
+                record = json.loads(raw)
+                task_id = str(record["task_id"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if task_id not in out or record.get("dead_ms", 0) > out[task_id].get("dead_ms", 0):
+                out[task_id] = record
+        return out
+
+    async def take_turn(self, key: str, token: str, ttl_ms: int) -> bool:
+        """SET NX PX: True when `token` now holds `key` (a lock or a turn) for `ttl_ms`."""
+        return bool(await self.redis.set(key, token, nx=True, px=max(1, int(ttl_ms))))
+
+    async def keep_turn(self, key: str, token: str, ttl_ms: int) -> bool:
+        """Sets the remaining time of `key` to `ttl_ms` while `token` holds it (0 or less: gives it up);
+        False when it is not held by `token`."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            await pipe.watch(key)
+            if await pipe.get(key) != token:
+                await pipe.unwatch()
+                return False
+            pipe.multi()
+            if ttl_ms > 0:
+                pipe.pexpire(key, int(ttl_ms))
+            else:
+                pipe.delete(key)
+            await pipe.execute()
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """Where some open tasks of one device are in Redis (QueueStore.locate)."""
+
+    #: entries in the device's queues, and its meta's backlog (they agree unless Redis lost something)
+    queued: int
+    backlog: int
+    #: "" or what is wrong with the device's own keys (repairDevice mends it; see includes/deviceFacts.lua)
+    problem: str
+    #: ids in no queue and no lease (and, from an exact look, not in the delayed set)
+    missing: list[str]
+    #: ids whose lease has no deadline (it would never be taken back)
+    unleased: list[str]
+    #: ids found twice (two queue entries, or a queue entry and a lease)
+    duplicated: list[str]

@@ -1,0 +1,446 @@
+"""Property test of the device queues against the real Redis: random sequences of enqueue (some
+already expired, each by one of several callers or none), pop+release, typed pop with release, rank+pop,
+pop+defer, pop+defer of task types, ack (right and stale), requeue (counted or not, at once or delayed),
+cancel (queued and leased), lease expiry, and time passing (resume, promotion of delayed tasks) over 3-5
+devices.
+
+After every step: the global pending counter == the sum of queue lengths == the sum of device
+backlogs; each caller's open-task counter == its tasks in queues, leases and the delayed set == the model's
+accepted and not finished ones (and an enqueue over the caller limit is refused as such);
+every task is in exactly one place (queued once, leased, delayed, or finished one way);
+each device's state matches the schedule, backoff and active sets; its `outstanding` == its leased and
+delayed tasks, and a device idle with none keeps no meta at all; rank names only a ready device.
+(Not checked: that an idle device has left the active set; a defer or resume that leaves a device
+idle keeps it there, see test_lua_scripts.py.)
+
+Each hypothesis example runs in its own event loop on its own key prefix, deleted at the end (the
+function-scoped fixtures are not reset between examples).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import redis as redis_sync
+from hypothesis import HealthCheck, event, example, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+from redis.asyncio import Redis
+
+from sieve.errors import AdmissionRefused, ScriptCode
+from sieve.redis.entry import Entry
+from sieve.redis.keys import PRIORITIES, Keys
+from sieve.redis.queue_store import QueueStore
+from sieve.settings import Settings
+
+T0 = 1_700_000_000_000
+S = 1000
+MACS = [f"AA:BB:CC:DD:EE:0{i}" for i in range(5)]
+MAX_TOTAL, MAX_PER_DEVICE, MAX_ATTEMPTS = 9, 5, 2
+#: open tasks one caller may have (queued, leased, delayed)
+MAX_PER_CALLER = 6
+TYPES = (1, 2)  # TEXT, OCR_IMAGE
+#: "" is a task without a caller (not counted); "x|y" checks that a name may hold the separator
+CALLERS = ("alice", "bob", "", "x|y")
+
+Op = tuple[Any, ...]
+
+dev = st.integers(0, 4)
+OPS: st.SearchStrategy[Op] = st.one_of(
+    st.tuples(st.just("enqueue"), dev, st.integers(1, 4), st.sampled_from(PRIORITIES),
+              st.sampled_from([False, False, False, True]), st.sampled_from(TYPES), st.sampled_from(CALLERS)),
+    st.tuples(st.just("serve"), dev, st.integers(1, 4)),
+    st.tuples(st.just("serve_typed"), dev, st.integers(1, 4), st.sampled_from([(1,), (2,), (1, 2)])),
+    st.tuples(st.just("rank_serve"), st.integers(1, 4)),
+    st.tuples(st.just("defer"), dev, st.integers(0, 4)),
+    st.tuples(st.just("defer_types"), dev, st.integers(0, 4), st.sampled_from([(1,), (2,), (1, 2)])),
+    st.tuples(st.just("ack"), st.integers(0, 50), st.booleans()),
+    st.tuples(st.just("requeue"), st.integers(0, 50), st.integers(1, 3), st.booleans(), st.booleans()),
+    st.tuples(st.just("cancel"), dev, st.integers(0, 50), st.booleans()),
+    st.tuples(st.just("tick"), st.sampled_from([0, 5, 30, 60, 120, 240, 600, 700])),
+    st.tuples(st.just("expire_leases")),
+)
+
+
+@dataclass
+class Model:
+    """Where each task created in this example should be, besides the queues."""
+
+    created: dict[str, str] = field(default_factory=dict)  # task id -> device
+    callers: dict[str, str] = field(default_factory=dict)  # task id -> caller ("" for none)
+    leased: dict[str, tuple[str, int]] = field(default_factory=dict)  # task id -> (device, attempt)
+    delayed: dict[str, int] = field(default_factory=dict)  # task id -> retry time (ms)
+    finished: dict[str, str] = field(default_factory=dict)  # task id -> acked|expired|cancelled|dead
+    #: counted failures of each task (a counted requeue raises it; max_attempts of them dead-letter it)
+    failures: dict[str, int] = field(default_factory=dict)
+    serial: int = 0
+
+    def new_id(self) -> str:
+        self.serial += 1
+        return f"t{self.serial}"
+
+    def queued_ids(self, mac: str | None = None) -> set[str]:
+        return {t for t, m in self.created.items()
+                if t not in self.leased and t not in self.delayed and t not in self.finished
+                and (mac is None or m == mac)}
+
+    def open_by_caller(self) -> Counter[str]:
+        """Accepted and not finished tasks (queued, leased or delayed) of each caller."""
+        return Counter(c for t, c in self.callers.items() if c and t not in self.finished)
+
+    def finish(self, task_id: str, how: str) -> None:
+        assert task_id not in self.finished, f"{task_id} finished twice ({self.finished[task_id]}, {how})"
+        self.leased.pop(task_id, None)
+        self.finished[task_id] = how
+
+
+async def counters(redis: Redis, keys: Keys) -> tuple[int, int, int]:
+    """(GET pending, sum of LLEN of every queue, sum of every meta backlog), found by SCAN."""
+    queue_keys = [key async for key in redis.scan_iter(match=f"{keys.base}:q:*", count=1000)]
+    meta_keys = [key async for key in redis.scan_iter(match=f"{keys.base}:meta:*", count=1000)]
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.get(keys.pending)
+        for key in queue_keys:
+            pipe.llen(key)
+        for key in meta_keys:
+            pipe.hget(key, "backlog")
+        values = await pipe.execute()
+    pending, rest = int(values[0] or 0), values[1:]
+    return pending, sum(rest[: len(queue_keys)]), sum(int(v or 0) for v in rest[len(queue_keys):])
+
+
+async def check(redis: Redis, store: QueueStore, model: Model, macs: list[str], now: int) -> None:
+    k: Keys = store.keys
+    # --- the counter invariant
+    pending, queued_len, backlog_sum = await counters(redis, k)
+    assert pending == queued_len == backlog_sum, (pending, queued_len, backlog_sum)
+    caller_open = {c: int(n) for c, n in (await redis.hgetall(k.caller_open)).items()}
+    assert caller_open == dict(model.open_by_caller()), (caller_open, model.open_by_caller())
+
+    # --- read everything else in one round trip
+    classes = [(p, w) for p in PRIORITIES for w in store.settings.all_weights]
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.hgetall(k.lease_data)
+        pipe.zrange(k.leases, 0, -1)
+        pipe.zcard(k.serving)
+        pipe.smembers(k.devices)
+        pipe.zrange(k.delayed, 0, -1, withscores=True)
+        for mac in macs:
+            pipe.hgetall(k.meta(mac))
+            pipe.get(k.lock(mac))
+            pipe.zscore(k.backoff, mac)
+            for p in reversed(PRIORITIES):
+                pipe.lrange(k.queue(mac, p), 0, -1)
+            for p, w in classes:
+                pipe.zscore(k.schedule(p, w), mac)
+        values = await pipe.execute()
+    lease_data, lease_list, serving, active, delayed = values[:5]
+    per_device = 3 + len(PRIORITIES) + len(classes)
+
+    # --- every task in exactly one place
+    queued: Counter[str] = Counter()
+    lease_ids = set(lease_list)
+    assert set(lease_data) == lease_ids == set(model.leased)
+    for task_id, value in lease_data.items():
+        mac, _, raw = value.partition("|")
+        assert (mac, Entry.decode(raw).attempt) == model.leased[task_id]
+    assert {Entry.decode(m.partition("|")[2]).task_id: due for m, due in delayed} == model.delayed
+    # nothing is being served between steps
+    assert serving == 0
+
+    # --- each device's state matches the schedule, backoff and active sets
+    for i, mac in enumerate(macs):
+        row = values[5 + i * per_device: 5 + (i + 1) * per_device]
+        meta, lock, backoff_until = row[0], row[1], row[2]
+        entries = [Entry.decode(raw) for items in row[3: 3 + len(PRIORITIES)] for raw in items]
+        members = {pw: score for pw, score in zip(classes, row[3 + len(PRIORITIES):], strict=True)
+                   if score is not None}
+        ids = [e.task_id for e in entries]
+        queued.update(ids)
+        assert set(ids) == model.queued_ids(mac), (mac, ids, model.queued_ids(mac))
+        assert lock is None
+        state = meta.get("state")
+        if entries:
+            assert mac in active, f"{mac} has work but is not active"
+        if state == "ready":
+            assert entries, f"{mac} is ready with nothing queued"
+            best = max(e.priority for e in entries)
+            heads = [first[0] for p in PRIORITIES if (first := [e for e in entries if e.priority == p])]
+            since = max(min(e.enqueued_ms for e in heads), int(meta.get("last_served_ms") or 0))
+            assert members == {(best, store.settings.weight_of(mac)): since}, (mac, meta, members)
+            assert meta["class"] == str(best)
+        else:
+            assert not members, f"{mac} is {state} but scheduled in {members}"
+        if state == "backoff":
+            assert backoff_until == int(meta["unschedulable_until_ms"])
+        else:
+            assert backoff_until is None, f"{mac} is {state} but in the backoff set"
+        if state in (None, "idle"):
+            assert not entries, f"{mac} is {state} with {len(entries)} queued"
+            assert int(meta.get("backlog") or 0) == 0
+        # leased or delayed tasks are the device's outstanding; with none and nothing queued its meta is gone
+        outstanding = sum(1 for t, m in model.created.items() if m == mac and (t in model.leased or t in model.delayed))
+        assert int(meta.get("outstanding") or 0) == outstanding, (mac, meta, outstanding)
+        if state in (None, "idle") and not outstanding:
+            assert meta == {}, f"{mac} has no work left but keeps {meta}"
+    assert all(n == 1 for n in queued.values()), f"queued twice: {[t for t, n in queued.items() if n > 1]}"
+    assert not (set(queued) & lease_ids), f"queued and leased: {set(queued) & lease_ids}"
+    assert not (set(queued) & set(model.delayed)) and not (lease_ids & set(model.delayed))
+
+    # --- each caller's counter is what Redis holds of its tasks
+    held: Counter[str] = Counter()
+    for items in (lists for i in range(len(macs))
+                  for lists in values[5 + i * per_device + 3: 5 + i * per_device + 3 + len(PRIORITIES)]):
+        held.update(Entry.decode(raw).caller for raw in items)
+    held.update(Entry.decode(v.partition("|")[2]).caller for v in lease_data.values())
+    held.update(Entry.decode(m.partition("|")[2]).caller for m, _ in delayed)
+    del held[""]
+    assert dict(held) == caller_open, (held, caller_open)
+
+    # the rank never names a device that cannot be popped
+    rank = await store.rank(now=now)
+    if rank.mac is not None:
+        assert (await redis.hget(k.meta(rank.mac), "state")) == "ready"
+
+
+async def run(redis_url: str, n_devices: int, ops: list[Op]) -> None:
+    prefix = f"prop-{uuid.uuid4().hex[:10]}"
+    settings = Settings.from_env(
+        {}, redis_url=redis_url, redis_prefix=prefix, max_total_pending=MAX_TOTAL,
+        max_per_device_pending=MAX_PER_DEVICE, max_attempts=MAX_ATTEMPTS,
+        device_weights=f"{MACS[1]}=2")
+    redis = Redis.from_url(redis_url, decode_responses=True)
+    store = QueueStore(redis, settings)
+    await store.mark_rebuilt("property-test")
+    macs = MACS[:n_devices]
+    model = Model()
+    now = T0
+    try:
+        for step, op in enumerate(ops):
+            now = await apply(store, model, macs, op, now + S, f"tok-{step}")
+            await check(redis, store, model, macs, now)
+    finally:
+        keys = [key async for key in redis.scan_iter(match="{" + prefix + "}*", count=1000)]
+        if keys:
+            await redis.delete(*keys)
+        await redis.aclose()
+
+
+async def take(store: QueueStore, model: Model, mac: str, token: str, count: int, now: int, *,
+               allowed: tuple[int, ...] | None = None, release: bool = False) -> list[Entry]:
+    """Pops `count` from a device, recording leases and expiries; [] when it was not ready."""
+    state = (await store.device_meta(mac)).get("state")
+    popped = await store.pop(mac, token, count, now=now, release=release,
+                             allowed_types=None if allowed is None else list(allowed))
+    assert popped.ready == (state == "ready"), (mac, state, popped)
+    if popped.expired:
+        event("pop dropped expired tasks")
+    for e in popped.expired:
+        assert e.expires_ms <= now
+        model.finish(e.task_id, "expired")
+    for e in popped.taken:
+        assert e.expires_ms > now
+        assert e.task_id in model.queued_ids(mac)
+        assert allowed is None or e.task_type in allowed
+        model.leased[e.task_id] = (mac, e.attempt)
+        assert e.failures == model.failures.get(e.task_id, 0), (e, model.failures.get(e.task_id))
+    if popped.blocked:
+        event("pop blocked by task type")
+        assert allowed is not None and len(popped.taken) < count
+    elif popped.ready:
+        # it took as many as asked for, or all there were
+        assert len(popped.taken) == min(count, len(popped.taken) + len(model.queued_ids(mac)))
+    return popped.taken if popped.ready else []
+
+
+async def apply(store: QueueStore, model: Model, macs: list[str], op: Op, now: int, token: str) -> int:
+    """Applies one operation at `now` (checking its reply against the model); returns the new time."""
+    kind = op[0]
+    event(kind)
+    if kind == "enqueue":
+        _, d, n, prio, expired, task_type, caller = op
+        mac = macs[d % len(macs)]
+        at = now - 3601 * S if expired else now
+        entries = [Entry(model.new_id(), task_type, prio, at, at + 3600 * S, caller=caller) for _ in range(n)]
+        total, mine = len(model.queued_ids()), len(model.queued_ids(mac))
+        opened = model.open_by_caller()[caller] if caller else 0
+        over_caller = bool(caller) and opened + n > MAX_PER_CALLER
+        try:
+            await store.enqueue(mac, entries, now=now, caller_limit=MAX_PER_CALLER)
+        except AdmissionRefused as refused:
+            expected = (ScriptCode.GLOBAL_LIMIT if total + n > MAX_TOTAL else
+                        ScriptCode.CALLER_LIMIT if over_caller else ScriptCode.DEVICE_LIMIT)
+            assert refused.code is expected
+            assert total + n > MAX_TOTAL or over_caller or mine + n > MAX_PER_DEVICE
+            if refused.code is ScriptCode.CALLER_LIMIT:
+                assert refused.caller_open == opened
+            event(f"enqueue refused: {refused.code.name}")
+            return now
+        assert total + n <= MAX_TOTAL and not over_caller and mine + n <= MAX_PER_DEVICE
+        for e in entries:
+            model.created[e.task_id] = mac
+            model.callers[e.task_id] = caller
+    elif kind in ("serve", "rank_serve"):
+        if kind == "serve":
+            mac, count = macs[op[1] % len(macs)], op[2]
+        else:
+            rank = await store.rank(now=now)
+            if rank.mac is None:
+                return now
+            mac, count = rank.mac, op[1]
+        state = (await store.device_meta(mac)).get("state")
+        await take(store, model, mac, token, count, now)
+        if state == "ready":
+            await store.release(mac, token, now=now)
+    elif kind == "serve_typed":
+        _, d, count, allowed = op
+        await take(store, model, macs[d % len(macs)], token, count, now, allowed=allowed, release=True)
+    elif kind == "defer":
+        mac = macs[op[1] % len(macs)]
+        state = (await store.device_meta(mac)).get("state")
+        taken = await take(store, model, mac, token, max(op[2], 1), now)
+        if state != "ready":
+            return now
+        put_back = taken[: op[2]]  # defer 0 of them: the rest stay leased (handed out)
+        deferred = await store.defer(mac, token, [e.task_id for e in put_back], "no worker", now=now)
+        dead = {d["task_id"] for d in deferred.dead_letters}
+        assert dead == {e.task_id for e in put_back if e.defers + 1 >= MAX_ATTEMPTS}
+        if dead:
+            event("defer dead-lettered")
+        for e in put_back:
+            if e.task_id in dead:
+                model.finish(e.task_id, "dead")
+            else:
+                del model.leased[e.task_id]
+    elif kind == "defer_types":
+        _, d, k, types = op
+        mac = macs[d % len(macs)]
+        state = (await store.device_meta(mac)).get("state")
+        taken = await take(store, model, mac, token, max(k, 1), now)
+        if state != "ready":
+            return now
+        put_back = taken[:k]  # the rest stay leased (handed out)
+        # what waits: those taken here, and every queued task of those types that has not expired
+        queued = [e for e in await store.queued(mac) if e.task_type in types and e.expires_ms > now]
+        result = await store.defer_types(mac, token, [e.task_id for e in put_back], list(types), "no worker",
+                                         now=now)
+        moved = [*put_back, *queued]
+        dead = {r["task_id"] for r in result.dead_letters}
+        assert dead == {e.task_id for e in moved if e.defers + 1 >= MAX_ATTEMPTS}
+        assert set(result.waiting) == {e.task_id for e in moved} - dead
+        if dead:
+            event("defer_types dead-lettered")
+        for e in put_back:
+            model.leased.pop(e.task_id)
+        for e in moved:
+            if e.task_id in dead:
+                model.finish(e.task_id, "dead")
+        for t in result.waiting:
+            due = await store.redis.zscore(store.keys.delayed, next(
+                m for m in await store.redis.zrange(store.keys.delayed, 0, -1) if f"|{t}|" in m))
+            model.delayed[t] = int(due)
+    elif kind == "ack":
+        if not model.leased:
+            return now
+        task_id = sorted(model.leased)[op[1] % len(model.leased)]
+        attempt = model.leased[task_id][1]
+        stale = op[2]
+        result = await store.ack([(task_id, attempt + 1 if stale else attempt)])
+        assert result == [not stale]
+        if not stale:
+            model.finish(task_id, "acked")
+    elif kind == "requeue":
+        if not model.leased:
+            return now
+        _, i, k, counted, later = op
+        first = sorted(model.leased)[i % len(model.leased)]
+        mac = model.leased[first][0]
+        mine = sorted(t for t, (m, _) in model.leased.items() if m == mac)
+        chosen = mine[mine.index(first):][:k]
+        retry_at = now + 60 * S if later else None
+        result = await store.requeue(mac, [(t, model.leased[t][1]) for t in chosen], count_attempt=counted,
+                                     reason="nack", retry_at_ms=retry_at, now=now)
+        dead = {d["task_id"] for d in result.dead_letters}
+        if counted:
+            for t in chosen:
+                model.failures[t] = model.failures.get(t, 0) + 1
+        assert dead == {t for t in chosen if counted and model.failures[t] >= MAX_ATTEMPTS}
+        assert result.requeued == (0 if later else len(chosen) - len(dead))
+        if later:
+            event("requeue delayed")
+            model.delayed.update((t, retry_at) for t in chosen if t not in dead)
+        if dead:
+            event("requeue dead-lettered")
+        for t in chosen:
+            if t in dead:
+                model.finish(t, "dead")
+            else:
+                del model.leased[t]
+    elif kind == "cancel":
+        _, d, i, leased = op
+        mac = macs[d % len(macs)]
+        pool = sorted(t for t, (m, _) in model.leased.items() if m == mac) if leased \
+            else sorted(model.queued_ids(mac))
+        if not pool:
+            assert await store.cancel(mac, "nothing-here", now=now) is False
+            return now
+        task_id = pool[i % len(pool)]
+        assert await store.cancel(mac, task_id, now=now) is (not leased)
+        if not leased:
+            model.finish(task_id, "cancelled")
+    elif kind == "tick":
+        now += op[1] * S
+        if await store.resume_due(now=now):
+            event("resumed a device")
+        due = {t for t, at in model.delayed.items() if at <= now}
+        assert await store.promote_due(now=now) == len(due)
+        for t in due:
+            del model.delayed[t]
+        if due:
+            event("promoted delayed tasks")
+    elif kind == "expire_leases":
+        due = await store.leases_due(now=now + int(store.settings.lease_ttl_s * 1000))
+        for mac, leases in due.items():
+            result = await store.requeue(mac, list(leases), count_attempt=True, reason="lease expired",
+                                         now=now)
+            for t, _ in leases:
+                model.failures[t] = model.failures.get(t, 0) + 1
+            for d in result.dead_letters:
+                model.finish(d["task_id"], "dead")
+            for t, _ in leases:
+                model.leased.pop(t, None)
+    else:  # pragma: no cover
+        raise AssertionError(kind)
+    return now
+
+
+@pytest.fixture
+def redis_url(settings: Settings) -> str:
+    client = redis_sync.Redis.from_url(settings.redis_url)
+    try:
+        client.ping()
+    except redis_sync.RedisError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"Redis is required in CI: {exc}")
+        pytest.skip(f"Redis not available: {exc}")
+    finally:
+        client.close()
+    return settings.redis_url
+
+
+@hypothesis_settings(max_examples=40, deadline=None, database=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(n_devices=st.integers(3, 5), ops=st.lists(OPS, min_size=20, max_size=60))
+# tasks of a type nobody takes wait twice and are dead-lettered the second time (their caller's count drops)
+@example(n_devices=3, ops=[("enqueue", 0, 2, 3, False, 1, "alice"), ("enqueue", 0, 1, 3, False, 2, "bob"),
+                           ("defer_types", 0, 1, (1,)), ("tick", 60), ("defer_types", 0, 0, (1,)),
+                           ("serve", 0, 4), ("ack", 0, False)])
+def test_counters_agree_and_every_task_is_in_exactly_one_place_after_any_sequence(
+        redis_url: str, n_devices: int, ops: list[Op]) -> None:
+    asyncio.run(run(redis_url, n_devices, ops))
