@@ -116,3 +116,18 @@ class Keys:
     def worker_pattern(self) -> str:
         """SCAN MATCH pattern of worker records."""
         return f"{self.base}:worker:*"
+
+    @property
+    def all_pattern(self) -> str:
+        """SCAN MATCH pattern of every key of this prefix."""
+        return f"{self.base}*"
+
+    @property
+    def queue_pattern(self) -> str:
+        """SCAN MATCH pattern of every device queue list."""
+        return f"{self.base}:q:*"
+
+    @property
+    def meta_pattern(self) -> str:
+        """SCAN MATCH pattern of every device meta hash."""
+        return f"{self.base}:meta:*"
