@@ -33,7 +33,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -281,15 +281,15 @@ def require_credentials(authenticator: Authenticator, allow_anonymous: bool, ser
 
 # --- server side ---------------------------------------------------------------------------------------
 def refusing_handler(code: grpc.StatusCode, message: str | Callable[[], str], streaming_request: bool,
-                     streaming_response: bool) -> grpc.RpcMethodHandler:
+                     streaming_response: bool) -> grpc.RpcMethodHandler[Any, Any]:
     """A handler of the given shape that ends every call with `code` and `message` (a callable: read per call)."""
     def text() -> str:
         return message() if callable(message) else message
 
-    async def unary(request: Any, context: grpc.aio.ServicerContext) -> None:
+    async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         await context.abort(code, text())
 
-    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
         await context.abort(code, text())
         yield  # pragma: no cover  (makes this an async generator)
 
@@ -312,6 +312,10 @@ def bearer_of(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
     return None
 
 
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
+
+
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Authenticates every call and checks its role against METHOD_ROLES before the handler runs."""
 
@@ -322,9 +326,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[_Req, _Resp] | None]],
         details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[_Req, _Resp] | None:
         method = details.method
         if method.startswith(self.open_prefixes):
             current_principal.set(ANONYMOUS)
@@ -370,7 +374,7 @@ def _always() -> bool:
 # --- client side ---------------------------------------------------------------------------------------
 def _with_token(details: grpc.aio.ClientCallDetails, token: str) -> grpc.aio.ClientCallDetails:
     metadata = grpc.aio.Metadata(*(details.metadata or ()))
-    if "authorization" not in metadata:
+    if "authorization" not in metadata.keys():  # noqa: SIM118  (Metadata iterates (key, value) pairs)
         metadata.add("authorization", f"Bearer {token}")
     return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata, details.credentials,
                                       details.wait_for_ready)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import descriptor_pool
@@ -91,51 +91,75 @@ def _find(data: bytes, descriptor: Descriptor, path: str, depth: int) -> tuple[s
     if depth > MAX_DEPTH:
         return path or WHOLE_REQUEST, f"is nested deeper than {MAX_DEPTH} levels"
     seen: dict[int, int] = {}
-    pos, end = 0, len(data)
-    while pos < end:
+    pos = 0
+    while pos < len(data):
         try:
             tag, pos = _varint(data, pos)
         except _Broken:
             return path or WHOLE_REQUEST, "is not protobuf wire format (truncated tag)"
         number, wire = tag >> 3, tag & 7
         field = descriptor.fields_by_number.get(number)
-        name = field.name if field is not None else f"#{number}"
-        packed = wire == 2 and field is not None and field.type not in _LENGTH_DELIMITED
-        if field is not None and field.label == FieldDescriptor.LABEL_REPEATED and not packed:
-            name += f"[{seen.get(number, 0)}]"
-            seen[number] = seen.get(number, 0) + 1
+        name = _element_name(field, number, wire, seen)
         where = f"{path}.{name}" if path else name
         if number == 0:
             return path or WHOLE_REQUEST, "is not protobuf wire format (field number 0)"
         try:
-            if wire == 0:
-                _, pos = _varint(data, pos)
-            elif wire in (1, 5):
-                pos += 8 if wire == 1 else 4
-                if pos > end:
-                    raise _Broken
-            elif wire == 2:
-                length, pos = _varint(data, pos)
-                if pos + length > end:
-                    raise _Broken
-                chunk, pos = data[pos:pos + length], pos + length
-                if field is None:
-                    continue
-                if field.type == FieldDescriptor.TYPE_STRING:
-                    try:
-                        chunk.decode("utf-8")
-                    except UnicodeDecodeError:
-                        return where, "is not valid UTF-8"
-                elif field.type == FieldDescriptor.TYPE_MESSAGE:
-                    inner = _find(chunk, field.message_type, where, depth + 1)
-                    if inner is not None:
-                        return inner
-                elif field.label == FieldDescriptor.LABEL_REPEATED and not _packed_ok(chunk, field.type):
-                    return where, "is not protobuf wire format (bad packed values)"
-            else:  # groups (3, 4) are not proto3; 6 and 7 do not exist
-                return where, f"is not protobuf wire format (wire type {wire})"
+            pos, problem = _step_over_value(data, pos, wire, field, where, depth)
         except _Broken:
             return where, "is not protobuf wire format (truncated)"
+        if problem is not None:
+            return problem
+    return None
+
+
+def _element_name(field: FieldDescriptor | None, number: int, wire: int, seen: dict[int, int]) -> str:
+    """The name of one field occurrence in a path: `name`, `name[i]` for the i-th element of a repeated field
+    that is not packed (counted in `seen`), `#n` for a field number the descriptor does not know."""
+    if field is None:
+        return f"#{number}"
+    packed = wire == 2 and field.type not in _LENGTH_DELIMITED
+    if field.label == FieldDescriptor.LABEL_REPEATED and not packed:
+        index = seen.get(number, 0)
+        seen[number] = index + 1
+        return f"{field.name}[{index}]"
+    return str(field.name)
+
+
+def _step_over_value(data: bytes, pos: int, wire: int, field: FieldDescriptor | None, where: str,
+                     depth: int) -> tuple[int, tuple[str, str] | None]:
+    """Steps over the value of wire type `wire` at `pos`: (the position after it, the problem found in it or None).
+
+    Raises _Broken when the value runs past the end of `data`."""
+    if wire == 0:
+        _, pos = _varint(data, pos)
+        return pos, None
+    if wire in (1, 5):
+        pos += 8 if wire == 1 else 4
+        if pos > len(data):
+            raise _Broken
+        return pos, None
+    if wire == 2:
+        length, pos = _varint(data, pos)
+        if pos + length > len(data):
+            raise _Broken
+        chunk = data[pos:pos + length]
+        return pos + length, (_chunk_problem(chunk, field, where, depth) if field is not None else None)
+    # groups (3, 4) are not proto3; 6 and 7 do not exist
+    return pos, (where, f"is not protobuf wire format (wire type {wire})")
+
+
+def _chunk_problem(chunk: bytes, field: FieldDescriptor, where: str, depth: int) -> tuple[str, str] | None:
+    """(field path, problem) of a length-delimited value of `field` that does not parse, or None."""
+    if field.type == FieldDescriptor.TYPE_STRING:
+        try:
+            chunk.decode("utf-8")
+        except UnicodeDecodeError:
+            return where, "is not valid UTF-8"
+        return None
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        return _find(chunk, field.message_type, where, depth + 1)
+    if field.label == FieldDescriptor.LABEL_REPEATED and not _packed_ok(chunk, field.type):
+        return where, "is not protobuf wire format (bad packed values)"
     return None
 
 
@@ -152,7 +176,8 @@ def _input_type(method: str, deserializer: Callable[[bytes], Any]) -> Descriptor
     """The request descriptor of "/pkg.Service/Method" (from the default pool, else the deserializer's class)."""
     service, _, name = method.lstrip("/").partition("/")
     try:
-        found: Descriptor = descriptor_pool.Default().FindServiceByName(service).FindMethodByName(name).input_type
+        pool = descriptor_pool.Default()  # type: ignore[no-untyped-call]  # types-protobuf leaves it unannotated
+        found: Descriptor = pool.FindServiceByName(service).FindMethodByName(name).input_type
         return found
     except (KeyError, AttributeError):
         owner = getattr(deserializer, "__self__", None)
@@ -171,14 +196,14 @@ def lenient(deserializer: Callable[[bytes], Any], descriptor: Descriptor | None)
     return deserialize
 
 
-async def _refuse(context: grpc.aio.ServicerContext, bad: Malformed) -> None:
+async def _refuse(context: grpc.aio.ServicerContext[Any, Any], bad: Malformed) -> None:
     await context.abort_with_status(rpc_status.to_status(bad.status()))
 
 
 class _CheckedContext:
     """The servicer's context, whose `read()` ends the call at a malformed message."""
 
-    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+    def __init__(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         self._context = context
 
     async def read(self) -> Any:
@@ -191,7 +216,7 @@ class _CheckedContext:
         return getattr(self._context, name)
 
 
-async def _checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+async def _checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
     async for message in requests:
         if isinstance(message, Malformed):
             await _refuse(context, message)
@@ -203,13 +228,13 @@ Behavior = Callable[..., Any]
 
 def _guard(behavior: Behavior, request_streaming: bool) -> Behavior:
     """`behavior` that first refuses a malformed request (or, for a stream, any malformed message)."""
-    def inputs(request: Any, context: grpc.aio.ServicerContext) -> tuple[Any, Any]:
+    def inputs(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> tuple[Any, Any]:
         if request_streaming:
             return _checked(request, context), _CheckedContext(context)
         return request, context
 
     if inspect.isasyncgenfunction(behavior):
-        async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def streaming(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             if isinstance(request, Malformed):
                 await _refuse(context, request)
             async for response in behavior(*inputs(request, context)):
@@ -217,7 +242,7 @@ def _guard(behavior: Behavior, request_streaming: bool) -> Behavior:
 
         return streaming
 
-    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         if isinstance(request, Malformed):
             await _refuse(context, request)
         result = behavior(*inputs(request, context))
@@ -226,14 +251,29 @@ def _guard(behavior: Behavior, request_streaming: bool) -> Behavior:
     return unary
 
 
+def _behavior(handler: grpc.RpcMethodHandler[Any, Any]) -> Behavior:
+    """The one behaviour of `handler`: the attribute its streaming flags name (grpc sets that one only)."""
+    if handler.request_streaming:
+        behavior = handler.stream_stream if handler.response_streaming else handler.stream_unary
+    else:
+        behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
+    if behavior is None:
+        raise TypeError(f"a method handler without the behaviour its streaming flags name: {handler!r}")
+    return behavior
+
+
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
+
+
 class MalformedRequests(grpc.aio.ServerInterceptor):
     """Answers requests that do not parse with INVALID_ARGUMENT naming the field (install it innermost)."""
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[_Req, _Resp] | None]],
         details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[_Req, _Resp] | None:
         handler = await continuation(details)
         if handler is None or handler.request_deserializer is None:
             return handler
@@ -242,18 +282,18 @@ class MalformedRequests(grpc.aio.ServerInterceptor):
         streaming = handler.request_streaming
         if streaming and handler.response_streaming:
             return grpc.stream_stream_rpc_method_handler(
-                _guard(handler.stream_stream, True), request_deserializer=deserialize,
+                _guard(_behavior(handler), True), request_deserializer=deserialize,
                 response_serializer=handler.response_serializer)
         if streaming:
             return grpc.stream_unary_rpc_method_handler(
-                _guard(handler.stream_unary, True), request_deserializer=deserialize,
+                _guard(_behavior(handler), True), request_deserializer=deserialize,
                 response_serializer=handler.response_serializer)
         if handler.response_streaming:
             return grpc.unary_stream_rpc_method_handler(
-                _guard(handler.unary_stream, False), request_deserializer=deserialize,
+                _guard(_behavior(handler), False), request_deserializer=deserialize,
                 response_serializer=handler.response_serializer)
         return grpc.unary_unary_rpc_method_handler(
-            _guard(handler.unary_unary, False), request_deserializer=deserialize,
+            _guard(_behavior(handler), False), request_deserializer=deserialize,
             response_serializer=handler.response_serializer)
 
 
