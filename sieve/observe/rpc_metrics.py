@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -22,7 +22,7 @@ OnDone = Callable[[str, str], None]
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
 
-def code_name(context: grpc.aio.ServicerContext, error: BaseException | None) -> str:
+def code_name(context: grpc.aio.ServicerContext[Any, Any], error: BaseException | None) -> str:
     """The status the call ended with: the one set on the context, else OK, or UNKNOWN for an error."""
     code: Any = None
     try:
@@ -38,9 +38,15 @@ def code_name(context: grpc.aio.ServicerContext, error: BaseException | None) ->
     return "CANCELLED" if isinstance(error, BaseException) and not isinstance(error, Exception) else "UNKNOWN"
 
 
-def wrap_handler(handler: grpc.RpcMethodHandler,
-                 wrap: Callable[[Behavior, bool], Behavior]) -> grpc.RpcMethodHandler:
-    """The same handler with its behaviour wrapped (`wrap(behavior, response_streaming)`)."""
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
+
+
+def wrap_handler(handler: grpc.RpcMethodHandler[_Req, _Resp], wrap: Callable[[Behavior, bool], Behavior],
+                 request_deserializer: Callable[[bytes], Any] | None = None) -> grpc.RpcMethodHandler[Any, _Resp]:
+    """The same handler with its behaviour wrapped (`wrap(behavior, response_streaming)`), and with
+    `request_deserializer` instead of its own when one is given."""
+    behavior: Behavior | None
     if handler.request_streaming and handler.response_streaming:
         behavior, factory = handler.stream_stream, grpc.stream_stream_rpc_method_handler
     elif handler.request_streaming:
@@ -49,7 +55,10 @@ def wrap_handler(handler: grpc.RpcMethodHandler,
         behavior, factory = handler.unary_stream, grpc.unary_stream_rpc_method_handler
     else:
         behavior, factory = handler.unary_unary, grpc.unary_unary_rpc_method_handler
-    return factory(wrap(behavior, handler.response_streaming), request_deserializer=handler.request_deserializer,
+    if behavior is None:  # grpc sets the attribute the streaming flags name
+        raise TypeError(f"a method handler without the behaviour its streaming flags name: {handler!r}")
+    deserializer = handler.request_deserializer if request_deserializer is None else request_deserializer
+    return factory(wrap(behavior, handler.response_streaming), request_deserializer=deserializer,
                    response_serializer=handler.response_serializer)
 
 
@@ -61,9 +70,9 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[_Req, _Resp] | None]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Any, _Resp] | None:
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
@@ -72,7 +81,7 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
             method = method.decode()
         return wrap_handler(handler, lambda behavior, streaming: self._wrap(str(method), behavior, streaming))
 
-    def _after(self, method: str, began: float, context: grpc.aio.ServicerContext,
+    def _after(self, method: str, began: float, context: grpc.aio.ServicerContext[Any, Any],
                error: BaseException | None) -> None:
         code = code_name(context, error)
         metrics.RPC_HANDLED.labels(method, code).inc()
@@ -82,7 +91,7 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
 
     def _wrap(self, method: str, behavior: Behavior, response_streaming: bool) -> Behavior:
         if response_streaming and inspect.isasyncgenfunction(behavior):
-            async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            async def streaming(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
                 began, error = time.perf_counter(), None
                 try:
                     async for response in behavior(request, context):
@@ -95,7 +104,7 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
 
             return streaming
 
-        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             began, error = time.perf_counter(), None
             try:
                 return await behavior(request, context)

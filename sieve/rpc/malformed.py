@@ -27,6 +27,8 @@ from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from sieve.observe.rpc_metrics import Behavior, wrap_handler
+
 #: nesting deeper than this is reported as malformed without looking further
 MAX_DEPTH = 64
 #: the field name used when no single field is to blame (the bytes are not wire format)
@@ -223,9 +225,6 @@ async def _checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerConte
         yield message
 
 
-Behavior = Callable[..., Any]
-
-
 def _guard(behavior: Behavior, request_streaming: bool) -> Behavior:
     """`behavior` that first refuses a malformed request (or, for a stream, any malformed message)."""
     def inputs(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> tuple[Any, Any]:
@@ -251,17 +250,6 @@ def _guard(behavior: Behavior, request_streaming: bool) -> Behavior:
     return unary
 
 
-def _behavior(handler: grpc.RpcMethodHandler[Any, Any]) -> Behavior:
-    """The one behaviour of `handler`: the attribute its streaming flags name (grpc sets that one only)."""
-    if handler.request_streaming:
-        behavior = handler.stream_stream if handler.response_streaming else handler.stream_unary
-    else:
-        behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
-    if behavior is None:
-        raise TypeError(f"a method handler without the behaviour its streaming flags name: {handler!r}")
-    return behavior
-
-
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
 
@@ -273,28 +261,14 @@ class MalformedRequests(grpc.aio.ServerInterceptor):
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[_Req, _Resp] | None]],
         details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[_Req, _Resp] | None:
+    ) -> grpc.RpcMethodHandler[Any, _Resp] | None:
         handler = await continuation(details)
         if handler is None or handler.request_deserializer is None:
             return handler
         method = details.method.decode() if isinstance(details.method, bytes) else str(details.method)
         deserialize = lenient(handler.request_deserializer, _input_type(method, handler.request_deserializer))
         streaming = handler.request_streaming
-        if streaming and handler.response_streaming:
-            return grpc.stream_stream_rpc_method_handler(
-                _guard(_behavior(handler), True), request_deserializer=deserialize,
-                response_serializer=handler.response_serializer)
-        if streaming:
-            return grpc.stream_unary_rpc_method_handler(
-                _guard(_behavior(handler), True), request_deserializer=deserialize,
-                response_serializer=handler.response_serializer)
-        if handler.response_streaming:
-            return grpc.unary_stream_rpc_method_handler(
-                _guard(_behavior(handler), False), request_deserializer=deserialize,
-                response_serializer=handler.response_serializer)
-        return grpc.unary_unary_rpc_method_handler(
-            _guard(_behavior(handler), False), request_deserializer=deserialize,
-            response_serializer=handler.response_serializer)
+        return wrap_handler(handler, lambda behavior, _: _guard(behavior, streaming), request_deserializer=deserialize)
 
 
 __all__ = ["Malformed", "MalformedRequests", "lenient", "locate"]
