@@ -1,8 +1,11 @@
-"""Entry point of the intake service: `python -m intake_svc`."""
+"""The intake process: `build` wires the servicer onto the shared server shape, `main` runs it until SIGTERM.
+
+`python -m intake_svc` calls `run`.
+"""
 
 from __future__ import annotations
 
-from redis.asyncio import Redis
+import grpc
 
 from intake_svc.rejections import RejectionCounter
 from intake_svc.servicer import IntakeServicer
@@ -20,15 +23,23 @@ from sieve.v1 import intake_pb2, intake_pb2_grpc
 SERVICE_NAME = intake_pb2.DESCRIPTOR.services_by_name["IntakeService"].full_name
 
 
-def build_service(settings: Settings, redis: Redis, tasks: TaskStore) -> rpc.Service:
-    servicer = IntakeServicer(tasks, QueueStore(redis, settings), settings)
-    return rpc.Service(
-        name="sieve-intake",
-        service_names=[SERVICE_NAME],
-        register=lambda server: intake_pb2_grpc.add_IntakeServiceServicer_to_server(servicer, server),
-        interceptors=[RejectionCounter()],
-        audit=AuditLog(tasks.pool),
-    )
+class IntakeApp:
+    """The intake of one process: its `IntakeServicer` over the task rows (PostgreSQL) and the queues (Redis),
+    and the `rpc.Service` that serves it with the refusal counter and the audit log of operator calls."""
+
+    def __init__(self, settings: Settings, stores: Stores) -> None:
+        tasks = TaskStore(stores.pool)
+        self.servicer = IntakeServicer(tasks, QueueStore(stores.redis, settings), settings)
+        self.service = rpc.Service(name="sieve-intake", service_names=[SERVICE_NAME], register=self._register,
+                                   interceptors=[RejectionCounter()], audit=AuditLog(tasks.pool))
+
+    def _register(self, server: grpc.aio.Server) -> None:
+        intake_pb2_grpc.add_IntakeServiceServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
+
+
+async def build(settings: Settings, stores: Stores) -> IntakeApp:
+    """The intake on these stores (Redis and PostgreSQL)."""
+    return IntakeApp(settings, stores)
 
 
 async def main() -> None:
@@ -37,11 +48,12 @@ async def main() -> None:
     setup_telemetry("sieve-intake", settings)
     start_metrics_server(settings.intake_metrics_addr)
 
-    async def build(stores: Stores) -> Built:
-        return Built(build_service(settings, stores.redis, TaskStore(stores.pool)))
+    async def build_step(stores: Stores) -> Built:
+        app = await build(settings, stores)
+        return Built(app.service)
 
     # listens at once (health NOT_SERVING) and serves once Redis and PostgreSQL answer (sieve/rpc/readiness.py)
-    readiness = Readiness(settings, "sieve-intake", [SERVICE_NAME], build, redis=True, postgres=True)
+    readiness = Readiness(settings, "sieve-intake", [SERVICE_NAME], build_step, redis=True, postgres=True)
     await readiness.run(settings.intake_addr)
 
 

@@ -21,8 +21,8 @@ import grpc
 from intake_svc.admission import RetryAdvisor
 from intake_svc.caller_limits import CallerLimits, priority_name
 from intake_svc.idempotency import Conflict
-from intake_svc.observe import count_decisions, enqueue_span, stamp_trace
 from intake_svc.ownership import DeviceOwners, Ownership
+from intake_svc.tracing import count_decisions, enqueue_span, stamp_trace
 from sieve.caller_policy import CallerPolicy
 from sieve.db.tasks import NewTask, TaskStore
 from sieve.errors import AdmissionRefused, ScriptCode

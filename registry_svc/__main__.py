@@ -1,6 +1,5 @@
 """`python -m registry_svc` runs the registry service until SIGTERM."""
 
-from registry_svc.server import main
-from sieve.rpc import run_main
+from registry_svc.server import run
 
-run_main(main)
+run()

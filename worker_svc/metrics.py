@@ -17,13 +17,13 @@ from sieve.observe.metrics import ScrapeCollector
 from sieve.redis.worker_records import WATERMARK_RESOURCES
 
 if TYPE_CHECKING:
-    from worker_svc.server import Worker
+    from worker_svc.app import WorkerApp
 
 
 class WorkerCollector(ScrapeCollector):
     """Reads one worker's numbers at scrape time."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: WorkerApp) -> None:
         super().__init__()
         self.worker = worker
 

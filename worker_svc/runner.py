@@ -36,7 +36,7 @@ from sieve.observe import metrics
 from sieve.redis.leases import lease_number
 from sieve.settings import Settings
 from sieve.v1 import scheduler_pb2, types_pb2
-from worker_svc import task_trace
+from worker_svc import tracing
 from worker_svc.detection import ENGINE_BUSY, TIMEOUT, Retry, detect_text, failed
 from worker_svc.group_commit import GroupCommit, GroupWriteError
 from worker_svc.lexicon import Lexicon
@@ -94,12 +94,12 @@ class BatchRunner:
         except GroupWriteError as exc:  # a PostgreSQL write that failed: transient, counted
             return [], [self._nack(a, Retry(a.task_id, f"database unavailable: {exc}")) for a in assignments]
         self.skipped += len(assignments) - len(started)
-        task_trace.started(started)
+        tracing.started(started)
 
         detected = await self.detect_all(started)
         outcomes = [d for d in detected if isinstance(d, Outcome)]
         retries = {d.task_id: d for d in detected if isinstance(d, Retry)}
-        task_trace.detected(outcomes)
+        tracing.detected(outcomes)
         try:
             stored = await self.results.submit(outcomes)
         except GroupWriteError as exc:
@@ -112,7 +112,7 @@ class BatchRunner:
             log.info("%d results refused: their task was cancelled, finished, or handed out again since", refused,
                      extra={"refused": refused})
         if stored:
-            task_trace.stored(stored)
+            tracing.stored(stored)
         if self.drop_images and stored:
             done = [t for t, d in zip(started, detected, strict=True) if isinstance(d, Outcome)]
             await self._drop_images(done, outcomes, stored)

@@ -14,15 +14,17 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
-from intake_svc.server import build_service as build_intake
-from registry_svc.server import build_service as build_registry
+from intake_svc.server import build as build_intake
+from registry_svc.server import build as build_registry
 from scheduler_svc.server import Scheduler, build_scheduler
 from sieve import rpc
 from sieve.db.tasks import TaskStore
 from sieve.redis.queue_store import QueueStore
+from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, scheduler_pb2_grpc, types_pb2
-from worker_svc.server import Worker
+from worker_svc.app import WorkerApp
+from worker_svc.server import build as build_worker
 
 FINAL = {types_pb2.TASK_STATUS_SUCCEEDED, types_pb2.TASK_STATUS_FAILED, types_pb2.TASK_STATUS_EXPIRED,
          types_pb2.TASK_STATUS_CANCELLED, types_pb2.TASK_STATUS_DEAD_LETTERED}
@@ -36,12 +38,11 @@ class Platform:
     queues: QueueStore
     pg: asyncpg.Pool
     redis: Redis
-    workers: list[Worker]
+    workers: list[WorkerApp]
     scheduler_stub: scheduler_pb2_grpc.SchedulerServiceStub
 
-    async def add_worker(self, **overrides: object) -> Worker:
-        worker = Worker(self.settings.replace(**overrides), self.pg)
-        await worker.start()
+    async def add_worker(self, **overrides: object) -> WorkerApp:
+        worker = await build_worker(self.settings.replace(**overrides), Stores.of(pool=self.pg))
         self.workers.append(worker)
         return worker
 
@@ -49,12 +50,14 @@ class Platform:
 async def start_platform(settings: Settings, redis: Redis, pg: asyncpg.Pool,
                          workers: int = 1) -> AsyncIterator[Platform]:
     tasks = TaskStore(pg)
-    registry = await rpc.create_server(build_registry(settings, redis), "127.0.0.1:0", settings)
+    registry_app = await build_registry(settings, Stores.of(redis=redis))
+    registry = await rpc.create_server(registry_app.service, "127.0.0.1:0", settings)
     settings = settings.replace(registry_addr=f"127.0.0.1:{registry.port}")
     scheduler, sched_service = build_scheduler(settings, redis, tasks)
     sched_server = await rpc.create_server(sched_service, "127.0.0.1:0", settings)
     settings = settings.replace(scheduler_addr=f"127.0.0.1:{sched_server.port}")
-    intake = await rpc.create_server(build_intake(settings, redis, tasks), "127.0.0.1:0", settings)
+    intake_app = await build_intake(settings, Stores.of(redis=redis, pool=pg))
+    intake = await rpc.create_server(intake_app.service, "127.0.0.1:0", settings)
     channel = rpc.channel(f"127.0.0.1:{intake.port}", settings)
     platform = Platform(settings, intake_pb2_grpc.IntakeServiceStub(channel), scheduler,
                         QueueStore(redis, settings), pg, redis, [],

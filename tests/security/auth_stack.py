@@ -18,12 +18,13 @@ import asyncpg
 import grpc
 from redis.asyncio import Redis
 
-from intake_svc.server import build_service as build_intake
-from registry_svc.server import build_service as build_registry
+from intake_svc.server import build as build_intake
+from registry_svc.server import build as build_registry
 from scheduler_svc.server import Scheduler, build_scheduler
 from sieve import rpc
 from sieve.db.tasks import TaskStore
 from sieve.rpc.auth import credential_line, new_token
+from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import (
     intake_pb2,
@@ -34,7 +35,8 @@ from sieve.v1 import (
     scheduler_pb2_grpc,
     types_pb2,
 )
-from worker_svc.server import Worker
+from worker_svc.app import WorkerApp
+from worker_svc.server import build as build_worker
 
 FINAL = {types_pb2.TASK_STATUS_SUCCEEDED, types_pb2.TASK_STATUS_FAILED, types_pb2.TASK_STATUS_EXPIRED,
          types_pb2.TASK_STATUS_CANCELLED, types_pb2.TASK_STATUS_DEAD_LETTERED}
@@ -74,7 +76,7 @@ class SecureStack:
     pg: asyncpg.Pool
     redis: Redis
     credentials: Credentials
-    workers: list[Worker] = field(default_factory=list)
+    workers: list[WorkerApp] = field(default_factory=list)
     channels: list[grpc.aio.Channel] = field(default_factory=list)
 
     def as_caller(self, token: str) -> Settings:
@@ -104,10 +106,10 @@ class SecureStack:
     def scheduler_stub(self, token: str) -> scheduler_pb2_grpc.SchedulerServiceStub:
         return scheduler_pb2_grpc.SchedulerServiceStub(self.channel("scheduler", token))
 
-    async def add_worker(self, worker_id: str, token: str, **overrides: object) -> Worker:
+    async def add_worker(self, worker_id: str, token: str, **overrides: object) -> WorkerApp:
         """A real worker (detection, result writes, registration) under a worker credential."""
-        worker = Worker(self.as_caller(token).replace(worker_id=worker_id, **overrides), self.pg)
-        await worker.start()
+        worker = await build_worker(self.as_caller(token).replace(worker_id=worker_id, **overrides),
+                                    Stores.of(pool=self.pg))
         self.workers.append(worker)
         return worker
 
@@ -128,12 +130,14 @@ async def secure_stack(settings: Settings, redis: Redis, pg: asyncpg.Pool, crede
     settings = settings.replace(**{"allow_anonymous": False, "auth_tokens": credentials.text, **overrides})
     tasks = TaskStore(pg)
     hosts: dict[str, str] = {}
-    registry = await rpc.create_server(build_registry(settings, redis), "127.0.0.1:0", settings)
+    registry_app = await build_registry(settings, Stores.of(redis=redis))
+    registry = await rpc.create_server(registry_app.service, "127.0.0.1:0", settings)
     settings = settings.replace(registry_addr=f"127.0.0.1:{registry.port}")
     scheduler, sched_service = build_scheduler(settings, redis, tasks)
     sched_server = await rpc.create_server(sched_service, "127.0.0.1:0", settings)
     settings = settings.replace(scheduler_addr=f"127.0.0.1:{sched_server.port}")
-    intake = await rpc.create_server(build_intake(settings, redis, tasks), "127.0.0.1:0", settings)
+    intake_app = await build_intake(settings, Stores.of(redis=redis, pool=pg))
+    intake = await rpc.create_server(intake_app.service, "127.0.0.1:0", settings)
     settings = settings.replace(intake_addr=f"127.0.0.1:{intake.port}")
     for server in (registry, sched_server, intake):
         hosts.update(dict.fromkeys(server.service.service_names, f"127.0.0.1:{server.port}"))

@@ -25,12 +25,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from redis.asyncio import Redis
 
-from intake_svc.server import build_service as build_intake
-from registry_svc.server import build_service as build_registry
+from intake_svc.server import build as build_intake
+from registry_svc.server import build as build_registry
 from scheduler_svc.server import build_scheduler
 from sieve import rpc
 from sieve.db.tasks import TaskStore
 from sieve.rpc.auth import METHOD_ROLES, AuthError, hash_token, new_token
+from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, registry_pb2, scheduler_pb2
 from tests.security.auth_stack import Credentials, SecureStack, eventually, secure_stack, text
@@ -206,7 +207,7 @@ async def test_a_method_without_roles_is_refused_to_everyone_even_operators(
     def probe(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return b"served"
 
-    service = build_registry(settings, redis)
+    service = (await build_registry(settings, Stores.of(redis=redis))).service
     register = service.register
 
     def register_with_probe(server: grpc.aio.Server) -> None:
@@ -287,13 +288,14 @@ async def test_a_service_without_credentials_refuses_to_start(settings: Settings
                                                               pg: asyncpg.Pool, tmp_path: Path) -> None:
     bare = settings.replace(allow_anonymous=False, auth_tokens="", auth_tokens_file="")
     tasks = TaskStore(pg)
-    for service in (build_registry(bare, redis), build_scheduler(bare, redis, tasks)[1],
-                    build_intake(bare, redis, tasks)):
+    stores = Stores.of(redis=redis, pool=pg)
+    for service in ((await build_registry(bare, stores)).service, build_scheduler(bare, redis, tasks)[1],
+                    (await build_intake(bare, stores)).service):
         with pytest.raises(AuthError, match="SIEVE_ALLOW_ANONYMOUS"):
             await rpc.create_server(service, "127.0.0.1:0", bare)
     missing = bare.replace(auth_tokens_file=str(tmp_path / "no-such-file"))
     with pytest.raises(AuthError, match="SIEVE_AUTH_TOKENS_FILE"):
-        await rpc.create_server(build_registry(missing, redis), "127.0.0.1:0", missing)
+        await rpc.create_server((await build_registry(missing, Stores.of(redis=redis))).service, "127.0.0.1:0", missing)
 
 
 def test_a_service_process_without_credentials_exits_saying_why(settings: Settings) -> None:

@@ -45,8 +45,8 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from intake_svc.server import build_service as build_intake
-from registry_svc.server import build_service as build_registry
+from intake_svc.server import build as build_intake
+from registry_svc.server import build as build_registry
 from scheduler_svc.server import build_scheduler
 from sieve import rpc
 from sieve.db.tasks import OPEN_STATUSES, TaskStore
@@ -54,6 +54,7 @@ from sieve.observe import metrics
 from sieve.redis.entry import Entry
 from sieve.redis.queue_store import QueueStore
 from sieve.rpc.auth import METHOD_ROLES
+from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, registry_pb2, scheduler_pb2, scheduler_pb2_grpc, types_pb2
 from tests.integration.conftest import PNG
@@ -505,12 +506,14 @@ async def stack(settings: Settings, redis: Redis, pg: asyncpg.Pool) -> AsyncIter
     retry delays)."""
     settings = settings.replace(max_attempts=2, retry_backoff_base_s=0.01, retry_backoff_max_s=0.05)
     tasks = TaskStore(pg)
-    registry = await rpc.create_server(build_registry(settings, redis), "127.0.0.1:0", settings)
+    registry_app = await build_registry(settings, Stores.of(redis=redis))
+    registry = await rpc.create_server(registry_app.service, "127.0.0.1:0", settings)
     settings = settings.replace(registry_addr=f"127.0.0.1:{registry.port}")
     _, scheduler_service = build_scheduler(settings, redis, tasks)
     scheduler = await rpc.create_server(scheduler_service, "127.0.0.1:0", settings)
     settings = settings.replace(scheduler_addr=f"127.0.0.1:{scheduler.port}")
-    intake = await rpc.create_server(build_intake(settings, redis, tasks), "127.0.0.1:0", settings)
+    intake_app = await build_intake(settings, Stores.of(redis=redis, pool=pg))
+    intake = await rpc.create_server(intake_app.service, "127.0.0.1:0", settings)
     addresses = {"sieve.v1.IntakeService": f"127.0.0.1:{intake.port}",
                  "sieve.v1.SchedulerService": settings.scheduler_addr,
                  "sieve.v1.RegistryService": settings.registry_addr}

@@ -18,12 +18,13 @@ from grpc_status import rpc_status
 from redis.asyncio import Redis
 
 from intake_svc.ownership import DeviceOwners, Owner, Ownership
-from intake_svc.server import build_service as build_intake
+from intake_svc.server import build as build_intake
 from scheduler_svc.rebuild import Rebuilder
 from sieve import rpc
 from sieve.db.tasks import TaskStore
 from sieve.redis.queue_store import QueueStore
 from sieve.rpc.auth import hash_token
+from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 from tests.integration.conftest import PNG, text_spec
@@ -72,8 +73,8 @@ async def intake(settings: Settings, redis: Redis, pg: asyncpg.Pool, replicas: i
                  **overrides: object) -> AsyncIterator[Intake]:
     credentials = ",".join(f"{name}:{role}:{hash_token(token)}" for name, (role, token) in TOKENS.items())
     settings = settings.replace(auth_tokens=credentials, allow_anonymous=False, **overrides)
-    servers = [await rpc.create_server(build_intake(settings, redis, TaskStore(pg)), "127.0.0.1:0", settings)
-               for _ in range(replicas)]
+    apps = [await build_intake(settings, Stores.of(redis=redis, pool=pg)) for _ in range(replicas)]
+    servers = [await rpc.create_server(app.service, "127.0.0.1:0", settings) for app in apps]
     channels = [rpc.channel(f"127.0.0.1:{s.port}", settings) for s in servers]
     try:
         yield Intake(settings, [intake_pb2_grpc.IntakeServiceStub(c) for c in channels], QueueStore(redis, settings),

@@ -24,9 +24,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from redis.asyncio import Redis
 
-from registry_svc.server import build_service as build_registry
+from registry_svc.server import build as build_registry
 from sieve import rpc
 from sieve.rpc.devcerts import DevCerts, write_dev_certs
+from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, registry_pb2, registry_pb2_grpc, types_pb2
 from tests.security.auth_stack import Credentials, eventually, secure_stack, text, wait_final
@@ -74,7 +75,8 @@ def tls_settings(settings: Settings, certs: DevCerts, credentials: Credentials, 
 
 
 async def start_registry(settings: Settings, redis: Redis) -> AsyncIterator[TlsServer]:
-    server = await rpc.create_server(build_registry(settings, redis), "127.0.0.1:0", settings)
+    app = await build_registry(settings, Stores.of(redis=redis))
+    server = await rpc.create_server(app.service, "127.0.0.1:0", settings)
     try:
         yield TlsServer(server.port, settings)
     finally:

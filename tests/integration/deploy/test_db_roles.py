@@ -25,8 +25,8 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
-from intake_svc.server import build_service as build_intake
-from registry_svc.server import build_service as build_registry
+from intake_svc.server import build as build_intake
+from registry_svc.server import build as build_registry
 from scheduler_svc.server import build_scheduler
 from sieve import rpc
 from sieve.db import SchemaNotReady, create_pool
@@ -34,9 +34,11 @@ from sieve.db.audit import AuditEvent, AuditLog, AuditQuery
 from sieve.db.migrate import SERVICE_GRANTS
 from sieve.db.payloads import PayloadStore
 from sieve.db.tasks import NewTask, Outcome, TaskStore
+from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, types_pb2
-from worker_svc.server import Worker
+from worker_svc.app import WorkerApp
+from worker_svc.server import build as build_worker
 
 ROOT = Path(__file__).resolve().parents[3]
 ROLES_SQL = ROOT / "deploy" / "postgres" / "roles.sql"
@@ -182,10 +184,11 @@ async def test_the_whole_task_path_runs_with_the_service_roles(roles: Roles, red
     pools = {who: await create_pool(roles.as_role(who), attempts=1) for who in SERVICES}
     settings = roles.as_role("intake")
     servers: list[rpc.RunningServer] = []
-    worker: Worker | None = None
+    worker: WorkerApp | None = None
     try:
         # Given the registry, the scheduler and the intake, each on its own role's pool, and a real worker
-        registry = await rpc.create_server(build_registry(settings, redis), "127.0.0.1:0", settings)
+        registry_app = await build_registry(settings, Stores.of(redis=redis))
+        registry = await rpc.create_server(registry_app.service, "127.0.0.1:0", settings)
         servers.append(registry)
         settings = settings.replace(registry_addr=f"127.0.0.1:{registry.port}")
         scheduler, service = build_scheduler(settings, redis, TaskStore(pools["scheduler"]))
@@ -193,11 +196,11 @@ async def test_the_whole_task_path_runs_with_the_service_roles(roles: Roles, red
         sched = await rpc.create_server(service, "127.0.0.1:0", settings)
         servers.append(sched)
         settings = settings.replace(scheduler_addr=f"127.0.0.1:{sched.port}")
-        intake = await rpc.create_server(build_intake(settings, redis, TaskStore(pools["intake"])), "127.0.0.1:0",
-                                         settings)
+        intake_app = await build_intake(settings, Stores.of(redis=redis, pool=pools["intake"]))
+        intake = await rpc.create_server(intake_app.service, "127.0.0.1:0", settings)
         servers.append(intake)
-        worker = Worker(settings.replace(worker_id="role-worker"), pools["worker"])
-        await worker.start()  # seeds the lexicon as the worker role
+        # seeds the lexicon as the worker role
+        worker = await build_worker(settings.replace(worker_id="role-worker"), Stores.of(pool=pools["worker"]))
 
         # When a task is submitted, read, and (as an operator, anonymous here) the audit log listed
         async with rpc.channel(f"127.0.0.1:{intake.port}", settings) as ch, \

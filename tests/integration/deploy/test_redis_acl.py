@@ -25,11 +25,12 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
-from intake_svc.server import build_service as build_intake
-from registry_svc.server import build_service as build_registry
+from intake_svc.server import build as build_intake
+from registry_svc.server import build as build_registry
 from scheduler_svc.server import build_scheduler
 from sieve import rpc
 from sieve.db.tasks import TaskStore
+from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import (
     intake_pb2,
@@ -41,7 +42,8 @@ from sieve.v1 import (
     types_pb2,
 )
 from tests.integration.pull_client import ScriptedWorker
-from worker_svc.server import Worker
+from worker_svc.app import WorkerApp
+from worker_svc.server import build as build_worker
 
 ROOT = Path(__file__).resolve().parents[3]
 TEMPLATE = ROOT / "deploy" / "redis" / "users.acl.template"
@@ -135,11 +137,11 @@ async def test_every_service_does_its_whole_job_as_its_own_redis_user(
     settings = settings.replace(max_attempts=1, allow_anonymous=True)
     tasks = TaskStore(pg)
     servers: list[rpc.RunningServer] = []
-    worker: Worker | None = None
+    worker: WorkerApp | None = None
     try:
         reg_settings = settings.replace(redis_url=acl_redis.url("registry"))
-        registry = await rpc.create_server(build_registry(reg_settings, clients["registry"]), "127.0.0.1:0",
-                                           reg_settings)
+        registry_app = await build_registry(reg_settings, Stores.of(redis=clients["registry"]))
+        registry = await rpc.create_server(registry_app.service, "127.0.0.1:0", reg_settings)
         servers.append(registry)
         settings = settings.replace(registry_addr=f"127.0.0.1:{registry.port}")
         sched_settings = settings.replace(redis_url=acl_redis.url("scheduler"))
@@ -149,8 +151,8 @@ async def test_every_service_does_its_whole_job_as_its_own_redis_user(
         servers.append(sched)
         settings = settings.replace(scheduler_addr=f"127.0.0.1:{sched.port}")
         intake_settings = settings.replace(redis_url=acl_redis.url("intake"))
-        intake = await rpc.create_server(build_intake(intake_settings, clients["intake"], tasks), "127.0.0.1:0",
-                                         intake_settings)
+        intake_app = await build_intake(intake_settings, Stores.of(redis=clients["intake"], pool=pg))
+        intake = await rpc.create_server(intake_app.service, "127.0.0.1:0", intake_settings)
         servers.append(intake)
 
         async with rpc.channel(f"127.0.0.1:{intake.port}", settings) as ch, \
@@ -185,8 +187,7 @@ async def test_every_service_does_its_whole_job_as_its_own_redis_user(
                     reason="transient failure", count_attempt=True)):
                 await wait_status(dead, types_pb2.TASK_STATUS_DEAD_LETTERED)
             # a real worker (PostgreSQL and gRPC only) for the rest
-            worker = Worker(settings.replace(worker_id="acl-worker"), pg)
-            await worker.start()
+            worker = await build_worker(settings.replace(worker_id="acl-worker"), Stores.of(pool=pg))
             done = [await submit(f"AA-BB-CC-DD-EE-1{i}", "加微信") for i in range(3)]
             for task_id in done:
                 await wait_status(task_id, types_pb2.TASK_STATUS_SUCCEEDED)

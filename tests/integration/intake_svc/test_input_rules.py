@@ -18,9 +18,9 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from intake_svc.idempotency import REASON
-from intake_svc.server import build_service as build_intake
+from intake_svc.server import build as build_intake
 from sieve import rpc
-from sieve.db.tasks import TaskStore
+from sieve.rpc.readiness import Stores
 from sieve.v1 import (
     intake_pb2,
     registry_pb2,
@@ -108,8 +108,8 @@ async def raw_channel(platform: Platform, service: str) -> AsyncIterator[grpc.ai
     settings = platform.settings
     server = None
     if service == "intake":
-        server = await rpc.create_server(build_intake(settings, platform.redis, TaskStore(platform.pg)),
-                                         "127.0.0.1:0", settings)
+        app = await build_intake(settings, Stores.of(redis=platform.redis, pool=platform.pg))
+        server = await rpc.create_server(app.service, "127.0.0.1:0", settings)
         address = f"127.0.0.1:{server.port}"
     else:
         address = settings.scheduler_addr if service == "scheduler" else settings.registry_addr

@@ -8,10 +8,10 @@ import grpc
 import pytest
 from redis.asyncio import Redis
 
-from intake_svc.server import build_service as build_intake
+from intake_svc.server import build as build_intake
 from sieve import rpc
-from sieve.db.tasks import TaskStore
 from sieve.rpc.auth import hash_token
+from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 from tests.integration.conftest import PNG, Platform, text_spec
@@ -81,7 +81,8 @@ async def test_a_full_device_is_refused_with_retry_info_while_others_are_accepte
         settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
     # Given a per-device limit of 3 and no workers
     settings = settings.replace(max_per_device_pending=3)
-    server = await rpc.create_server(build_intake(settings, redis, TaskStore(pg)), "127.0.0.1:0", settings)
+    app = await build_intake(settings, Stores.of(redis=redis, pool=pg))
+    server = await rpc.create_server(app.service, "127.0.0.1:0", settings)
     async with rpc.channel(f"127.0.0.1:{server.port}", settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
         for i in range(3):
@@ -103,7 +104,8 @@ async def test_a_full_device_is_refused_with_retry_info_while_others_are_accepte
 async def test_the_global_limit_refuses_with_a_retry_delay_within_the_configured_maximum(
         settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
     settings = settings.replace(max_total_pending=2)
-    server = await rpc.create_server(build_intake(settings, redis, TaskStore(pg)), "127.0.0.1:0", settings)
+    app = await build_intake(settings, Stores.of(redis=redis, pool=pg))
+    server = await rpc.create_server(app.service, "127.0.0.1:0", settings)
     async with rpc.channel(f"127.0.0.1:{server.port}", settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
         await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(
@@ -121,7 +123,8 @@ async def test_the_global_limit_refuses_with_a_retry_delay_within_the_configured
 async def test_a_caller_without_a_known_token_is_unauthenticated(
         settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
     settings = settings.replace(auth_tokens=f"svc-a:client:{hash_token('secret-a')}", allow_anonymous=False)
-    server = await rpc.create_server(build_intake(settings, redis, TaskStore(pg)), "127.0.0.1:0", settings)
+    app = await build_intake(settings, Stores.of(redis=redis, pool=pg))
+    server = await rpc.create_server(app.service, "127.0.0.1:0", settings)
     request = intake_pb2.SubmitRequest(task=text_spec("AA-BB-CC-DD-EE-01", "x"))
     async with rpc.channel(f"127.0.0.1:{server.port}", settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)

@@ -9,12 +9,14 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from intake_svc.server import build
 from intake_svc.submission import Submitter
 from intake_svc.validation import validate_spec
 from sieve import rpc
 from sieve.db.tasks import TaskStore
 from sieve.redis.entry import Entry
 from sieve.redis.queue_store import QueueStore
+from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc
 from tests.integration.conftest import text_spec
@@ -41,10 +43,9 @@ async def test_a_task_whose_enqueue_fails_is_withdrawn(settings: Settings, redis
 
 async def test_an_unreachable_redis_answers_unavailable_and_records_nothing(
         settings: Settings, pg: asyncpg.Pool) -> None:
-    from intake_svc.server import build_service
-
     dead = Redis.from_url("redis://127.0.0.1:1/0", decode_responses=True, socket_connect_timeout=0.2)
-    server = await rpc.create_server(build_service(settings, dead, TaskStore(pg)), "127.0.0.1:0", settings)
+    app = await build(settings, Stores.of(redis=dead, pool=pg))
+    server = await rpc.create_server(app.service, "127.0.0.1:0", settings)
     async with rpc.channel(f"127.0.0.1:{server.port}", settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -57,12 +58,10 @@ async def test_an_unreachable_redis_answers_unavailable_and_records_nothing(
 
 async def test_an_unreachable_postgresql_answers_unavailable_and_queues_nothing(
         settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
-    from intake_svc.server import build_service
-
     # Given an intake whose PostgreSQL does not answer
     unreachable = await asyncpg.create_pool("postgresql://postgres@127.0.0.1:1/postgres", min_size=0, max_size=1)
-    server = await rpc.create_server(build_service(settings, redis, TaskStore(unreachable)), "127.0.0.1:0",
-                                     settings)
+    app = await build(settings, Stores.of(redis=redis, pool=unreachable))
+    server = await rpc.create_server(app.service, "127.0.0.1:0", settings)
     # When a device submits, Then the caller is told to retry and nothing is queued
     async with rpc.channel(f"127.0.0.1:{server.port}", settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)

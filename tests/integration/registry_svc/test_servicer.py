@@ -15,11 +15,12 @@ import pytest
 from redis.asyncio import Redis
 
 import sieve.redis.worker_records
-from registry_svc.server import build_service
+from registry_svc.server import build
 from sieve.redis.keys import Keys
 from sieve.redis.worker_records import WorkerRecords
 from sieve.rpc import RunningServer, bad_fields_of, create_server
 from sieve.rpc import channel as open_channel
+from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import registry_pb2, registry_pb2_grpc, types_pb2
 from worker_svc.registration import RegistryClient
@@ -41,7 +42,8 @@ class Registry:
 
 @contextlib.asynccontextmanager
 async def _serving(settings: Settings, redis: Redis, address: str = "127.0.0.1:0") -> AsyncIterator[Registry]:
-    running = await create_server(build_service(settings, redis), address, settings)
+    app = await build(settings, Stores.of(redis=redis))
+    running = await create_server(app.service, address, settings)
     channel = open_channel(f"127.0.0.1:{running.port}", settings)
     try:
         yield Registry(running, registry_pb2_grpc.RegistryServiceStub(channel))

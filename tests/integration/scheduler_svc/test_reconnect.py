@@ -20,12 +20,13 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
-from intake_svc.server import build_service as build_intake
+from intake_svc.server import build as build_intake
 from scheduler_svc.server import Scheduler, build_scheduler
 from sieve import rpc
 from sieve.db.tasks import Outcome, TaskStore
 from sieve.redis.leases import lease_number
 from sieve.redis.queue_store import QueueStore, now_ms
+from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, scheduler_pb2
 from tests.integration.conftest import text_spec
@@ -84,7 +85,8 @@ class Pair:
 async def pair(settings: Settings, redis: Redis, pg: asyncpg.Pool) -> AsyncIterator[Pair]:
     settings = settings.replace(worker_reconnect_max_s=0.2, scheduler_dead_after_s=1.0)
     tasks = TaskStore(pg)
-    intake = await rpc.create_server(build_intake(settings, redis, tasks), "127.0.0.1:0", settings)
+    intake_app = await build_intake(settings, Stores.of(redis=redis, pool=pg))
+    intake = await rpc.create_server(intake_app.service, "127.0.0.1:0", settings)
     replicas = []
     for _ in range(2):
         scheduler, service = build_scheduler(settings, redis, tasks)

@@ -23,7 +23,7 @@ from sieve.settings import Settings
 from sieve.v1 import intake_pb2, types_pb2
 from tests.integration.conftest import Platform, wait_final
 from tests.ocr_samples import SAMPLES, character_errors, png_bomb, render, render_all, require_cjk_font
-from worker_svc.server import Worker
+from worker_svc.app import WorkerApp
 
 if importlib.util.find_spec("paddle") is None or importlib.util.find_spec("paddlex") is None:
     pytest.skip("the `ocr` extra is not installed", allow_module_level=True)
@@ -362,7 +362,7 @@ async def test_image_urls_are_fetched_over_loopback_and_bad_ones_fail_with_the_r
 
 async def test_with_delete_retention_image_bytes_are_removed_once_the_result_is_stored(platform: Platform) -> None:
     font = require_cjk_font()
-    worker: Worker = await platform.add_worker(worker_id="ocr-1", ocr_payload_retention="delete", **OCR_WORKER)
+    worker: WorkerApp = await platform.add_worker(worker_id="ocr-1", ocr_payload_retention="delete", **OCR_WORKER)
     assert worker.runner.drop_images
     task_id = await submit(platform, image_spec(render(SAMPLES[9], font)))
     task = await wait_final(platform.intake, task_id, OCR_WAIT_S)

@@ -14,7 +14,7 @@ import grpc
 import pytest
 from redis.asyncio import Redis
 
-from intake_svc.server import build_service as build_intake
+from intake_svc.server import build as build_intake
 from sieve import rpc
 from sieve.db import apply_migrations, migration_files
 from sieve.db.retention import Retention, day_bounds, partition_name
@@ -22,6 +22,7 @@ from sieve.db.tasks import NewTask, Outcome, TaskStore
 from sieve.ids import datetime_ms, uuid7, uuid7_floor, uuid7_ms
 from sieve.redis.entry import Entry
 from sieve.redis.queue_store import QueueStore, now_ms
+from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 from tests.integration.conftest import PNG
@@ -175,7 +176,8 @@ async def test_an_old_day_whose_tasks_are_final_goes_with_its_results_images_and
     assert report.purged_keys == 2
 
     # And GetTask of a purged task answers NOT_FOUND
-    server = await rpc.create_server(build_intake(settings, redis, store), "127.0.0.1:0", settings)
+    app = await build_intake(settings, Stores.of(redis=redis, pool=store.pool))
+    server = await rpc.create_server(app.service, "127.0.0.1:0", settings)
     try:
         async with rpc.channel(f"127.0.0.1:{server.port}", settings) as channel:
             stub = intake_pb2_grpc.IntakeServiceStub(channel)

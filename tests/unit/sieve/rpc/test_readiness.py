@@ -15,7 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from redis.asyncio import Redis
 
-from registry_svc.server import build_service as build_registry
+from registry_svc.server import build as build_registry
 from sieve import rpc
 from sieve.redis.connection import EvictionCheck, EvictionPolicyError
 from sieve.rpc.readiness import LIVENESS, Built, Readiness, Stores
@@ -71,7 +71,7 @@ async def serve(readiness: Readiness, settings: Settings) -> AsyncIterator[Serve
 
 def registry_readiness(settings: Settings) -> Readiness:
     async def build(stores: Stores) -> Built:
-        return Built(build_registry(settings, stores.redis))
+        return Built((await build_registry(settings, stores)).service)
 
     return Readiness(settings, "sieve-registry", [REGISTRY], build, redis=True, postgres=False)
 

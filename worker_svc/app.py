@@ -1,0 +1,120 @@
+"""One worker's parts, started and stopped in order.
+
+Start-up: the lexicon from PostgreSQL, the OCR engine when the worker takes OCR_IMAGE tasks (its mode decides
+`gpu_available` and the default concurrency), then the group-commit writers, the lexicon watch, registry
+registration and heartbeats, and the Pull stream to the scheduler. When OCR falls back from GPU to CPU mode,
+the worker stops announcing a GPU and registers its resources again. Drain (SIGTERM): no new credits,
+in-flight tasks finish and are acked, the stream closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+import asyncpg
+
+from sieve import rpc
+from sieve.db.tasks import TaskStore, type_value
+from sieve.settings import Settings
+from worker_svc.lexicon import Lexicon
+from worker_svc.pressure import Pressure
+from worker_svc.puller import Puller
+from worker_svc.registration import RegistryClient
+from worker_svc.resources import ResourceSampler
+from worker_svc.runner import BatchRunner
+from worker_svc.tracing import ObservedRunner
+
+if TYPE_CHECKING:  # the OCR modules need the `ocr` extra: imported only by workers that take OCR_IMAGE
+    from worker_svc.ocr.mode import EngineMode
+    from worker_svc.ocr.runtime import ModeSwitch, OcrRuntime
+
+log = logging.getLogger("sieve.worker")
+
+#: slots of a text worker when SIEVE_WORKER_CONCURRENCY is 0: matching is quick, the wait is I/O
+DEFAULT_TEXT_CONCURRENCY = 200
+
+
+class WorkerApp:
+    """One worker process's parts and their order: the lexicon, the OCR runtime (OCR_IMAGE workers only), the
+    `BatchRunner` and its group commits, the `Puller` (slots, credits, the Pull stream), the `RegistryClient`
+    (registration, heartbeats); `start` brings them up, `drain` lets in-flight work finish, `close` stops all.
+
+    Its `service` has no RPCs of its own: the worker serves gRPC health only, and the server's drain step
+    (`before_stop`) is the worker's `drain`."""
+
+    def __init__(self, settings: Settings, pool: asyncpg.Pool) -> None:
+        self.settings = settings
+        self.worker_id = settings.effective_worker_id
+        self.task_types = [type_value(t) for t in settings.worker_types]
+        self.lexicon = Lexicon(pool, settings)
+        #: OCR engine and pipeline, only on a worker that takes OCR_IMAGE tasks (loaded in start)
+        self.ocr = _ocr_runtime(settings) if "OCR_IMAGE" in settings.worker_types else None
+        self.runner = BatchRunner(TaskStore(pool), self.lexicon, self.worker_id, settings, ocr=self.ocr)
+        self.sampler = ResourceSampler(settings)
+        self.concurrency = settings.worker_concurrency or DEFAULT_TEXT_CONCURRENCY
+        self.puller = Puller(settings, self.worker_id, self.task_types, self.sampler.gpu_present,
+                             self.concurrency, ObservedRunner(self.runner, self.worker_id),
+                             Pressure(self.sampler, settings))
+        self.puller.holds = self.runner.holds  # a hung OCR thread keeps its slot until it returns
+        self.registry = RegistryClient(settings, self.sampler, self.task_types, lambda: self.puller.in_use,
+                                       gpu_available=self._ocr_gpu if self.ocr else None,
+                                       concurrency=lambda: self.puller.concurrency)
+        self.stop_event = asyncio.Event()
+        self._background: list[asyncio.Task[None]] = []
+        self._pulling: asyncio.Task[None] | None = None
+        self.service = rpc.Service(name="sieve-worker", service_names=[], register=lambda server: None,
+                                   before_stop=self.drain)
+
+    async def start(self) -> None:
+        await self.lexicon.start()
+        if self.ocr is not None:
+            await self._start_ocr(self.ocr)
+        self._background = [asyncio.create_task(c) for c in
+                            (self.runner.starts.run(), self.runner.results.run(), self.lexicon.watch(),
+                             self.registry.run(self.stop_event))]
+        self._pulling = asyncio.create_task(self.puller.run(self.stop_event))
+        log.info("worker %s ready: types %s, %d slots", self.worker_id, self.settings.worker_types,
+                 self.concurrency)
+
+    async def _start_ocr(self, ocr: OcrRuntime) -> None:
+        """Loads the engine (off the event loop); its mode sets the GPU flag and the default slots."""
+        await ocr.start()
+        self.puller.gpu = ocr.gpu
+        if not self.settings.worker_concurrency:
+            self.concurrency = self.puller.concurrency = ocr.default_concurrency()
+        ocr.add_mode_listener(self._ocr_mode_changed)
+
+    def _ocr_gpu(self) -> bool:
+        return self.ocr is not None and self.ocr.gpu
+
+    def _ocr_mode_changed(self, switch: ModeSwitch, mode: EngineMode) -> None:
+        log.warning("worker %s: OCR now in %s mode; registering again", self.worker_id, mode.name)
+        self.puller.gpu = mode.gpu
+        self.puller.announce()  # the scheduler routes GPU work elsewhere from now on
+        self.registry.register_again()
+
+    async def drain(self) -> None:
+        """No new credits; in-flight tasks finish and are acked; the stream closes."""
+        self.stop_event.set()
+        if self._pulling is not None:
+            await self._pulling
+
+    async def close(self) -> None:
+        self.stop_event.set()
+        tasks = [*self._background, *([self._pulling] if self._pulling else [])]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.ocr is not None:
+            await self.ocr.close()
+
+
+def _ocr_runtime(settings: Settings) -> OcrRuntime:
+    from worker_svc.ocr.runtime import OcrRuntime
+
+    return OcrRuntime(settings)
