@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -121,7 +122,7 @@ def start_embedded_redis(data_dir: Path, timeout_s: float = 15.0) -> str:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and proc.poll() is None:
             if redis_answers("127.0.0.1", port):
-                _stoppers.append(("redis", lambda p=proc: _stop_process(p, "valkey-server")))
+                _stoppers.append(("redis", functools.partial(_stop_process, proc, "valkey-server")))
                 return f"redis://127.0.0.1:{port}/0"
             time.sleep(0.1)
         last_error = f"exit code {proc.poll()}" if proc.poll() is not None else f"no PONG in {timeout_s:.0f}s"
@@ -163,7 +164,7 @@ def postgres_answers(url: str, timeout_s: float = 3.0) -> bool:
     async def probe() -> bool:
         conn = await asyncpg.connect(url, timeout=timeout_s)
         try:
-            return await conn.fetchval("SELECT 1", timeout=timeout_s) == 1
+            return bool(await conn.fetchval("SELECT 1", timeout=timeout_s) == 1)
         finally:
             await conn.close(timeout=timeout_s)
 
@@ -200,7 +201,7 @@ def start_embedded_postgres(data_dir: Path) -> str:
     pgdata = data_dir / "pg"
     _prune_dead_handles(pgdata)
     try:
-        server = pgserver.get_server(pgdata, cleanup_mode="stop")
+        server = pgserver.get_server(pgdata, cleanup_mode="stop")  # type: ignore[attr-defined]
     except Exception as exc:
         raise EmbeddedError(
             f"embedded PostgreSQL (pgserver) did not start: {exc}; see {pgdata / 'log'}") from exc

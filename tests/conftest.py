@@ -15,10 +15,10 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
+from sieve.redis.keys import Keys
 from sieve.settings import Settings
-
-REDIS_URL = os.environ.get("SIEVE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-DATABASE_URL = os.environ.get("SIEVE_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+from tests.support.redis import delete_prefix
+from tests.support.stores import DATABASE_URL, REDIS_URL, drop_schema
 
 
 def _missing(what: str, exc: Exception) -> None:
@@ -59,11 +59,9 @@ async def redis(settings: Settings) -> AsyncIterator[Redis]:
         await client.aclose()
         _missing("Redis", exc)
     # Redis is initialised for this prefix, as the scheduler does at start (rebuild from PostgreSQL)
-    await client.set("{" + settings.redis_prefix + "}:generation", "test")
+    await client.set(Keys(settings.redis_prefix).generation, "test")
     yield client
-    keys = [k async for k in client.scan_iter(match="{" + settings.redis_prefix + "}*", count=1000)]
-    for i in range(0, len(keys), 500):
-        await client.delete(*keys[i : i + 500])
+    await delete_prefix(client, settings.redis_prefix)
     await client.aclose()
 
 
@@ -78,8 +76,4 @@ async def pg(settings: Settings) -> AsyncIterator[asyncpg.Pool]:
         _missing("PostgreSQL", exc)
     yield pool
     await pool.close()
-    conn = await asyncpg.connect(settings.database_url)
-    try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{settings.database_schema}" CASCADE')
-    finally:
-        await conn.close()
+    await drop_schema(settings.database_url, settings.database_schema)

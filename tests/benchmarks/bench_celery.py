@@ -33,7 +33,8 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from tests.benchmarks.cluster import REDIS_URL
+from tests.support.redis import delete_matching
+from tests.support.stores import REDIS_URL
 
 REQUIREMENT = "celery[redis]==5.*"
 VENV = Path(os.environ.get("SIEVE_BENCH_CELERY_VENV", Path.home() / ".cache" / "sieve-bench" / "celery-venv"))
@@ -203,9 +204,7 @@ def stop(worker: subprocess.Popen[bytes]) -> None:
 async def delete_keys(prefix: str) -> None:
     redis = Redis.from_url(REDIS_URL)
     try:
-        keys = [k async for k in redis.scan_iter(match=prefix + "*", count=1000)]
-        for i in range(0, len(keys), 500):
-            await redis.delete(*keys[i : i + 500])
+        await delete_matching(redis, prefix + "*")  # Celery's own keys (its broker prefix), not Sieve's
     finally:
         await redis.aclose()
 

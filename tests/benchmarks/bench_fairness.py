@@ -41,11 +41,12 @@ from sieve.redis.entry import Entry
 from sieve.redis.queue_store import QueueStore, now_ms
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2_grpc
-from tests.benchmarks.cluster import REDIS_URL, cleanup, running_cluster
+from tests.benchmarks.cluster import cleanup, running_cluster
 from tests.benchmarks.common import jain, mac, pct, submit_all, task_timings, text, wait_final
 from tests.benchmarks.report import Row, num
 from tests.benchmarks.timed_worker import Start, TimedWorker
-from tests.e2e.conftest import Cluster
+from tests.support.cluster import Cluster
+from tests.support.stores import REDIS_URL
 
 NOISY_P99_S = 0.1
 JAIN_MIN = 0.99

@@ -35,9 +35,10 @@ from sieve import rpc
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 from tests.benchmarks.cluster import running_cluster
+from tests.benchmarks.common import submit_all
 from tests.benchmarks.report import Row
-from tests.e2e.conftest import Cluster
 from tests.ocr_samples import SAMPLES, character_errors, find_cjk_font, render_all
+from tests.support.cluster import Cluster
 
 TARGET = 0.9
 
@@ -144,9 +145,7 @@ async def measure(rounds: int = 3, repeats: int = 3, workers: int = 1, log: Call
                     device += 1
                 target = len(specs) + await pg.fetchval("SELECT count(*) FROM results")
                 began = time.perf_counter()
-                for i in range(0, len(specs), 20):
-                    reply = await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=specs[i : i + 20]))
-                    assert all(item.code == 0 for item in reply.items), reply
+                await submit_all(stub, specs, chunk=20)
                 while await pg.fetchval(  # noqa: ASYNC110 - results are counted in PostgreSQL
                         "SELECT count(*) FROM tasks WHERE status IN ('SUCCEEDED', 'FAILED')") < target:
                     await asyncio.sleep(0.05)

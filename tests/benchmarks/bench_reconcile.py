@@ -31,8 +31,8 @@ from sieve.db.tasks import RECONCILE_PAGE_SETTINGS, RECONCILE_PAGE_SQL, TaskStor
 from sieve.redis.entry import Entry
 from sieve.redis.queue_store import QueueStore, now_ms
 from sieve.settings import Settings
-from tests.benchmarks.cluster import REDIS_URL
-from tests.conftest import DATABASE_URL
+from tests.support.redis import delete_prefix
+from tests.support.stores import DATABASE_URL, REDIS_URL, drop_schema
 
 
 def _ms(moment: object) -> int:
@@ -153,14 +153,8 @@ async def main() -> None:
             print(f"RESULT without an index of open tasks: one pass {without * 1000:.0f} ms")
     finally:
         await pg.close()
-        conn = await asyncpg.connect(settings.database_url)
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{settings.database_schema}" CASCADE')
-        finally:
-            await conn.close()
-        keys = [k async for k in redis.scan_iter(match="{" + settings.redis_prefix + "}*", count=1000)]
-        for i in range(0, len(keys), 500):
-            await redis.delete(*keys[i:i + 500])
+        await drop_schema(settings.database_url, settings.database_schema)
+        await delete_prefix(redis, settings.redis_prefix)
         await redis.aclose()
 
 

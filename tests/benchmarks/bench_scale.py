@@ -34,7 +34,7 @@ from tests.benchmarks.bench_throughput import TEXTS
 from tests.benchmarks.cluster import running_cluster
 from tests.benchmarks.common import count_final, mac, submit_all, wait_final
 from tests.benchmarks.report import Row, num
-from tests.e2e.conftest import Cluster
+from tests.support.cluster import Cluster
 
 TARGET = 0.8
 

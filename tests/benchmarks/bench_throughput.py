@@ -24,8 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sieve import rpc
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 from tests.benchmarks.cluster import running_cluster
-from tests.benchmarks.common import wait_final
-from tests.e2e.conftest import Cluster
+from tests.benchmarks.common import submit_all, wait_final
+from tests.support.cluster import Cluster
 
 TEXTS = ["今天天气很好", "欢迎加 微 信领取优惠", "这里有 赌.博 网站", "ｃａｓｉｎｏ night", "hello world",
          "免费领取 free money", "正常的产品评论", "cocaine is bad", "六合彩开奖", "nothing to see here"]
@@ -81,16 +81,8 @@ async def measure(tasks: int = 20000, devices: int = 200, workers: int = 2, batc
                 specs = [intake_pb2.TaskSpec(device_id=f"30:00:00:00:{d // 256:02x}:{d % 256:02x}",
                                              type=types_pb2.TASK_TYPE_TEXT, text=f"{rng.choice(TEXTS)} {i}")
                          for i, d in enumerate(rng.randrange(devices) for _ in range(tasks))]
-                batches = [specs[i : i + batch] for i in range(0, len(specs), batch)]
-                sem = asyncio.Semaphore(concurrency)
-
-                async def send(chunk: list[intake_pb2.TaskSpec]) -> None:
-                    async with sem:
-                        reply = await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=chunk))
-                        assert all(item.code == 0 for item in reply.items), reply.items[0].message
-
                 t0 = time.perf_counter()
-                await asyncio.gather(*(send(b) for b in batches))
+                await submit_all(stub, specs, chunk=batch, concurrency=concurrency)
                 submitted = time.perf_counter() - t0
                 done = await wait_final(pg, tasks + idle_tasks, timeout_s, statuses=("SUCCEEDED",))
                 out.seconds = done - t0

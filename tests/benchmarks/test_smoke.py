@@ -20,10 +20,11 @@ import pytest
 from redis.asyncio import Redis
 
 from tests.benchmarks import bench_fairness, bench_scale
-from tests.benchmarks.cluster import DATABASE_URL, REDIS_URL, running_cluster
+from tests.benchmarks.cluster import running_cluster
 from tests.benchmarks.common import FINAL
 from tests.benchmarks.sizes import SMOKE
-from tests.e2e.conftest import Cluster
+from tests.support.cluster import Cluster
+from tests.support.stores import DATABASE_URL, REDIS_URL
 
 pytestmark = pytest.mark.e2e
 

@@ -19,7 +19,7 @@ from sieve.db import create_pool
 from sieve.db.tasks import Outcome, Started, TaskStore
 from sieve.settings import Settings
 from sieve.v1 import scheduler_pb2, types_pb2
-from tests.e2e.conftest import Cluster
+from tests.support.cluster import Cluster
 from worker_svc.detection import Retry
 from worker_svc.lexicon import Lexicon
 from worker_svc.pressure import Pressure

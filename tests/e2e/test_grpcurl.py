@@ -22,8 +22,8 @@ import pytest
 
 from sieve import rpc
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
-from tests.e2e.conftest import ROOT, Cluster
-from tests.integration.conftest import tiny_png
+from tests.support.cluster import ROOT, Cluster
+from tests.support.tasks import tiny_png
 
 pytestmark = pytest.mark.e2e
 

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sieve import rpc
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
-from tests.e2e.conftest import Cluster
+from tests.support.cluster import Cluster
 
 pytestmark = pytest.mark.e2e
 

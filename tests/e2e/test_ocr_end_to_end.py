@@ -15,8 +15,8 @@ from redis.asyncio import Redis
 from sieve import rpc
 from sieve.redis.worker_records import WorkerRecords
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
-from tests.e2e.conftest import Cluster, free_port
 from tests.ocr_samples import SAMPLES, character_errors, render, require_cjk_font
+from tests.support.cluster import Cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -30,17 +30,9 @@ async def test_an_ocr_worker_process_reads_submitted_images_and_stops_cleanly(
     c = cluster_env
     s = c.settings
     # Given registry, scheduler (OCR to CPU workers while no GPU worker is alive), intake and one OCR worker
-    c.start("registry", "registry_svc")
-    await c.wait_healthy(s.registry_addr, "registry")
-    c.start("scheduler", "scheduler_svc", SIEVE_NO_GPU_STRATEGY="cpu")
-    await c.wait_healthy(s.scheduler_addr, "scheduler")
-    c.start("intake", "intake_svc")
-    await c.wait_healthy(s.intake_addr, "intake")
-    port = free_port()
-    c.start("ocr-worker", "worker_svc", SIEVE_WORKER_ID="ocr-worker", SIEVE_WORKER_TASK_TYPES="OCR_IMAGE",
-            SIEVE_WORKER_HEALTH_ADDR=f"127.0.0.1:{port}",
-            SIEVE_OCR_CACHE_DIR=str(c.log_dir / "ocr-cache"))
-    await c.wait_healthy(f"127.0.0.1:{port}", "ocr-worker", timeout_s=120)
+    await c.start_in_order(env_of={"scheduler": {"SIEVE_NO_GPU_STRATEGY": "cpu"}})
+    await c.add_worker("ocr-worker", timeout_s=120, SIEVE_WORKER_TASK_TYPES="OCR_IMAGE",
+                       SIEVE_OCR_CACHE_DIR=str(c.log_dir / "ocr-cache"))
 
     # When six images are submitted
     samples = SAMPLES[:6]

@@ -18,8 +18,8 @@ from sieve import rpc
 from sieve.redis.keys import Keys
 from sieve.redis.worker_records import WorkerRecords
 from sieve.v1 import intake_pb2, intake_pb2_grpc, registry_pb2, registry_pb2_grpc, types_pb2
-from tests.e2e.conftest import Cluster, free_port
 from tests.ocr_samples import SAMPLES, render, require_cjk_font
+from tests.support.cluster import Cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -49,16 +49,9 @@ async def test_ocr_runs_out_of_the_box_without_gpus_and_defer_applies_once_gpu_w
     c = cluster_env
     s = c.settings
     # Given every service with its defaults and one worker taking TEXT and OCR_IMAGE, on a machine without a GPU
-    c.start("registry", "registry_svc")
-    await c.wait_healthy(s.registry_addr, "registry")
-    c.start("scheduler", "scheduler_svc")
-    await c.wait_healthy(s.scheduler_addr, "scheduler")
-    c.start("intake", "intake_svc")
-    await c.wait_healthy(s.intake_addr, "intake")
-    port = free_port()
-    c.start("worker", "worker_svc", SIEVE_WORKER_ID="worker", SIEVE_WORKER_TASK_TYPES="TEXT,OCR_IMAGE",
-            SIEVE_WORKER_HEALTH_ADDR=f"127.0.0.1:{port}", SIEVE_OCR_CACHE_DIR=str(c.log_dir / "ocr-cache"))
-    await c.wait_healthy(f"127.0.0.1:{port}", "worker", timeout_s=180)
+    await c.start_in_order()
+    await c.add_worker("worker", timeout_s=180, SIEVE_WORKER_TASK_TYPES="TEXT,OCR_IMAGE",
+                       SIEVE_OCR_CACHE_DIR=str(c.log_dir / "ocr-cache"))
     image = render(SAMPLES[1], font)
 
     async with rpc.channel(s.intake_addr, s) as channel:

@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from sieve import rpc
 from sieve.redis.queue_store import QueueStore
 from sieve.v1 import intake_pb2, intake_pb2_grpc, registry_pb2, registry_pb2_grpc, types_pb2
-from tests.e2e.conftest import Cluster, free_port
+from tests.support.cluster import Cluster
 
 pytestmark = pytest.mark.e2e
 
@@ -28,21 +28,11 @@ FAST = {"SIEVE_HEARTBEAT_INTERVAL_S": "1", "SIEVE_WORKER_TTL_S": "3", "SIEVE_PRE
 
 async def start_core(c: Cluster) -> None:
     c.env.update(FAST)
-    c.start("registry", "registry_svc")
-    await c.wait_healthy(c.settings.registry_addr, "registry")
-    c.start("scheduler", "scheduler_svc")
-    await c.wait_healthy(c.settings.scheduler_addr, "scheduler")
-    c.start("intake", "intake_svc")
-    await c.wait_healthy(c.settings.intake_addr, "intake")
+    await c.start_in_order()
 
 
 async def start_worker(c: Cluster, name: str, readings: Path) -> None:
-    port = free_port()
-    c.metrics[name] = f"127.0.0.1:{free_port()}"
-    c.start(name, "worker_svc", SIEVE_WORKER_ID=name, SIEVE_WORKER_HEALTH_ADDR=f"127.0.0.1:{port}",
-            SIEVE_WORKER_METRICS_ADDR=c.metrics[name],
-            SIEVE_FIXED_RESOURCES=f"file:{readings}", SIEVE_TEST_HOOKS="true")
-    await c.wait_healthy(f"127.0.0.1:{port}", name)
+    await c.add_worker(name, metrics=True, SIEVE_FIXED_RESOURCES=f"file:{readings}", SIEVE_TEST_HOOKS="true")
 
 
 def readings(tmp_path: Path, name: str, memory: int) -> Path:

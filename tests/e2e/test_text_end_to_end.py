@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from sieve import rpc
 from sieve.redis.queue_store import QueueStore
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
-from tests.e2e.conftest import Cluster
+from tests.support.cluster import Cluster
 from worker_svc.text import Matcher, load_lexicon_file
 
 pytestmark = pytest.mark.e2e

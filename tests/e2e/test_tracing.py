@@ -24,7 +24,7 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from sieve import rpc
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
-from tests.e2e.conftest import Cluster
+from tests.support.cluster import Cluster
 
 pytestmark = pytest.mark.e2e
 

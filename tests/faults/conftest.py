@@ -9,32 +9,31 @@ import pytest
 from redis.asyncio import Redis
 
 from sieve.settings import Settings
-from tests.e2e.conftest import Cluster, free_port, service_env
-from tests.faults.harness import AUDITS, Audit, RedisServer
+from tests.faults.harness import AUDITS, Audit
+from tests.support.cluster import Cluster, on_free_ports, service_env
+from tests.support.servers import RedisProcess
 
 
 @pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
+def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
+    """A redis-server of the test's own, with no persistence: a restart really loses everything."""
+    server = RedisProcess(tmp_path)
     server.start()
     yield server
     server.kill()
 
 
 @pytest.fixture
-async def own_redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
+async def own_redis(redis_server: RedisProcess) -> AsyncIterator[Redis]:
     client = Redis.from_url(redis_server.url, decode_responses=True)
     yield client
     await client.aclose()
 
 
 @pytest.fixture
-def fault_cluster(settings: Settings, redis_server: RedisServer, pg: object, tmp_path: Path) -> Iterator[Cluster]:
+def fault_cluster(settings: Settings, redis_server: RedisProcess, pg: object, tmp_path: Path) -> Iterator[Cluster]:
     """A cluster on the test's own Redis server and PostgreSQL schema (services not started yet)."""
-    ports = {name: free_port() for name in ("intake", "scheduler", "registry")}
-    settings = settings.replace(redis_url=redis_server.url, intake_addr=f"127.0.0.1:{ports['intake']}",
-                                scheduler_addr=f"127.0.0.1:{ports['scheduler']}",
-                                registry_addr=f"127.0.0.1:{ports['registry']}")
+    settings = on_free_ports(settings.replace(redis_url=redis_server.url))
     env = service_env(settings)
     cluster = Cluster.create(settings, env, tmp_path)
     yield cluster

@@ -1,15 +1,13 @@
-"""The fault-injection harness: every service as a process on a Redis server of its own (so it can be
-restarted for real), a load of known tasks submitted with idempotency keys and retried like a client
-would, and the final audit in PostgreSQL."""
+"""The fault-injection harness: every service as a process (tests/support/cluster.py) on a Redis server of its
+own (tests/support/servers.py, so it can be restarted for real), a load of known tasks submitted with idempotency
+keys and retried like a client would, and the final audit in PostgreSQL."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import re
-import shutil
 import signal
-import subprocess
 import time
 import uuid
 from collections import Counter
@@ -21,10 +19,11 @@ import grpc
 from redis.asyncio import Redis
 
 from sieve import rpc
+from sieve.launch import free_port
 from sieve.redis.queue_store import QueueStore
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
-from tests.e2e.conftest import Cluster, free_port
+from tests.support.cluster import Cluster
 
 TASKS = 2000
 DEVICES = 50
@@ -34,39 +33,6 @@ FAST_ENV = {
     "SIEVE_HOUSEKEEPING_INTERVAL_S": "0.3", "SIEVE_SHUTDOWN_GRACE_S": "5",
     "SIEVE_MAX_TOTAL_PENDING": "20000", "SIEVE_MAX_PER_DEVICE_PENDING": "2000", "SIEVE_RETRY_BACKOFF_BASE_S": "0.2",
 }
-
-
-class RedisServer:
-    """A redis-server of the test's own, with no persistence: a restart really loses everything."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.port = free_port()
-        self.log_dir = log_dir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        assert binary, "redis-server is needed for the fault suite"
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.log_dir)], stdout=(self.log_dir / "redis.log").open("ab"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with __import__("socket").create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError("redis-server did not start")
-
-    def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @dataclass
@@ -212,9 +178,7 @@ async def start_services(c: Cluster, *, schedulers: int = 1, workers: int = 2) -
 
 
 async def start_worker(c: Cluster, name: str) -> None:
-    port = free_port()
-    c.start(name, "worker_svc", SIEVE_WORKER_ID=name, SIEVE_WORKER_HEALTH_ADDR=f"127.0.0.1:{port}")
-    await c.wait_healthy(f"127.0.0.1:{port}", name)
+    await c.add_worker(name)
 
 
 def kill9(c: Cluster, name: str) -> None:

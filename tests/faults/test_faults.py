@@ -15,18 +15,18 @@ from redis.asyncio import Redis
 from sieve import rpc
 from sieve.redis.queue_store import QueueStore
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
-from tests.e2e.conftest import Cluster
 from tests.faults.harness import (
     AUDITS,
     TASKS,
     Audit,
     Load,
-    RedisServer,
     audit,
     kill9,
     start_services,
     when_results_reach,
 )
+from tests.support.cluster import Cluster
+from tests.support.servers import RedisProcess
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -75,7 +75,7 @@ async def test_one_of_two_scheduler_replicas_killed_loses_nothing(
 
 
 async def test_redis_restarted_empty_loses_nothing(
-        fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis, redis_server: RedisServer) -> None:
+        fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis, redis_server: RedisProcess) -> None:
     c = fault_cluster
     await start_services(c, workers=2)
 

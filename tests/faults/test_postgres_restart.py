@@ -43,18 +43,17 @@ from redis.asyncio import Redis
 from sieve.db import create_pool
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc
-from tests.e2e.conftest import Cluster, free_port, service_env
 from tests.faults.harness import (
     AUDITS,
     TASKS,
     Load,
-    RedisServer,
     audit,
     start_services,
     wait_all_final,
     when_results_reach,
 )
-from tests.faults.stores import PostgresProcess, postgres_bin
+from tests.support.cluster import Cluster, on_free_ports, service_env
+from tests.support.servers import PostgresProcess, RedisProcess, postgres_bin
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -127,14 +126,10 @@ def pg_server() -> Iterator[PostgresProcess]:
 
 
 @pytest.fixture
-def pg_cluster(settings: Settings, redis_server: RedisServer, pg_server: PostgresProcess,
+def pg_cluster(settings: Settings, redis_server: RedisProcess, pg_server: PostgresProcess,
                tmp_path: Path) -> Iterator[Cluster]:
     """A cluster on the test's own Redis and PostgreSQL servers (services not started yet)."""
-    ports = {name: free_port() for name in ("intake", "scheduler", "registry")}
-    settings = settings.replace(redis_url=redis_server.url, database_url=pg_server.url,
-                                intake_addr=f"127.0.0.1:{ports['intake']}",
-                                scheduler_addr=f"127.0.0.1:{ports['scheduler']}",
-                                registry_addr=f"127.0.0.1:{ports['registry']}")
+    settings = on_free_ports(settings.replace(redis_url=redis_server.url, database_url=pg_server.url))
     # metrics on ports of their own (the default ports are one per host)
     env = service_env(settings, **{f"SIEVE_{n}_METRICS_ADDR": "127.0.0.1:0"
                                    for n in ("INTAKE", "SCHEDULER", "REGISTRY", "WORKER")})

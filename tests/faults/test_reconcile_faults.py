@@ -33,7 +33,6 @@ from sieve import rpc
 from sieve.redis.keys import PRIORITIES
 from sieve.redis.queue_store import QueueStore
 from sieve.v1 import intake_pb2, intake_pb2_grpc, registry_pb2, registry_pb2_grpc, types_pb2
-from tests.e2e.conftest import Cluster
 from tests.faults.harness import (
     AUDITS,
     FAST_ENV,
@@ -49,6 +48,8 @@ from tests.faults.harness import (
     when_results_reach,
 )
 from tests.integration.pull_client import ScriptedWorker
+from tests.support.cluster import Cluster
+from tests.support.counters import counters
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -107,13 +108,12 @@ def assert_clean(a: Audit, accepted: int) -> None:
 
 async def counters_exact(redis: Redis, queues: QueueStore) -> None:
     """Nothing is left anywhere: no queued entry, no lease, no delayed task, every counter at zero."""
-    keys = [k async for k in redis.scan_iter(match=queues.keys.base + ":q:*")]
-    assert [k for k in keys if await redis.llen(k)] == []
+    now = await counters(redis, queues.keys)
+    assert [k for k, n in now.queue_lengths.items() if n] == []
     assert await redis.zcard(queues.keys.leases) == 0 and await redis.hlen(queues.keys.lease_data) == 0
     assert await redis.zcard(queues.keys.delayed) == 0
     assert await queues.pending() == 0
-    metas = [k async for k in redis.scan_iter(match=queues.keys.base + ":meta:*")]
-    assert {k: v for k in metas if (v := await redis.hget(k, "backlog")) not in (None, "0")} == {}
+    assert {k: n for k, n in now.backlogs.items() if n} == {}
 
 
 # --- (a) a device's keys deleted behind Sieve's back -----------------------------------------------------

@@ -25,9 +25,11 @@ import pytest
 from redis.asyncio import Redis
 
 from sieve import rpc
+from sieve.launch import free_port
+from sieve.redis.keys import Keys
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
-from tests.e2e.conftest import Cluster, free_port
 from tests.faults.harness import AUDITS, FAST_ENV, TASKS, Load, audit, kill9, start_worker, when_results_reach
+from tests.support.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -73,7 +75,7 @@ async def start_scheduler(c: Cluster, name: str) -> str:
 
 async def in_flight(redis: Redis, prefix: str) -> list[str]:
     """Tasks handed out and not settled (their leases)."""
-    return list(await redis.zrange("{" + prefix + "}:leases", 0, -1))
+    return list(await redis.zrange(Keys(prefix).leases, 0, -1))
 
 
 async def wait_settled(pg: asyncpg.Pool, redis: Redis, prefix: str, ids: list[str], timeout_s: float) -> float:
@@ -83,7 +85,7 @@ async def wait_settled(pg: asyncpg.Pool, redis: Redis, prefix: str, ids: list[st
     while True:
         left = await pg.fetchval("SELECT count(*) FROM tasks WHERE id = ANY($1::uuid[]) "
                                  "AND status IN ('PENDING', 'ASSIGNED', 'RUNNING')", ids)
-        scores = await redis.zmscore("{" + prefix + "}:leases", ids) if ids else []
+        scores = await redis.zmscore(Keys(prefix).leases, ids) if ids else []
         leased = sum(1 for score in scores if score is not None)
         if not left and not leased:
             return time.monotonic() - began
@@ -169,10 +171,7 @@ async def _tasks(c: Cluster, ids: list[str], timeout_s: float) -> list[types_pb2
 
 
 async def _ocr_worker(c: Cluster, name: str, **env: str) -> None:
-    port = free_port()
-    c.start(name, "worker_svc", SIEVE_WORKER_ID=name, SIEVE_WORKER_HEALTH_ADDR=f"127.0.0.1:{port}",
-            SIEVE_OCR_CACHE_DIR=str(c.log_dir / "ocr-cache"), **OCR_ENV, **env)
-    await c.wait_healthy(f"127.0.0.1:{port}", name, timeout_s=180)
+    await c.add_worker(name, timeout_s=180, SIEVE_OCR_CACHE_DIR=str(c.log_dir / "ocr-cache"), **OCR_ENV, **env)
 
 
 @pytest.mark.skipif(not _ocr_available(), reason="the `ocr` extra or the OCR models are not installed")

@@ -19,11 +19,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sieve import rpc
+from sieve.launch import free_port
 from sieve.rpc.readiness import LIVENESS
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
-from tests.e2e.conftest import Cluster, free_port, service_env
-from tests.faults.stores import PostgresProcess, RedisProcess
+from tests.support.cluster import Cluster, service_env
+from tests.support.servers import PostgresProcess, RedisProcess
 
 pytestmark = pytest.mark.e2e
 

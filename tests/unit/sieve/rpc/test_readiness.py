@@ -21,7 +21,7 @@ from sieve.redis.connection import EvictionCheck, EvictionPolicyError
 from sieve.rpc.readiness import LIVENESS, Built, Readiness, Stores
 from sieve.settings import Settings
 from sieve.v1 import registry_pb2, registry_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from tests.faults.stores import PostgresProcess, RedisProcess
+from tests.support.servers import PostgresProcess, RedisProcess
 
 REGISTRY = registry_pb2.DESCRIPTOR.services_by_name["RegistryService"].full_name
 SCHEDULER = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name

@@ -1,6 +1,6 @@
-"""Store servers of a test's own, started and stopped for real: a redis-server (any options) and a PostgreSQL
-cluster made with initdb in a temporary folder (run as the `postgres` user when the tests run as root, since
-PostgreSQL refuses to run as root)."""
+"""Store servers of a test's own, started, killed and restarted for real: a redis-server (any options, no
+persistence: a restart really loses everything) and a PostgreSQL cluster made with initdb in a temporary folder
+(run as the `postgres` user when the tests run as root, since PostgreSQL refuses to run as root)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.e2e.conftest import free_port
+from sieve.launch import free_port
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout_s: float = 30) -> None:
@@ -33,7 +33,8 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout_s: f
 
 
 class RedisProcess:
-    """A redis-server on a fixed port of its own, no persistence (a restart loses everything), extra options."""
+    """A redis-server on a fixed port of its own (`start` after `kill` comes back on the same port, empty), no
+    persistence, with extra options; its log is `redis-<port>.log` in `log_dir`."""
 
     def __init__(self, log_dir: Path, args: Sequence[str] = ()) -> None:
         self.port = free_port()
