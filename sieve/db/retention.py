@@ -44,6 +44,9 @@ from sieve.db.tasks import FINAL_STATUSES, OPEN_STATUSES
 from sieve.ids import datetime_ms, uuid7_floor
 from sieve.settings import Settings
 
+#: what the steps run their statements on: a connection taken from the pool
+_Connection = asyncpg.pool.PoolConnectionProxy
+
 log = logging.getLogger("sieve.db.retention")
 
 #: the partitioned tables and the column they are partitioned by (the task id)
@@ -157,7 +160,7 @@ class Retention:
             return await self._days(conn)
 
     # --- partitions ahead ---------------------------------------------------------------------------
-    async def _days(self, conn: asyncpg.Connection) -> list[date]:
+    async def _days(self, conn: _Connection) -> list[date]:
         rows = await conn.fetch(
             "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
             "WHERE i.inhparent = 'tasks'::regclass")
@@ -168,7 +171,7 @@ class Retention:
                 days.append(datetime.strptime(found.group(1), "%Y%m%d").date())
         return sorted(days)
 
-    async def _ensure_partitions(self, conn: asyncpg.Connection, now: datetime, report: RetentionReport) -> None:
+    async def _ensure_partitions(self, conn: _Connection, now: datetime, report: RetentionReport) -> None:
         """Today and the days ahead get partitions; a past day since the newest partition gets one only when the
         DEFAULT partition holds tasks of it (the job did not run that day)."""
         today = now.astimezone(UTC).date()
@@ -191,7 +194,7 @@ class Retention:
             except (asyncpg.LockNotAvailableError, asyncpg.DeadlockDetectedError) as exc:
                 log.warning("partition of %s not made this time (%s)", day, exc)
 
-    async def _create_day(self, conn: asyncpg.Connection, day: date) -> int:
+    async def _create_day(self, conn: _Connection, day: date) -> int:
         """Makes the tasks and results partitions of a day, moving the day's rows out of the DEFAULT partitions
         (an ATTACH of a table filled with them); returns how many task rows moved."""
         lo, hi = day_bounds(day)
@@ -212,7 +215,7 @@ class Retention:
         return moved
 
     # --- dropping old days --------------------------------------------------------------------------
-    async def _drop_old_days(self, conn: asyncpg.Connection, now: datetime, report: RetentionReport) -> None:
+    async def _drop_old_days(self, conn: _Connection, now: datetime, report: RetentionReport) -> None:
         cutoff = now - timedelta(days=self.retention_days)
         for day in await self._days(conn):
             if datetime.combine(day + timedelta(days=1), time(), UTC) > cutoff:
@@ -235,7 +238,7 @@ class Retention:
         if days:
             report.purged_keys += await self._purge_keys(conn, uuid.UUID(int=0), day_bounds(days[0])[0])
 
-    async def _settled(self, conn: asyncpg.Connection, day: date, cutoff: datetime) -> bool:
+    async def _settled(self, conn: _Connection, day: date, cutoff: datetime) -> bool:
         """Whether every task of the day is final and unchanged since before the cutoff: a plain read (no lock
         that would hold up the writers of the table); _drop_day checks again under its lock for open tasks, the
         only way a final task changes (a dead letter requeued)."""
@@ -251,7 +254,7 @@ class Retention:
                          still_open)
         return not busy
 
-    async def _drop_day(self, conn: asyncpg.Connection, day: date) -> bool:
+    async def _drop_day(self, conn: _Connection, day: date) -> bool:
         """Drops the day's two partitions unless a task in it was opened again meanwhile (a revived dead
         letter): the re-check reads the partial index of open tasks under the locks."""
         tasks, results = partition_name("tasks", day), partition_name("results", day)
@@ -266,7 +269,7 @@ class Retention:
         return True
 
     # --- the DEFAULT partitions and idempotency keys ------------------------------------------------------
-    async def _purge_default(self, conn: asyncpg.Connection, now: datetime, report: RetentionReport) -> None:
+    async def _purge_default(self, conn: _Connection, now: datetime, report: RetentionReport) -> None:
         """Deletes final rows of the DEFAULT partitions unchanged since the cutoff, in batches walking the
         primary key (each batch one statement: tasks, their results and idempotency keys together)."""
         cutoff = now - timedelta(days=self.retention_days)
@@ -289,16 +292,17 @@ class Retention:
                        (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM keys_gone) AS keys
                 """,
                 last, self.batch, list(FINAL_STATUSES), cutoff)
+            assert row is not None  # a SELECT of scalar subqueries answers exactly one row
             report.purged_default += row["deleted"]
             report.purged_keys += row["keys"]
             if row["seen"] < self.batch:
                 return
             last = row["last"]
 
-    async def _purge_keys(self, conn: asyncpg.Connection, lo: uuid.UUID, hi: uuid.UUID) -> int:
+    async def _purge_keys(self, conn: _Connection, lo: uuid.UUID, hi: uuid.UUID) -> int:
         """Deletes the idempotency keys of tasks in [lo, hi) that no longer exist, in batches walking the
         task-id index (a task has at most one key)."""
-        total = 0
+        total: int = 0
         last, first = lo, True
         while True:
             row = await conn.fetchrow(
@@ -317,6 +321,7 @@ class Retention:
                        (SELECT count(*) FROM chosen) AS seen, (SELECT count(*) FROM gone) AS deleted
                 """,
                 last, hi, self.batch, first)
+            assert row is not None  # a SELECT of scalar subqueries answers exactly one row
             total += row["deleted"]
             if row["seen"] < self.batch:
                 return total

@@ -119,10 +119,12 @@ def _start_tracing(state: Telemetry) -> None:
 
     storage = ChildSpansOnly(provider)
     RedisInstrumentor().instrument(tracer_provider=storage)
-    AsyncPGInstrumentor().instrument(tracer_provider=storage)
-    state.server_interceptors = [aio_server_interceptor(tracer_provider=provider, filter_=_not_health_server)]
-    state.client_interceptors = list(aio_client_interceptors(tracer_provider=provider,
-                                                             filter_=_not_health_client))
+    # the asyncpg and gRPC instrumentations leave these unannotated
+    AsyncPGInstrumentor().instrument(tracer_provider=storage)  # type: ignore[no-untyped-call]
+    state.server_interceptors = [
+        aio_server_interceptor(tracer_provider=provider, filter_=_not_health_server)]  # type: ignore[no-untyped-call]
+    state.client_interceptors = list(aio_client_interceptors(  # type: ignore[no-untyped-call]
+        tracer_provider=provider, filter_=_not_health_client))
 
 
 def _not_health_server(details: grpc.HandlerCallDetails) -> bool:
@@ -207,15 +209,18 @@ class _ChildOnlyTracer(trace.Tracer):
     def __init__(self, tracer: trace.Tracer) -> None:
         self._tracer = tracer
 
-    def start_span(self, name: str, context: otel_context.Context | None = None,  # type: ignore[override]
+    def start_span(self, name: str, context: otel_context.Context | None = None,
                    *args: Any, **kwargs: Any) -> trace.Span:
         if not _has_parent(context):
             return trace.INVALID_SPAN
         return self._tracer.start_span(name, context, *args, **kwargs)
 
-    @contextlib.contextmanager  # type: ignore[override]
-    def start_as_current_span(self, name: str, context: otel_context.Context | None = None,
-                              *args: Any, **kwargs: Any) -> Iterator[trace.Span]:
+    # The API declares its private _AgnosticContextManager (contextlib's manager that can also decorate a
+    # coroutine function) as the result; this is contextlib's own, used as a `with` block only.
+    @contextlib.contextmanager
+    def start_as_current_span(  # type: ignore[override]
+            self, name: str, context: otel_context.Context | None = None, *args: Any, **kwargs: Any,
+    ) -> Iterator[trace.Span]:
         if not _has_parent(context):
             yield trace.INVALID_SPAN
             return

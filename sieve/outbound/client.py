@@ -108,7 +108,7 @@ def _addresses(infos: list[tuple[Any, ...]]) -> list[tuple[IPAddress, int, int]]
     return list(seen.values())
 
 
-class VettingResolver(AbstractResolver):
+class VettingResolver(AbstractResolver):  # type: ignore[misc]  # aiohttp is Any to mypy (pyproject [tool.mypy])
     """The connector's resolver: one lookup per connection, every address vetted, exactly those returned."""
 
     def __init__(self, policy: OutboundPolicy, getaddrinfo: GetAddrInfo | None = None) -> None:

@@ -37,7 +37,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from google.protobuf import descriptor_pool, json_format, message_factory
@@ -159,21 +159,22 @@ def describe_raw_request(method: str, raw: Any) -> str:
         return f"<{len(raw)} bytes>"
     try:
         service, _, name = method.lstrip("/").rpartition("/")
-        method_desc = descriptor_pool.Default().FindServiceByName(service).methods_by_name[name]
+        pool = descriptor_pool.Default()  # type: ignore[no-untyped-call]  # types-protobuf leaves it unannotated
+        method_desc = pool.FindServiceByName(service).methods_by_name[name]
         request = message_factory.GetMessageClass(method_desc.input_type).FromString(raw)
     except Exception:
         return f"<{len(raw)} bytes, not a request of {method}>"
     return describe_request(request)
 
 
-def _peer(context: grpc.aio.ServicerContext) -> str:
+def _peer(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     try:
         return str(context.peer() or "")
     except Exception:
         return ""
 
 
-def _detail(context: grpc.aio.ServicerContext, outcome: str, error: BaseException | None) -> str:
+def _detail(context: grpc.aio.ServicerContext[Any, Any], outcome: str, error: BaseException | None) -> str:
     if outcome == "OK":
         return ""
     try:
@@ -220,7 +221,7 @@ class _AuditedContext:
 
     __slots__ = ("_context", "_on_abort")
 
-    def __init__(self, context: grpc.aio.ServicerContext,
+    def __init__(self, context: grpc.aio.ServicerContext[Any, Any],
                  on_abort: Callable[[str, str], Awaitable[None]]) -> None:
         self._context = context
         self._on_abort = on_abort
@@ -237,6 +238,10 @@ class _AuditedContext:
         await self._on_abort(code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN",
                              str(getattr(status, "details", "") or ""))
         await self._context.abort_with_status(status)
+
+
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
 
 
 class AuditInterceptor(grpc.aio.ServerInterceptor):
@@ -261,9 +266,9 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[_Req, _Resp] | None]],
         details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Any, _Resp] | None:
         method = details.method.decode() if isinstance(details.method, bytes) else str(details.method)
         current_principal.set(_UNDECIDED)
         handler = await continuation(details)
@@ -290,7 +295,7 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):
 
     def _wrap(self, behavior: Behavior, streaming: bool, kind: str | None, method: str,
               principal: Principal) -> Behavior:
-        def begin(request: Any, context: grpc.aio.ServicerContext) -> tuple[_Call, _AuditedContext]:
+        def begin(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> tuple[_Call, _AuditedContext]:
             peer = _peer(context)
             current_peer.set(peer)
             scope = CallScope(method, principal, peer, self.sink)
@@ -303,7 +308,7 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):
             return call, _AuditedContext(context, on_abort)
 
         if streaming and inspect.isasyncgenfunction(behavior):
-            async def streamed(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            async def streamed(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
                 (call, audited), error = begin(request, context), None
                 try:
                     async for response in behavior(request, audited):
@@ -316,7 +321,7 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):
 
             return streamed
 
-        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             (call, audited), error = begin(request, context), None
             try:
                 return await behavior(request, audited)
@@ -328,7 +333,8 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):
 
         return unary
 
-    async def _finish(self, call: _Call, context: grpc.aio.ServicerContext, error: BaseException | None) -> None:
+    async def _finish(self, call: _Call, context: grpc.aio.ServicerContext[Any, Any],
+                      error: BaseException | None) -> None:
         if call.done:
             return
         outcome = code_name(context, error)

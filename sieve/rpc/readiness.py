@@ -30,7 +30,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -103,6 +103,16 @@ class StoreUnavailable(Exception):
         return self.store.split(" at ", 1)[0]
 
 
+#: what `Readiness` waits out while it starts: a store that failed, or one of the errors it raises directly
+NOT_READY_YET: tuple[type[BaseException], ...] = (StoreUnavailable, *STORE_ERRORS)
+
+
+def _ping(client: Redis) -> Awaitable[bool]:
+    """PING on an async client. redis-py types its commands for its sync and async clients at once
+    (`Awaitable[bool] | bool`); on a redis.asyncio client the answer is the awaitable."""
+    return cast(Awaitable[bool], client.ping())
+
+
 class Stores:
     """The store clients of one process, created by `Readiness` (Redis lazily, PostgreSQL once reachable)."""
 
@@ -145,7 +155,7 @@ Build = Callable[[Stores], Awaitable[Built]]
 def _method_shapes(service_names: Sequence[str]) -> dict[str, tuple[bool, bool]]:
     """"/pkg.Service/Method" -> (client streaming, server streaming), from the default descriptor pool."""
     shapes: dict[str, tuple[bool, bool]] = {}
-    pool = descriptor_pool.Default()
+    pool = descriptor_pool.Default()  # type: ignore[no-untyped-call]  # types-protobuf leaves it unannotated
     for name in service_names:
         try:
             service = pool.FindServiceByName(name)
@@ -157,7 +167,7 @@ def _method_shapes(service_names: Sequence[str]) -> dict[str, tuple[bool, bool]]
 
 
 def _unavailable(message: Callable[[], str], streaming_request: bool, streaming_response: bool
-                 ) -> grpc.RpcMethodHandler:
+                 ) -> grpc.RpcMethodHandler[Any, Any]:
     return refusing_handler(grpc.StatusCode.UNAVAILABLE, message, streaming_request, streaming_response)
 
 
@@ -185,7 +195,7 @@ class _Routes(grpc.GenericRpcHandler):
         self.handlers: list[grpc.GenericRpcHandler] = []
         self._refusals = {method: _unavailable(readiness.refusal, *shape) for method, shape in self.shapes.items()}
 
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[Any, Any] | None:
         method = handler_call_details.method
         if not method.startswith(self.prefixes):
             return None
@@ -350,7 +360,7 @@ class Readiness:
                         log.exception("%s: start-up step failed", self.name)
                         raise StoreUnavailable("start-up step", exc) from exc
                 self._start_background()
-            except (StoreUnavailable, *STORE_ERRORS) as exc:
+            except NOT_READY_YET as exc:
                 self.reason = str(exc) if isinstance(exc, StoreUnavailable) else f"start-up: {_describe(exc)}"
                 self.waiting_for = exc.kind if isinstance(exc, StoreUnavailable) else "its start"
                 delay = backoff.next()
@@ -397,7 +407,7 @@ class Readiness:
                 if self.stores._redis is None:
                     self.stores._redis = redis_client(self.settings)
                 client = self._checker()
-                await asyncio.wait_for(client.ping(), PROBE_TIMEOUT_S)
+                await asyncio.wait_for(_ping(client), PROBE_TIMEOUT_S)
                 await asyncio.wait_for(self._eviction.check(client), PROBE_TIMEOUT_S)
             except STORE_ERRORS as exc:
                 raise StoreUnavailable(where, exc) from exc
@@ -448,7 +458,7 @@ class Readiness:
         """PING on Redis, SELECT 1 on PostgreSQL; StoreUnavailable naming the one that failed."""
         if self.needs_redis:
             try:
-                await asyncio.wait_for(self._checker().ping(), PROBE_TIMEOUT_S)
+                await asyncio.wait_for(_ping(self._checker()), PROBE_TIMEOUT_S)
             except STORE_ERRORS as exc:
                 raise StoreUnavailable(f"Redis at {redis_location(self.settings.redis_url)}", exc) from exc
         if self.needs_postgres:

@@ -13,8 +13,9 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -50,7 +51,7 @@ class Service:
     #: runs after health says NOT_SERVING and before the server stops (drain work here)
     before_stop: Callable[[], Awaitable[None]] | None = None
     #: background loops started with the server and cancelled at shutdown (after before_stop)
-    background: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    background: list[Callable[[], Coroutine[Any, Any, None]]] = field(default_factory=list)
 
 
 @dataclass
@@ -135,7 +136,7 @@ async def serve(running: RunningServer, settings: Settings, *, stop: asyncio.Eve
     waiter.cancel()
 
 
-def run_main(main: Callable[[], Awaitable[None]]) -> None:
+def run_main(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """Runs a service's main coroutine, then flushes its telemetry. (uvloop was measured side by side
     with grpc.aio here and made no difference, so the standard loop it is.)"""
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
@@ -35,27 +37,28 @@ def plain_status(code: grpc.StatusCode, message: str) -> status_pb2.Status:
     return status_pb2.Status(code=code.value[0], message=message)
 
 
-async def abort(context: grpc.aio.ServicerContext, status: status_pb2.Status) -> None:
+async def abort(context: grpc.aio.ServicerContext[Any, Any], status: status_pb2.Status) -> None:
     """Ends the RPC with a rich status (raises)."""
     await context.abort_with_status(rpc_status.to_status(status))
 
 
 def retry_delay_of(error: grpc.aio.AioRpcError) -> float | None:
     """The RetryInfo delay (seconds) of a refused call, if it carries one."""
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]  # typed for grpc.Call; AioRpcError has its methods
     if status is None:
         return None
     for detail in status.details:
         if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
             info = error_details_pb2.RetryInfo()
             detail.Unpack(info)
-            return info.retry_delay.ToMilliseconds() / 1000
+            delay_ms: int = info.retry_delay.ToMilliseconds()
+            return delay_ms / 1000
     return None
 
 
 def bad_fields_of(error: grpc.aio.AioRpcError) -> list[str]:
     """The fields named by a BadRequest detail of a refused call."""
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]  # typed for grpc.Call; AioRpcError has its methods
     fields: list[str] = []
     for detail in status.details if status else ():
         if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
