@@ -93,36 +93,48 @@ def parse_policies(text: str) -> dict[str, _Override]:
     for line in text.splitlines():
         line = line.split("#", 1)[0]
         for item in filter(None, (p.strip() for p in line.split(";"))):
-            name, sep, body = item.partition(":")
-            name = name.strip()
-            if not sep:
-                raise PolicyError(f"{SETTING}: entry {item[:40]!r} is not name:key=value,...")
-            if not name or len(name) > 128 or not name.isprintable() or _NAME_FORBIDDEN & set(name):
-                raise PolicyError(f"{SETTING}: bad caller name {name[:40]!r} (1..128 printable characters, "
-                                  "none of / : , ; #)")
+            name, body = _entry_name(item)
             if name in found:
                 raise PolicyError(f"{SETTING}: caller {name!r} appears twice")
-            fields: dict[str, object] = {}
-            for pair in filter(None, (p.strip() for p in body.split(","))):
-                key, eq, value = (s.strip() for s in pair.partition("="))
-                if not eq:
-                    raise PolicyError(f"{SETTING}: {name}: {pair[:40]!r} is not key=value")
-                if key in fields:
-                    raise PolicyError(f"{SETTING}: {name}: {key} given twice")
-                if key == "max_pending":
-                    fields[key] = _number(value, name, key, int)
-                elif key == "rate_per_s":
-                    fields[key] = _number(value, name, key, float)
-                elif key == "burst":
-                    fields[key] = _number(value, name, key, int)
-                elif key == "priorities":
-                    chosen = set() if value.lower() in ("", "none") else {_priority(p, name) for p in value.split("|")}
-                    fields[key] = frozenset(chosen & ENTITLED)
-                else:
-                    raise PolicyError(f"{SETTING}: {name}: unknown key {key!r} "
-                                      "(max_pending, rate_per_s, burst, priorities)")
-            found[name] = _Override(fields)
+            found[name] = _Override(_entry_fields(name, body))
     return found
+
+
+def _entry_name(item: str) -> tuple[str, str]:
+    """(caller name, the key=value,... rest) of one `name:key=value,...` entry."""
+    name, sep, body = item.partition(":")
+    name = name.strip()
+    if not sep:
+        raise PolicyError(f"{SETTING}: entry {item[:40]!r} is not name:key=value,...")
+    if not name or len(name) > 128 or not name.isprintable() or _NAME_FORBIDDEN & set(name):
+        raise PolicyError(f"{SETTING}: bad caller name {name[:40]!r} (1..128 printable characters, "
+                          "none of / : , ; #)")
+    return name, body
+
+
+def _entry_fields(name: str, body: str) -> dict[str, object]:
+    """The fields one caller's entry sets, from its `key=value,...` part."""
+    fields: dict[str, object] = {}
+    for pair in filter(None, (p.strip() for p in body.split(","))):
+        key, eq, value = (s.strip() for s in pair.partition("="))
+        if not eq:
+            raise PolicyError(f"{SETTING}: {name}: {pair[:40]!r} is not key=value")
+        if key in fields:
+            raise PolicyError(f"{SETTING}: {name}: {key} given twice")
+        fields[key] = _field_value(name, key, value)
+    return fields
+
+
+def _field_value(name: str, key: str, value: str) -> object:
+    """The value of one `key=value` of caller `name`'s entry."""
+    if key in ("max_pending", "burst"):
+        return _number(value, name, key, int)
+    if key == "rate_per_s":
+        return _number(value, name, key, float)
+    if key == "priorities":
+        chosen = set() if value.lower() in ("", "none") else {_priority(p, name) for p in value.split("|")}
+        return frozenset(chosen & ENTITLED)
+    raise PolicyError(f"{SETTING}: {name}: unknown key {key!r} (max_pending, rate_per_s, burst, priorities)")
 
 
 def default_max_pending(settings: Settings) -> int:
