@@ -21,9 +21,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from intake_svc.caller_limits import permission_denied
-from intake_svc.idempotency import Conflict
+from intake_svc.decisions import Accepted, Conflict, Refused
 from intake_svc.ownership import Owner
-from intake_svc.submission import Accepted, Refused, Submitter
+from intake_svc.submission import Submitter
 from intake_svc.task_view import new_task_message, task_message
 from intake_svc.validation import parse_task_id, validate_batch, validate_spec
 from sieve import rpc

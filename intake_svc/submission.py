@@ -14,13 +14,12 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import grpc
 
 from intake_svc.admission import RetryAdvisor
 from intake_svc.caller_limits import CallerLimits, priority_name
-from intake_svc.idempotency import Conflict
+from intake_svc.decisions import Accepted, Conflict, Decision, Refused
 from intake_svc.ownership import DeviceOwners, Ownership
 from intake_svc.tracing import count_decisions, enqueue_span, stamp_trace
 from sieve.caller_policy import CallerPolicy
@@ -32,27 +31,6 @@ from sieve.rpc.auth import Principal, current_principal
 from sieve.settings import Settings
 
 log = logging.getLogger("sieve.intake.submission")
-
-
-@dataclass(frozen=True, slots=True)
-class Accepted:
-    task_id: uuid.UUID
-    deduplicated: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Refused:
-    reason: str
-    message: str
-    retry_after_s: float
-    #: RESOURCE_EXHAUSTED (a limit: retry after retry_after_s) or PERMISSION_DENIED (not this caller's to do)
-    code: grpc.StatusCode = grpc.StatusCode.RESOURCE_EXHAUSTED
-    #: ErrorInfo of a PERMISSION_DENIED: its reason and metadata (the field, or the device)
-    error_reason: str = ""
-    error_metadata: tuple[tuple[str, str], ...] = ()
-
-
-Decision = Accepted | Refused | Conflict
 
 
 def _entry(task: NewTask, enqueued_ms: int) -> Entry:

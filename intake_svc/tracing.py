@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, TypeVar
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from intake_svc.decisions import Accepted, Decision, Refused
 from sieve.db.tasks import NewTask, type_name
 from sieve.observe import metrics, telemetry
 
 if TYPE_CHECKING:
-    from intake_svc.submission import Decision
     from sieve.redis.entry import Entry
 
-D = TypeVar("D", bound="Decision")
+D = TypeVar("D", bound=Decision)
 
 
 def stamp_trace(batch: list[NewTask]) -> list[NewTask]:
@@ -71,8 +71,6 @@ def enqueue_span(groups: dict[str, list[Entry]]) -> Iterator[None]:
 
 def count_decisions(decisions: Sequence[D]) -> list[D]:
     """Counts accepted, deduplicated and refused tasks; returns the decisions unchanged."""
-    from intake_svc.submission import Accepted, Refused
-
     for d in decisions:
         if isinstance(d, Accepted):
             metrics.SUBMITTED.labels("deduplicated" if d.deduplicated else "accepted").inc()
