@@ -89,19 +89,8 @@ def check_pixels(info: ImageInfo, max_pixels: int) -> None:
 def _jpeg(data: bytes, require_complete: bool) -> tuple[int, int]:
     pos = 2
     size: tuple[int, int] | None = None
-    n = len(data)
     while True:
-        if pos >= n:
-            raise ImageError("JPEG header is truncated (no frame header)" if size is None
-                             else "JPEG is truncated (no scan)")
-        if data[pos] != 0xFF:
-            raise ImageError(f"JPEG header is corrupt (no marker at byte {pos})")
-        while pos < n and data[pos] == 0xFF:  # fill bytes
-            pos += 1
-        if pos >= n:
-            raise ImageError("JPEG header is truncated")
-        marker = data[pos]
-        pos += 1
+        marker, pos = _jpeg_marker(data, pos, size)
         if marker in _JPEG_STANDALONE:
             continue
         if marker == 0xD9:
@@ -110,17 +99,42 @@ def _jpeg(data: bytes, require_complete: bool) -> tuple[int, int]:
         if length < 2:
             raise ImageError(f"JPEG header is corrupt (segment length {length})")
         if marker in _JPEG_SOF:
-            if pos + 7 > n:
-                raise ImageError("JPEG header is truncated (frame header)")
-            height, width = struct.unpack_from(">HH", data, pos + 3)
-            size = (width, height)
+            size = _jpeg_frame_size(data, pos)
         elif marker == 0xDA:  # start of scan: the header is over
-            if size is None:
-                raise ImageError("JPEG header is corrupt (scan before frame header)")
-            if require_complete and data.find(b"\xff\xd9", pos + length) == -1:
-                raise ImageError("JPEG is truncated (no end-of-image marker after its scan)")
-            return size
+            return _jpeg_scan(data, pos + length, size, require_complete)
         pos += length
+
+
+def _jpeg_marker(data: bytes, pos: int, size: tuple[int, int] | None) -> tuple[int, int]:
+    """(the marker at `pos`, after its fill bytes; the position after it). `size`: the frame's, once read."""
+    n = len(data)
+    if pos >= n:
+        raise ImageError("JPEG header is truncated (no frame header)" if size is None
+                         else "JPEG is truncated (no scan)")
+    if data[pos] != 0xFF:
+        raise ImageError(f"JPEG header is corrupt (no marker at byte {pos})")
+    while pos < n and data[pos] == 0xFF:  # fill bytes
+        pos += 1
+    if pos >= n:
+        raise ImageError("JPEG header is truncated")
+    return data[pos], pos + 1
+
+
+def _jpeg_frame_size(data: bytes, pos: int) -> tuple[int, int]:
+    """(width, height) of the frame header whose segment starts at `pos`."""
+    if pos + 7 > len(data):
+        raise ImageError("JPEG header is truncated (frame header)")
+    height, width = struct.unpack_from(">HH", data, pos + 3)
+    return width, height
+
+
+def _jpeg_scan(data: bytes, scan_at: int, size: tuple[int, int] | None, require_complete: bool) -> tuple[int, int]:
+    """The image size at the start of its scan (image data from `scan_at`)."""
+    if size is None:
+        raise ImageError("JPEG header is corrupt (scan before frame header)")
+    if require_complete and data.find(b"\xff\xd9", scan_at) == -1:
+        raise ImageError("JPEG is truncated (no end-of-image marker after its scan)")
+    return size
 
 
 def _png(data: bytes, require_complete: bool) -> tuple[int, int]:
