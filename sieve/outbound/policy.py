@@ -120,16 +120,25 @@ def non_public_reason(ip: IPAddress) -> str | None:
         if inner is not None:
             reason = non_public_reason(inner)
             return None if reason is None else f"{reason} (IPv4 inside IPv6)"
+    reason = _table_reason(ip)
+    return reason if reason is not None else _flag_reason(ip)
+
+
+def _table_reason(ip: IPAddress) -> str | None:
+    """The label of the first net of the address family's table that holds `ip` (IPv6: or site-local), else None."""
+    if isinstance(ip, IPv6Address):
         for net, label in _V6_TABLE:
             if ip in net:
                 return label
-        if ip.is_site_local:
-            return "site-local (deprecated)"
-    else:
-        for net4, label in _V4_TABLE:
-            if ip in net4:
-                return label
-    # the flags of `ipaddress`, as a second net under the tables
+        return "site-local (deprecated)" if ip.is_site_local else None
+    for net4, label4 in _V4_TABLE:
+        if ip in net4:
+            return label4
+    return None
+
+
+def _flag_reason(ip: IPAddress) -> str | None:
+    """The flags of `ipaddress`, as a second net under the tables: why `ip` is not public, else None."""
     if ip.is_unspecified:
         return "unspecified"
     if ip.is_loopback:
