@@ -27,7 +27,8 @@ from sieve.rpc.auth import hash_token
 from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
-from tests.integration.conftest import PNG, text_spec
+from tests.support.redis import delete_prefix
+from tests.support.tasks import PNG, text_spec
 
 TOKENS = {"alice": ("client", "token-alice"), "bob": ("client", "token-bob"), "svc": ("client", "token-svc"),
           "ops": ("operator", "token-ops")}
@@ -330,8 +331,7 @@ async def test_a_rebuild_restores_the_callers_counts_and_ownership_still_holds(
         await t.batch("bob", [text_spec(B1, f"b{i}") for i in range(2)])
         assert await t.queues.caller_open() == {"alice": 3, "bob": 2}
         # When Redis loses its memory and a scheduler rebuilds it from PostgreSQL
-        keys = [k async for k in redis.scan_iter(match=t.queues.keys.base + "*")]
-        await redis.delete(*keys)
+        await delete_prefix(redis, t.settings.redis_prefix)
         assert await Rebuilder(t.queues, TaskStore(pg)).ensure()
         # Then every caller's count is back, and so are its quota and its devices
         assert await t.queues.caller_open() == {"alice": 3, "bob": 2}

@@ -10,17 +10,19 @@ from redis.asyncio import Redis
 
 from intake_svc.server import build as build_intake
 from sieve import rpc
+from sieve.redis.keys import Keys
 from sieve.rpc.auth import hash_token
 from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 from tests.integration.conftest import PNG, Platform, text_spec
+from tests.support.redis import keys_matching
 
 
 async def assert_nothing_recorded(platform: Platform) -> None:
     assert await platform.pg.fetchval("SELECT count(*) FROM tasks") == 0
     assert await platform.queues.pending() == 0
-    assert [k async for k in platform.redis.scan_iter(match=platform.queues.keys.base + ":q:*")] == []
+    assert await keys_matching(platform.redis, platform.queues.keys.queue_pattern) == []
 
 
 async def refused_field(platform: Platform, spec: intake_pb2.TaskSpec) -> tuple[grpc.StatusCode, list[str]]:
@@ -94,7 +96,7 @@ async def test_a_full_device_is_refused_with_retry_info_while_others_are_accepte
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         delay = rpc.retry_delay_of(err.value)
         assert delay is not None and 1 <= delay <= settings.aging_max_wait_s
-        assert await redis.sismember("{" + settings.redis_prefix + "}:overloaded", "AA:BB:CC:DD:EE:01")
+        assert await redis.sismember(Keys(settings.redis_prefix).overloaded, "AA:BB:CC:DD:EE:01")
         # And another device is still accepted
         await stub.Submit(intake_pb2.SubmitRequest(task=text_spec("AA-BB-CC-DD-EE-02", "quiet device")))
         assert await pg.fetchval("SELECT count(*) FROM tasks") == 4
@@ -113,8 +115,8 @@ async def test_the_global_limit_refuses_with_a_retry_delay_within_the_configured
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.Submit(intake_pb2.SubmitRequest(task=text_spec("AA-BB-CC-DD-EE-03", "x")))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        # the delay comes from the measured drain rate, jittered (tests/unit/scheduler_svc/test_drain.py); the
-        # seed's 30 s is its upper bound
+        # the delay comes from the measured drain rate, jittered (tests/unit/scheduler_svc/test_drain.py);
+        # retry_after_s (30 s) is its upper bound
         assert 0 < (rpc.retry_delay_of(err.value) or 0) <= settings.retry_after_s
         assert await pg.fetchval("SELECT count(*) FROM tasks") == 2
     await server.stop(1)

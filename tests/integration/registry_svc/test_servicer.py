@@ -23,6 +23,7 @@ from sieve.rpc import channel as open_channel
 from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import registry_pb2, registry_pb2_grpc, types_pb2
+from tests.support.redis import prefix_keys
 from worker_svc.registration import RegistryClient
 from worker_svc.resources import ResourceSampler
 
@@ -54,7 +55,7 @@ async def _serving(settings: Settings, redis: Redis, address: str = "127.0.0.1:0
 
 @pytest.fixture
 async def registry(settings: Settings, redis: Redis) -> AsyncIterator[Registry]:
-    # the registry judges readings against the seed's watermarks (the defaults)
+    # the registry judges readings against the default watermarks (75 %)
     async with _serving(settings, redis) as served:
         yield served
 
@@ -84,8 +85,8 @@ async def _list(registry: Registry, task_type: int = 0, available_only: bool = F
 
 async def _keys_of_this_test(redis: Redis, settings: Settings) -> list[str]:
     """Keys the registry wrote (the generation key is set by the fixture, as a scheduler would)."""
-    generation = "{" + settings.redis_prefix + "}:generation"
-    return [k async for k in redis.scan_iter(match="{" + settings.redis_prefix + "}*") if k != generation]
+    generation = Keys(settings.redis_prefix).generation
+    return [k for k in await prefix_keys(redis, settings.redis_prefix) if k != generation]
 
 
 async def _has_heartbeat(client: RegistryClient) -> bool:
@@ -135,7 +136,8 @@ async def test_a_worker_is_stored_as_one_hash_with_a_ttl(
     # Given a registered worker
     await registry.stub.Register(_register("w1", TEXT, OCR, cpu=35.0))
 
-    # Then its record is one hash, in the seed's shape, that expires within the worker TTL
+    # Then its record is one hash, in the shape sieve.redis.worker_records documents, that expires within the
+    # worker TTL
     key = Keys(settings.redis_prefix).worker("w1")
     stored = await redis.hgetall(key)
     assert stored["task_types"] == "TEXT,OCR_IMAGE"

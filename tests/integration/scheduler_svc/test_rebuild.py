@@ -15,12 +15,7 @@ from sieve.db.tasks import TaskStore
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, types_pb2
 from tests.integration.conftest import platform_with, text_spec, wait_final
-
-
-async def flush_prefix(redis: Redis, settings: Settings) -> None:
-    keys = [k async for k in redis.scan_iter(match="{" + settings.redis_prefix + "}*")]
-    if keys:
-        await redis.delete(*keys)
+from tests.support.redis import delete_prefix
 
 
 async def test_queues_are_rebuilt_from_postgresql_in_their_original_order(
@@ -33,7 +28,7 @@ async def test_queues_are_rebuilt_from_postgresql_in_their_original_order(
             task=text_spec("AA-BB-CC-DD-EE-02", f"b{i}", priority=types_pb2.PRIORITY_HIGH)))).task.task_id
             for i in range(3)]
         # When Redis loses its memory
-        await flush_prefix(redis, p.settings)
+        await delete_prefix(redis, p.settings.redis_prefix)
         # Then intake refuses new work with UNAVAILABLE (clients retry) and records nothing
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await p.intake.Submit(intake_pb2.SubmitRequest(task=text_spec("AA-BB-CC-DD-EE-03", "lost?")))
@@ -59,7 +54,7 @@ async def test_the_housekeeping_tick_rebuilds_a_redis_that_came_back_empty(
     async with platform_with(settings, redis, pg, workers=1) as p:
         ids = [(await p.intake.Submit(intake_pb2.SubmitRequest(
             task=text_spec(f"AA-BB-CC-DD-EE-{i:02x}", "x")))).task.task_id for i in range(20)]
-        await flush_prefix(redis, p.settings)
+        await delete_prefix(redis, p.settings.redis_prefix)
         # the scheduler's housekeeping (every 0.2 s here) notices the missing generation and rebuilds
         for _ in range(100):
             if await p.queues.generation():

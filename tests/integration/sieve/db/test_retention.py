@@ -26,6 +26,7 @@ from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 from tests.integration.conftest import PNG
+from tests.support.redis import prefix_keys
 
 DEVICE = "AA:BB:CC:DD:EE:01"
 
@@ -348,10 +349,6 @@ async def test_the_scheduler_housekeeping_makes_the_partitions_ahead(
 
 
 # --- Redis: per-device state lasts only while the device has work ----------------------------------------------------
-async def prefix_keys(redis: Redis, settings: Settings) -> list[str]:
-    return [k async for k in redis.scan_iter(match="{" + settings.redis_prefix + "}*", count=5000)]
-
-
 async def run_devices(store: QueueStore, first: int, count: int, *, nack_first: bool = False) -> None:
     """`count` devices submit one task each (an enqueue), and each is served (a pop) and finished (an ack);
     with nack_first each task is first put back with a retry delay and promoted again, then served."""
@@ -378,12 +375,12 @@ async def test_redis_keeps_no_state_of_devices_whose_work_is_done(settings: Sett
     store = QueueStore(redis, settings)
     # Given 200 devices that each submitted one task, all served and finished
     await run_devices(store, 0, 200)
-    few = await prefix_keys(redis, settings)
+    few = await prefix_keys(redis, settings.redis_prefix, count=5000)
     # When 2 000 more devices do the same, some of them by way of a retry delay
     await run_devices(store, 200, 1800)
     await run_devices(store, 2000, 200, nack_first=True)
     # Then Redis holds as many keys as before: nothing per device (meta, queues, locks, sets all gone)
-    many = await prefix_keys(redis, settings)
+    many = await prefix_keys(redis, settings.redis_prefix, count=5000)
     assert len(many) == len(few) <= 5, sorted(many)
     assert not [k for k in many if ":meta:" in k or ":q:" in k or ":lock:" in k]
     assert await store.pending() == 0
@@ -447,5 +444,6 @@ async def test_through_the_platform_no_device_state_is_left_once_tasks_finish(
         while await redis.exists(p.queues.keys.lease_data):
             assert asyncio.get_running_loop().time() < deadline, "leases never settled"
             await asyncio.sleep(0.05)
-        left = [k for k in await prefix_keys(redis, settings) if ":meta:" in k or ":q:" in k or ":lock:" in k]
+        left = [k for k in await prefix_keys(redis, settings.redis_prefix, count=5000)
+                if ":meta:" in k or ":q:" in k or ":lock:" in k]
         assert left == []

@@ -38,6 +38,8 @@ from sieve.redis.entry import Entry
 from sieve.redis.keys import PRIORITIES, Keys
 from sieve.redis.queue_store import QueueStore
 from sieve.settings import Settings
+from tests.support.counters import counters
+from tests.support.redis import delete_prefix
 
 T0 = 1_700_000_000_000
 S = 1000
@@ -100,26 +102,11 @@ class Model:
         self.finished[task_id] = how
 
 
-async def counters(redis: Redis, keys: Keys) -> tuple[int, int, int]:
-    """(GET pending, sum of LLEN of every queue, sum of every meta backlog), found by SCAN."""
-    queue_keys = [key async for key in redis.scan_iter(match=f"{keys.base}:q:*", count=1000)]
-    meta_keys = [key async for key in redis.scan_iter(match=f"{keys.base}:meta:*", count=1000)]
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.get(keys.pending)
-        for key in queue_keys:
-            pipe.llen(key)
-        for key in meta_keys:
-            pipe.hget(key, "backlog")
-        values = await pipe.execute()
-    pending, rest = int(values[0] or 0), values[1:]
-    return pending, sum(rest[: len(queue_keys)]), sum(int(v or 0) for v in rest[len(queue_keys):])
-
-
 async def check(redis: Redis, store: QueueStore, model: Model, macs: list[str], now: int) -> None:
     k: Keys = store.keys
     # --- the counter invariant
-    pending, queued_len, backlog_sum = await counters(redis, k)
-    assert pending == queued_len == backlog_sum, (pending, queued_len, backlog_sum)
+    counted = await counters(redis, k)
+    assert counted.consistent, (counted.pending, counted.queued, counted.backlog)
     caller_open = {c: int(n) for c, n in (await redis.hgetall(k.caller_open)).items()}
     assert caller_open == dict(model.open_by_caller()), (caller_open, model.open_by_caller())
 
@@ -226,9 +213,7 @@ async def run(redis_url: str, n_devices: int, ops: list[Op]) -> None:
             now = await apply(store, model, macs, op, now + S, f"tok-{step}")
             await check(redis, store, model, macs, now)
     finally:
-        keys = [key async for key in redis.scan_iter(match="{" + prefix + "}*", count=1000)]
-        if keys:
-            await redis.delete(*keys)
+        await delete_prefix(redis, prefix)
         await redis.aclose()
 
 
