@@ -23,12 +23,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sieve.v1 import types_pb2
-
-if TYPE_CHECKING:
-    from sieve.settings import Settings
 
 SETTING = "SIEVE_CALLER_POLICIES"
 #: priorities a caller needs an entitlement for
@@ -137,7 +134,25 @@ def _field_value(name: str, key: str, value: str) -> object:
     raise PolicyError(f"{SETTING}: {name}: unknown key {key!r} (max_pending, rate_per_s, burst, priorities)")
 
 
-def default_max_pending(settings: Settings) -> int:
+class CallerSettings(Protocol):
+    """The settings a caller's policy is made of (`sieve.settings.Settings` has them). This module is below the
+    settings: `Settings` checks SIEVE_CALLER_POLICIES with `parse_policies` when it loads."""
+
+    @property
+    def caller_policies(self) -> str: ...
+    @property
+    def caller_max_pending(self) -> int: ...
+    @property
+    def caller_max_pending_fraction(self) -> float: ...
+    @property
+    def max_total_pending(self) -> int: ...
+    @property
+    def caller_submit_rate_per_s(self) -> float: ...
+    @property
+    def caller_submit_burst(self) -> int: ...
+
+
+def default_max_pending(settings: CallerSettings) -> int:
     """A caller's quota of open tasks when the settings give none: a fraction of the global limit (at least 1)."""
     if settings.caller_max_pending > 0:
         return settings.caller_max_pending
@@ -147,7 +162,7 @@ def default_max_pending(settings: Settings) -> int:
 class CallerPolicies:
     """Resolves the policy of each caller from the settings (parsed once)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: CallerSettings) -> None:
         self.overrides = parse_policies(settings.caller_policies)
         rate = settings.caller_submit_rate_per_s
         self.client_base = CallerPolicy(default_max_pending(settings), rate if rate > 0 else None,
@@ -165,4 +180,5 @@ class CallerPolicies:
         return replace(policy, priorities=ENTITLED) if operator else policy
 
 
-__all__ = ["ENTITLED", "CallerPolicies", "CallerPolicy", "PolicyError", "default_max_pending", "parse_policies"]
+__all__ = ["ENTITLED", "CallerPolicies", "CallerPolicy", "CallerSettings", "PolicyError", "default_max_pending",
+           "parse_policies"]

@@ -9,6 +9,11 @@ class SieveError(Exception):
     """Base of every Sieve error."""
 
 
+class SettingsError(ValueError):
+    """A SIEVE_* variable could not be read; the message names it (`sieve.settings` raises it, as do the
+    modules that own a setting's format)."""
+
+
 class ScriptCode(IntEnum):
     """Negative codes returned by the Lua scripts."""
 

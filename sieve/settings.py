@@ -13,13 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, get_type_hints
 
+from sieve.caller_policy import PolicyError, parse_policies
+from sieve.credentials import AuthError, parse_credentials
+from sieve.errors import SettingsError
 from sieve.mac import normalize_mac
+from sieve.outbound.policy import policy_for
 
 ENV_PREFIX = "SIEVE_"
-
-
-class SettingsError(ValueError):
-    """A SIEVE_* variable could not be read; the message names it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,11 +256,11 @@ class Settings:
         if self.no_gpu_strategy not in ("defer", "cpu", "dead_letter"):
             raise SettingsError("SIEVE_NO_GPU_STRATEGY must be defer, cpu or dead_letter")
         self.weights_by_device  # noqa: B018  (parses and validates)
-        from sieve.outbound.policy import policy_for  # SIEVE_OUTBOUND_*: SettingsError naming the variable
+        self._validate_security()
 
-        policy_for(self.outbound_allow_hosts, self.outbound_allow_private_nets)
-        from sieve.rpc.auth import AuthError, parse_credentials
-
+    def _validate_security(self) -> None:
+        """Outbound allow-lists, credentials, TLS files and the test-only hooks."""
+        policy_for(self.outbound_allow_hosts, self.outbound_allow_private_nets)  # SettingsError naming the variable
         try:
             parse_credentials(self.auth_tokens, "SIEVE_AUTH_TOKENS")
         except AuthError as exc:
@@ -296,8 +296,6 @@ class Settings:
             raise SettingsError("SIEVE_CALLER_SUBMIT_BURST must be at least 1")
         if not 0 < self.device_owner_refresh_s < float("inf"):
             raise SettingsError("SIEVE_DEVICE_OWNER_REFRESH_S must be more than 0")
-        from sieve.caller_policy import PolicyError, parse_policies
-
         try:
             parse_policies(self.caller_policies)
         except PolicyError as exc:

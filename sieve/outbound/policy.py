@@ -27,12 +27,9 @@ import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from sieve.settings import SettingsError
-
-if TYPE_CHECKING:
-    from sieve.settings import Settings
+from sieve.errors import SettingsError
 
 IPAddress = IPv4Address | IPv6Address
 IPNetwork = IPv4Network | IPv6Network
@@ -216,6 +213,16 @@ def _in_any(ip: IPAddress, nets: Sequence[IPNetwork]) -> bool:
     return any(c.version == net.version and c in net for c in candidates for net in nets)
 
 
+class OutboundSettings(Protocol):
+    """The settings a policy is made of (`sieve.settings.Settings` has them). This module is below the settings:
+    `Settings` checks SIEVE_OUTBOUND_* with `policy_for` when it loads."""
+
+    @property
+    def outbound_allow_hosts(self) -> str: ...
+    @property
+    def outbound_allow_private_nets(self) -> str: ...
+
+
 @dataclass(frozen=True, slots=True)
 class OutboundPolicy:
     """Owns the decision whether a host and its addresses may be contacted (see the module docstring)."""
@@ -254,7 +261,7 @@ class OutboundPolicy:
                    _parse_nets("SIEVE_OUTBOUND_ALLOW_PRIVATE_NETS", allow_private_nets))
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> OutboundPolicy:
+    def from_settings(cls, settings: OutboundSettings) -> OutboundPolicy:
         return policy_for(settings.outbound_allow_hosts, settings.outbound_allow_private_nets)
 
     @property
@@ -312,5 +319,5 @@ def policy_for(allow_hosts: str, allow_private_nets: str) -> OutboundPolicy:
     return OutboundPolicy.parse(allow_hosts, allow_private_nets)
 
 
-__all__ = ["NOT_ALLOWED", "NOT_PUBLIC", "DestinationRefused", "IPAddress", "OutboundPolicy", "embedded_ipv4",
-           "is_public_address", "literal_address", "non_public_reason", "parse_address", "policy_for"]
+__all__ = ["NOT_ALLOWED", "NOT_PUBLIC", "DestinationRefused", "IPAddress", "OutboundPolicy", "OutboundSettings",
+           "embedded_ipv4", "is_public_address", "literal_address", "non_public_reason", "parse_address", "policy_for"]

@@ -3,9 +3,10 @@
 Every RPC of every service needs a credential, except health checks (and reflection where it is on):
 
 - **Credentials** are bearer tokens, sent as `authorization: Bearer <token>` metadata. The services store only
-  their SHA-256 hashes, one entry per token: `name:role:sha256hex` (see `parse_credentials`). A name may have
-  several entries (several tokens, so that a new one can be rolled out before the old one is removed). A
-  presented token is hashed and compared with every stored hash in constant time.
+  their SHA-256 hashes, one entry per token: `name:role:sha256hex` (the format is `sieve.credentials`', whose
+  names this module re-exports). A name may have several entries (several tokens, so that a new one can be
+  rolled out before the old one is removed). A presented token is hashed and compared with every stored hash
+  in constant time.
 - **Roles**: `client` (submits, reads and cancels its own tasks), `worker` (Pull, Register, Heartbeat, as the
   worker its credential names), `operator` (dead letters, watermark, workers, audit, every cross-tenant read;
   also every client RPC). `METHOD_ROLES` lists, for every method of every Sieve service, the roles allowed to
@@ -16,19 +17,17 @@ Every RPC of every service needs a credential, except health checks (and reflect
 
 The server side is `AuthInterceptor` (UNAUTHENTICATED without a valid credential, PERMISSION_DENIED for a role
 that may not call the method; the principal of the call in `current_principal`). The client side is
-`BearerToken`, a client interceptor adding this process's token (`SIEVE_AUTH_TOKEN` or `SIEVE_AUTH_TOKEN_FILE`)
-to every call.
+`bearer_interceptors`, client interceptors adding this process's token (`SIEVE_AUTH_TOKEN` or
+`SIEVE_AUTH_TOKEN_FILE`) to every call.
 """
 
 from __future__ import annotations
 
 import contextvars
-import enum
 import hashlib
 import hmac
 import logging
 import os
-import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -37,19 +36,18 @@ from typing import Any, TypeVar
 
 import grpc
 
+from sieve.credentials import (
+    AuthError,
+    Credential,
+    Role,
+    credential_line,
+    hash_token,
+    new_token,
+    parse_credentials,
+)
 from sieve.v1 import intake_pb2, registry_pb2, scheduler_pb2
 
 log = logging.getLogger("sieve.rpc.auth")
-
-
-class AuthError(ValueError):
-    """Credentials could not be read or are missing; the message says which setting is wrong."""
-
-
-class Role(enum.Enum):
-    CLIENT = "client"
-    WORKER = "worker"
-    OPERATOR = "operator"
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,59 +125,7 @@ def methods_of(service: Any, roles: Iterable[Role], **exceptions: Iterable[Role]
     return _methods(service, frozenset(roles), **{k: frozenset(v) for k, v in exceptions.items()})
 
 
-# --- credentials ---------------------------------------------------------------------------------------
-def hash_token(token: str) -> str:
-    """The stored form of a token: its SHA-256, hex."""
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def new_token() -> str:
-    """A fresh random bearer token (256 bits, URL-safe)."""
-    return "sv_" + secrets.token_urlsafe(32)
-
-
-def credential_line(name: str, role: Role | str, token: str) -> str:
-    """The stored entry of a token: `name:role:sha256hex`."""
-    return f"{name}:{Role(role).value}:{hash_token(token)}"
-
-
-@dataclass(frozen=True, slots=True)
-class Credential:
-    name: str
-    role: Role
-    sha256: bytes
-
-
-def parse_credentials(text: str, source: str) -> list[Credential]:
-    """Entries `name:role:sha256hex`, separated by commas or new lines; `#` starts a comment.
-
-    `role` is client, worker or operator; the hash is 64 hex digits (`sieve.rpc.auth.hash_token`, or
-    `printf %s TOKEN | sha256sum`). `source` names the setting in error messages.
-    """
-    found: list[Credential] = []
-    for line in text.splitlines():
-        line = line.split("#", 1)[0]
-        for item in filter(None, (p.strip() for p in line.split(","))):
-            parts = item.split(":")
-            if len(parts) != 3:
-                raise AuthError(f"{source}: entry {item[:40]!r} is not name:role:sha256hex")
-            name, role, digest = (p.strip() for p in parts)
-            if not name or len(name) > 128 or not name.isprintable() or "/" in name:
-                raise AuthError(f"{source}: bad name {name[:40]!r} (1..128 printable characters, no '/')")
-            try:
-                role_value = Role(role.lower())
-            except ValueError:
-                raise AuthError(f"{source}: role of {name!r} must be client, worker or operator") from None
-            try:
-                raw = bytes.fromhex(digest)
-            except ValueError:
-                raw = b""
-            if len(raw) != 32:
-                raise AuthError(f"{source}: the hash of {name!r} must be 64 hex digits (SHA-256 of the token)")
-            found.append(Credential(name, role_value, raw))
-    return found
-
-
+# --- matching presented tokens ------------------------------------------------------------------------
 class Authenticator:
     """The credentials one service accepts; `principal` maps a presented token to its caller.
 
