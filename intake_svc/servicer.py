@@ -45,6 +45,9 @@ _UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError
 
 
 class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
+    """The IntakeService RPCs. Each validates its request, delegates to the `Submitter` (admission, the row, the
+    enqueue), the task store or the device ownership, and turns the outcome into an answer or a status."""
+
     def __init__(self, tasks: TaskStore, queues: QueueStore, settings: Settings) -> None:
         self.tasks = tasks
         self.queues = queues

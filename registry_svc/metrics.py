@@ -20,6 +20,8 @@ _READINGS = (("cpu", "cpu_percent"), ("memory", "memory_percent"), ("gpu_memory"
 
 
 class RegistryCollector(ScrapeCollector):
+    """Reads the fleet's numbers from the worker records at scrape time (one SCAN per scrape)."""
+
     def __init__(self, records: WorkerRecords) -> None:
         super().__init__()
         self.records = records

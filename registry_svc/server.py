@@ -31,7 +31,7 @@ class RegistryApp:
         self.service = rpc.Service(name="sieve-registry", service_names=[SERVICE_NAME], register=self._register)
 
     def _register(self, server: grpc.aio.Server) -> None:
-        registry_pb2_grpc.add_RegistryServiceServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
+        registry_pb2_grpc.add_RegistryServiceServicer_to_server(self.servicer, server)
 
 
 async def build(settings: Settings, stores: Stores) -> RegistryApp:

@@ -1,7 +1,9 @@
 """The one settings object of every Sieve service, read from `SIEVE_*` environment variables.
 
 Each field's environment variable is `SIEVE_` + the field name in upper case (`max_total_pending` is
-`SIEVE_MAX_TOTAL_PENDING`). Defaults are the seed's. Units are part of the names.
+`SIEVE_MAX_TOTAL_PENDING`). The defaults are the documented ones (README "Configuration" and its table of every
+setting, made from the `#:` comments here by `sieve.settings_doc`; tests/unit/sieve/test_settings.py pins the
+scheduling ones). Units are part of the names.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ ENV_PREFIX = "SIEVE_"
 
 @dataclass(frozen=True, slots=True)
 class Settings:
+    """Every setting of every Sieve service, one frozen object: `from_env` reads the `SIEVE_*` variables and
+    checks them (a bad one is a `SettingsError` naming the variable), `replace` makes a changed copy."""
+
     # --- where things are -------------------------------------------------------------------------
     #: Redis holding the queues, locks and registry.
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -83,11 +88,13 @@ class Settings:
     #: Largest TEXT task (UTF-8 bytes) and largest image (bytes) the intake accepts.
     max_text_bytes: int = 64 * 1024
     max_image_bytes: int = 10 * 1024 * 1024
-    #: Admission: refuse new tasks above this many pending in all (seed CELERY_MAX_TOTAL_PENDING).
+    #: Admission: refuse new tasks above this many pending in all (bounds Redis memory and how long the last
+    #: accepted task waits).
     max_total_pending: int = 5000
-    #: Admission: refuse a device's new tasks above this many pending for it (CELERY_MAX_PER_MAC_PENDING).
+    #: Admission: refuse a device's new tasks above this many pending for it (one noisy device cannot fill the
+    #: global limit).
     max_per_device_pending: int = 200
-    #: Longest RetryInfo delay (seed: HTTP 503 + retry_after 30). A global refusal says when enough room should
+    #: Longest RetryInfo delay of a refusal. A global refusal says when enough room should
     #: be free at the measured drain rate (intake_svc/admission.py), jittered, never longer than this.
     retry_after_s: float = 30.0
 
@@ -134,10 +141,11 @@ class Settings:
     retry_backoff_max_s: float = 60.0
     #: How often PENDING tasks past their TTL are looked for in PostgreSQL and dropped from their queues.
     ttl_sweep_interval_s: float = 30.0
+    #: Newest dead letters kept in Redis (ListDeadLetters, requeue); older ones stay in PostgreSQL only.
     dead_letter_keep: int = 10000
     #: A handed-out task comes back when its lease is not renewed or acked for this long.
     lease_ttl_s: float = 60.0
-    #: Period of housekeeping (seed Beat): backoff resumption, lease and TTL sweeps.
+    #: Period of the scheduler's housekeeping tick: backoff resumption, lease and TTL sweeps.
     housekeeping_interval_s: float = 1.0
 
     # --- execution: timeouts, retries, reconnects (README "Failures and retries") -------------------------
@@ -151,6 +159,8 @@ class Settings:
     #: A scheduler replica silent this long is gone: what it had handed out and no worker re-announced to another
     #: replica goes back to its queue, uncounted.
     scheduler_dead_after_s: float = 3.0
+    #: The watermark record (pending, active devices, live workers; for autoscalers) is written to Redis this
+    #: often, and expires after watermark_ttl_s.
     watermark_interval_s: float = 15.0
     watermark_ttl_s: float = 20.0
     #: What to do with OCR tasks when GPU workers are expected but none is alive: defer | cpu | dead_letter.
@@ -176,11 +186,12 @@ class Settings:
     #: A worker heartbeats this often; the registry forgets one silent for worker_ttl_s.
     heartbeat_interval_s: float = 15.0
     worker_ttl_s: float = 60.0
-    #: Longest wait of a task a worker puts back under pressure (seed: countdown=30); the wait itself is about
+    #: Longest wait of a task a worker puts back under pressure; the wait itself is about
     #: as long again as the pressure has lasted, from 1 s (worker_svc/pressure.py).
     pressure_retry_s: float = 30.0
     #: A worker holding back takes work again once each reading is this many points under its watermark.
     watermark_hysteresis_pct: float = 10.0
+    #: A worker with a reading at or over its watermark takes no work (README "Watermarks").
     cpu_watermark_pct: float = 75.0
     memory_watermark_pct: float = 75.0
     gpu_memory_watermark_pct: float = 75.0

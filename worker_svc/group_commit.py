@@ -29,7 +29,10 @@ class GroupWriteError(Exception):
 
 
 class GroupCommit(Generic[T, R]):
-    """Runs `write(items) -> results` (same order) for items submitted by many callers at once."""
+    """Runs `write(items) -> results` (same order) for items submitted by many callers at once.
+
+    Owns the waiting items and their futures, and the writer loop (`run`) that takes up to `max_items` at a
+    time; a group that cannot be written within `max_attempts` fails its callers with GroupWriteError."""
 
     def __init__(self, name: str, write: Callable[[Sequence[T]], Awaitable[Sequence[R]]], *,
                  max_items: int = 500, max_attempts: int = MAX_WRITE_ATTEMPTS) -> None:

@@ -36,7 +36,8 @@ async def seed_default_lexicon(pool: asyncpg.Pool, settings: Settings) -> int:
 
 
 class Lexicon:
-    """Holds the current Matcher; `watch` keeps it fresh."""
+    """Holds the current Matcher built from the lexicon in PostgreSQL; `start` loads it (seeding the default
+    lexicon into an empty table), `watch` keeps it fresh."""
 
     def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
         self.pool = pool

@@ -1,4 +1,7 @@
-"""Backpressure (seed 5.2): whether this worker holds back now, why, since when, and for how long in all.
+"""Backpressure: whether this worker holds back now, why, since when, and for how long in all.
+
+A worker that is short of CPU, memory or GPU memory stops asking for work instead of taking it and failing or
+slowing every task it holds; the scheduler then hands that work to workers with room.
 
 The rule (the README's "Configuration" section gives the reasoning):
 

@@ -72,7 +72,11 @@ BatchRunner = Callable[[list[scheduler_pb2.Assignment]], Awaitable[tuple[list[sc
 
 
 class Puller:
-    """One worker's Pull stream: its slots, the credits it granted, and the batches it runs."""
+    """One worker's Pull stream: its slots, the credits it granted, and the batches it runs.
+
+    Owns the credit rule (a credit only for a free slot, none while `Pressure` holds the worker back or it
+    drains), the stream's outbox, the assignments not settled yet and the settlements a broken stream may not
+    have delivered (re-announced in the next hello); `run` keeps a stream open until it is told to stop."""
 
     def __init__(self, settings: Settings, worker_id: str, task_types: list[int], gpu: bool,
                  concurrency: int, run_batch: BatchRunner, pressure: Pressure) -> None:

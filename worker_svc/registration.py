@@ -1,4 +1,8 @@
-"""The worker's side of the registry: register, heartbeat, register again when forgotten (seed 4.1–4.2).
+"""The worker's side of the registry: register, heartbeat, register again when forgotten.
+
+The registry's record is how the fleet knows this worker: it exists only while heartbeats keep refreshing its TTL
+(a worker that dies simply stops being listed) and it carries the task types, slots and resource readings the
+registry judges availability from.
 
 `RegistryClient.run` keeps this worker's record alive until `stop` is set: Register once, then a
 Heartbeat with fresh readings every `heartbeat_interval_s` (or more often, when the registry asks for a
@@ -37,7 +41,11 @@ RPC_TIMEOUT_S = 5.0
 
 
 class RegistryClient:
-    """Keeps one worker registered with the registry service."""
+    """Keeps one worker registered with the registry service.
+
+    Owns the registry channel, the heartbeat period (ours, or the registry's when shorter) and what the last
+    answers said: whether the record exists (`registered`), whether the registry finds the worker available,
+    the readings sent last."""
 
     def __init__(
         self,

@@ -1,5 +1,6 @@
-"""The worker's own resource readings (seed 4.1–4.2): CPU, memory and GPU memory, measured against the limits
-this worker actually runs under, and how much of each is the worker's own doing.
+"""The worker's own resource readings: CPU, memory and GPU memory, measured against the limits this worker
+actually runs under (a container's quota, not the host's cores), and how much of each is the worker's own doing
+(its own load is bounded by its concurrency; the watermarks guard against load it does not control).
 
 `ResourceSampler.sample` gives the `Resources` a worker registers and heartbeats with, and from which it
 decides whether to hold back (`worker_svc.pressure`, on top of the shared `sieve.redis.worker_records.availability`).
@@ -147,6 +148,9 @@ def _int(text: str | None) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class _Mount:
+    """One cgroup mount of /proc/self/mountinfo: which hierarchy (v1 or v2) it shows, where, with which
+    controllers."""
+
     root: str  # the cgroup path this mount shows at its mount point
     point: Path
     version: int  # 1 or 2
@@ -345,6 +349,8 @@ def _cpuacct_dir(mounts: list[_Mount], v1_paths: dict[str, str], cpu_dir: Path, 
 # --- CPU counters ---------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class _CpuPoint:
+    """One reading of the cumulative CPU counters; two of them a window apart give a CPU percentage."""
+
     at: float  # monotonic s
     busy_s: float  # CPU seconds used in the domain (cumulative)
     capacity_s: float  # CPU seconds the domain could have used (cumulative)

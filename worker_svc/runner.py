@@ -55,6 +55,12 @@ ENGINE_BUSY_RETRY_S = 5.0
 
 
 class BatchRunner:
+    """Runs the assignment batches the Puller hands it and says what to ack and what to nack (see the module).
+
+    Owns the two group commits of every batch in flight (`starts`: the RUNNING marks, `results`: the results),
+    the OCR pipeline's timeouts and the `SlotHolds` of abandoned inferences, and the counts the metrics read
+    (skipped, refused, abandoned)."""
+
     def __init__(self, tasks: TaskStore, lexicon: Lexicon, worker_id: str, settings: Settings,
                  ocr: OcrRuntime | None = None) -> None:
         self.tasks = tasks

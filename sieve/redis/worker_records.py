@@ -1,4 +1,4 @@
-"""Worker records in Redis (seed 4.1–4.3): registration, heartbeat, listing, and availability.
+"""Worker records in Redis: registration, heartbeat, listing, and availability.
 
 Owns the registry's storage, which the registry service writes and the scheduler reads:
 
@@ -95,7 +95,8 @@ def watermark_levels(levels: ResourceLevels, settings: Settings) -> list[Level]:
 def availability(levels: ResourceLevels, settings: Settings) -> list[str]:
     """Why a worker with these readings cannot take work; an empty list means it is available.
 
-    A reading at or above its watermark makes the worker unavailable (the seed's "< 75 %" is available); CPU and
+    A reading at or above its watermark makes the worker unavailable (with the default 75 %: 75.0 % is
+    unavailable, 74.9 % available); CPU and
     GPU memory are read without the worker's own share (`watermark_levels`). GPU memory reads 0 on a worker
     without a GPU, so its watermark never trips there. (The worker itself adds hysteresis: worker_svc.pressure.)
     """

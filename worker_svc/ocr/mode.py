@@ -1,4 +1,5 @@
-"""GPU or CPU mode of the OCR engine (seed 4.4), detected once at worker start.
+"""GPU or CPU mode of the OCR engine, detected once at worker start (the same worker image runs on hosts with
+and without a GPU; the mode decides the engine build, its batch sizes and the worker's default slots).
 
 GPU mode — PaddlePaddle built with CUDA *and* a device present (CUDA device count, NVML as the driver's
 word): device `gpu:0`, recognition batch 4, no oneDNN. CPU mode — the fast static engine

@@ -5,8 +5,9 @@ the event loop. Afterwards the event loop only awaits: `decode` runs on a small 
 of a batch are decoded while another is recognised), `recognise` on the engine's own thread, `fetch`
 is asynchronous I/O.
 
-Fallback (seed 4.4): when an inference in GPU mode fails with a GPU failure (`faults.is_gpu_failure`:
-CUDA out of memory or another CUDA error), the runtime switches to CPU mode once — builds the CPU engine,
+Fallback: a GPU that fails must not fail every OCR task from then on. When an inference in GPU mode fails with a
+GPU failure (`faults.is_gpu_failure`: CUDA out of memory or another CUDA error), the runtime switches to CPU
+mode once — builds the CPU engine,
 drops the GPU one, records a `ModeSwitch`, logs it, and tells its listeners (the worker re-registers its
 resources with the registry and stops announcing a GPU) — then the failed inference is retried once in
 CPU mode. Tasks that failed concurrently on the GPU find the switch done and just retry. A failure of

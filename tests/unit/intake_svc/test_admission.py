@@ -53,7 +53,7 @@ def test_a_global_refusal_says_when_the_room_for_the_request_drains_free() -> No
     rng = random.Random(7)
     delays = [global_retry_after_s(5000, 500, draining(2500.0), GLOBAL, rng) for _ in range(200)]
 
-    # Then the delay is about 500 / 2 500 = 0.2 s, jittered by +-15 %, not the seed's 30 s
+    # Then the delay is about 500 / 2 500 = 0.2 s, jittered by +-15 %, not the 30 s maximum (retry_after_s)
     assert all(0.2 * 0.85 <= d <= 0.2 * 1.15 for d in delays)
     assert len({round(d, 4) for d in delays}) > 100  # spread: refused clients do not come back together
     assert 0.19 < statistics.mean(delays) < 0.21

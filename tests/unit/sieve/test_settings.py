@@ -1,4 +1,4 @@
-"""Unit tests of Sieve's settings (sieve.settings): SIEVE_* environment parsing, the seed's defaults,
+"""Unit tests of Sieve's settings (sieve.settings): SIEVE_* environment parsing, the documented defaults,
 validation that names the variable at fault, per-device weights and API keys."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from sieve.settings import Settings, SettingsError, settings_field_names
 def test_defaults_are_the_seeds() -> None:
     # Given no SIEVE_* variable at all
     s = Settings.from_env({})
-    # Then every scheduling default is the one seed 000 names
+    # Then every scheduling default is the documented one (README "Configuration"): deployments rely on them
     assert s.max_total_pending == 5000
     assert s.max_per_device_pending == 200
     assert s.aging_max_wait_s == 600

@@ -56,7 +56,7 @@ def test_the_fault_hook_raises_a_cuda_oom_once_in_gpu_mode_only() -> None:
             always.before_inference(cpu_mode(settings))
 
 
-def test_modes_follow_the_seed_and_the_fault_hook_simulates_gpu_mode() -> None:
+def test_each_mode_has_its_engine_settings_and_the_fault_hook_simulates_gpu_mode() -> None:
     settings = Settings.from_env({}, ocr_cpu_threads=3)
     cpu, gpu = cpu_mode(settings), gpu_mode(settings)
     assert (cpu.device, cpu.rec_batch_size, cpu.mkldnn, cpu.cpu_threads) == ("cpu", 2, True, 3)
