@@ -15,14 +15,28 @@ class SettingsError(ValueError):
 
 
 class ScriptCode(IntEnum):
-    """Negative codes returned by the Lua scripts."""
+    """The status codes the Lua scripts return (a reply of its own, or a reply's first element): the same table
+    as `sieve/redis/lua/includes/codes.lua`, which the scripts return by name (a unit test compares the two).
+    Callers branch on these names, never on a sign."""
 
+    #: the state change was made
+    OK = 1
+    #: enqueueTasks refused: the global pending limit would be exceeded
     GLOBAL_LIMIT = -1
+    #: enqueueTasks refused: the device's pending limit would be exceeded
     DEVICE_LIMIT = -2
+    #: popBatch: the device is not schedulable (taken by another replica, idle, backing off)
     DEVICE_NOT_READY = -3
+    #: enqueueTasks refused: Redis lost its memory and the queues are not rebuilt yet
     REDIS_NOT_READY = -4
+    #: enqueueTasks refused: a caller's limit of open tasks would be exceeded
     CALLER_LIMIT = -5
+    #: releaseDevice, deferDevice, deferTypes: another token holds the device's lock
     LOCK_NOT_OWNED = -6
+    #: popBatch: the device's lock is already held (nothing claimed)
+    LOCK_HELD = -7
+    #: recountPending: a device became active since the caller read the active devices
+    DEVICES_CHANGED = -8
 
 
 class AdmissionRefused(SieveError):

@@ -2,7 +2,7 @@
 
 All keys share one hash tag, `{prefix}`, so every Lua script's keys live in one Redis Cluster slot.
 Per-device keys come as one block (`DeviceKeys.block`) in a fixed order that every device script
-expects as KEYS[1..11]:
+expects as KEYS[1..11] (and names with `lua/includes/deviceBlock.lua`):
 
     KEYS[1]      meta hash of the device      {p}:meta:<mac>
     KEYS[2..6]   its queue lists, priority 1..5 (BACKGROUND..CRITICAL)   {p}:q:<mac>:<prio>
@@ -45,7 +45,7 @@ class Keys:
         self.serving = f"{self.base}:serving"
         #: Devices in backoff: mac -> unschedulable_until (ms).
         self.backoff = f"{self.base}:backoff"
-        #: Devices over their pending limit (seed: sensitive:overloaded_macs).
+        #: Devices over their pending limit: refused until a pop or a cancel brings their backlog below it.
         self.overloaded = f"{self.base}:overloaded"
         #: Devices that have queued work or are being served.
         self.devices = f"{self.base}:devices"

@@ -5,37 +5,41 @@
   per-device state lasts only while the device has work.
 
   Input:
-    KEYS[1]      leases (task_id -> deadline ms)
-    KEYS[2]      lease data (task_id -> "mac|entry")
-    KEYS[3]      caller counts (caller -> open tasks; an acked task is no longer open)
-    KEYS[4]      meta hash of the device
+    KEYS[1]      leasesKey     leases (task_id -> deadline ms)
+    KEYS[2]      leaseDataKey  lease data (task_id -> "mac|entry")
+    KEYS[3]      callerKey     caller counts (caller -> open tasks; an acked task is no longer open)
+    KEYS[4]      metaKey       meta hash of the device
 
-    ARGV[1]      device (normalised MAC)
-    ARGV[2..]    pairs: task_id, attempt
+    ARGV[1]      mac           device (normalised MAC)
+    ARGV[2..]    acks          pairs: task_id, attempt
 
   Output:
     {r1, r2, ...}  per pair: 1 acked, 0 refused (stale attempt or no such lease)
     (a lease of another device is acked all the same, but counted for neither)
 ]]
---- @include "parseEntry"
---- @include "countCaller"
---- @include "countOutstanding"
---- @include "forgetIdle"
+--@requires slice, parseEntry, countCaller, countOutstanding, forgetIdle
 
-local prefix = ARGV[1] .. "|"
+local leasesKey = KEYS[1]
+local leaseDataKey = KEYS[2]
+local callerKey = KEYS[3]
+local metaKey = KEYS[4]
+local mac = ARGV[1]
+local acks = slice(ARGV, 2)
+
+local prefix = mac .. "|"
 local out = {}
 local mine = 0
-for i = 2, #ARGV, 2 do
-  local id = ARGV[i]
-  local v = redis.call("HGET", KEYS[2], id)
+for i = 1, #acks, 2 do
+  local id = acks[i]
+  local v = redis.call("HGET", leaseDataKey, id)
   local ok = 0
   if v then
     local sep = string.find(v, "|", 1, true)
     local e = parseEntry(string.sub(v, sep + 1))
-    if tostring(e.attempt) == ARGV[i + 1] then
-      redis.call("HDEL", KEYS[2], id)
-      redis.call("ZREM", KEYS[1], id)
-      countCaller(KEYS[3], e, -1)
+    if tostring(e.attempt) == acks[i + 1] then
+      redis.call("HDEL", leaseDataKey, id)
+      redis.call("ZREM", leasesKey, id)
+      countCaller(callerKey, e, -1)
       if string.sub(v, 1, #prefix) == prefix then mine = mine + 1 end
       ok = 1
     end
@@ -43,7 +47,7 @@ for i = 2, #ARGV, 2 do
   out[#out + 1] = ok
 end
 if mine > 0 then
-  countOutstanding(KEYS[4], -mine)
-  forgetIdle(KEYS[4])
+  countOutstanding(metaKey, -mine)
+  forgetIdle(metaKey)
 end
 return out

@@ -8,82 +8,95 @@
   Tasks already past their TTL stay queued (the next pop drops them as expired).
 
   Input:
-    KEYS[1..11]  device block
-    KEYS[12]     device dispatch lock
-    KEYS[13]     serving set
-    KEYS[14]     global pending counter
-    KEYS[15]     leases
-    KEYS[16]     lease data
-    KEYS[17]     dead-letter list
-    KEYS[18]     active devices set
-    KEYS[19]     delayed set ("mac|entry" -> due ms)
-    KEYS[20]     overloaded devices set
-    KEYS[21]     caller counts (caller -> open tasks; a dead-lettered task is no longer open)
+    KEYS[1..11]  device         device block (deviceBlock: meta, queues 1..5, schedule sets 1..5 of its weight)
+    KEYS[12]     lockKey        device dispatch lock
+    KEYS[13]     servingKey     serving set
+    KEYS[14]     pendingKey     global pending counter
+    KEYS[15]     leasesKey      leases
+    KEYS[16]     leaseDataKey   lease data
+    KEYS[17]     deadKey        dead-letter list
+    KEYS[18]     devicesKey     active devices set
+    KEYS[19]     delayedKey     delayed set ("mac|entry" -> due ms)
+    KEYS[20]     overloadedKey  overloaded devices set
+    KEYS[21]     callerKey      caller counts (caller -> open tasks; a dead-lettered task is no longer open)
 
-    ARGV[1]      now (ms)
-    ARGV[2]      lock token
-    ARGV[3]      device (normalised MAC)
-    ARGV[4]      delay base (ms)
-    ARGV[5]      delay cap (ms)
-    ARGV[6]      max defers of one task before it is dead-lettered
-    ARGV[7]      reason (recorded in dead letters)
-    ARGV[8]      dead letters kept
-    ARGV[9]      types whose queued tasks wait too, comma separated
-    ARGV[10]     per-device pending limit (the overloaded mark is cleared below it)
-    ARGV[11..]   ids of tasks leased in this dispatch to defer
+    ARGV[1]      now            now (ms)
+    ARGV[2]      token          lock token
+    ARGV[3]      mac            device (normalised MAC)
+    ARGV[4]      delayBase      delay base (ms)
+    ARGV[5]      delayCap       delay cap (ms)
+    ARGV[6]      maxDefers      max defers of one task before it is dead-lettered
+    ARGV[7]      reason         reason (recorded in dead letters)
+    ARGV[8]      deadKeep       dead letters kept
+    ARGV[9]      waitingTypes   types whose queued tasks wait too, comma separated
+    ARGV[10]     maxPerDevice   per-device pending limit (the overloaded mark is cleared below it)
+    ARGV[11..]   taken          ids of tasks leased in this dispatch to defer
 
   Output:
     {earliest due ms (0 when nothing waits), number of dead letters, dead-letter records (JSON)...,
      ids of the tasks that wait...}
-    {-6}  the lock is held by another token: nothing changed
+    {LOCK_NOT_OWNED}  the lock is held by another token: nothing changed (codes: includes/codes.lua)
 ]]
---- @include "parseEntry"
---- @include "deviceHeads"
---- @include "scheduleDevice"
---- @include "deadLetter"
---- @include "countOutstanding"
---- @include "takeLease"
---- @include "ownsLock"
---- @include "countCaller"
+--@requires codes, slice, deviceBlock, parseEntry, ownsLock, takeLease, returnTask, endDispatch, reschedule
 
 local now = tonumber(ARGV[1])
+local token = ARGV[2]
 local mac = ARGV[3]
-local holder, owned = ownsLock(KEYS[12], ARGV[2])
+local delayBase = tonumber(ARGV[4])
+local delayCap = tonumber(ARGV[5])
+local maxDefers = tonumber(ARGV[6])
+local reason = ARGV[7]
+local deadKeep = tonumber(ARGV[8])
+local waitingTypes = ARGV[9]
+local maxPerDevice = tonumber(ARGV[10])
+local taken = slice(ARGV, 11)
+local device = deviceBlock(KEYS, mac)
+local lockKey = KEYS[12]
+local servingKey = KEYS[13]
+local pendingKey = KEYS[14]
+local leasesKey = KEYS[15]
+local leaseDataKey = KEYS[16]
+local deadKey = KEYS[17]
+local devicesKey = KEYS[18]
+local delayedKey = KEYS[19]
+local overloadedKey = KEYS[20]
+local callerKey = KEYS[21]
+
+local _, owned = ownsLock(device, lockKey, token)
 if not owned then
-  return {-6}
+  return {CODE.LOCK_NOT_OWNED}
 end
 
-local base, cap, maxDefers = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local way = {device = device, now = now, deadKey = deadKey, deadKeep = deadKeep, reason = reason,
+             callerKey = callerKey, delayedKey = delayedKey}
 local dead, waiting = {}, {}
 local earliest = 0
 
 local function defer(e)
   e.defers = e.defers + 1
-  if e.defers >= maxDefers then
-    dead[#dead + 1] = deadLetter(KEYS[17], tonumber(ARGV[8]), mac, e, ARGV[7], now)
-    countCaller(KEYS[21], e, -1)
+  local delay = delayBase * (2 ^ (e.defers - 1))
+  if delay > delayCap then delay = delayCap end
+  local due = now + delay
+  local went, record = returnTask(way, e, e.defers >= maxDefers, due)
+  if went == "dead" then
+    dead[#dead + 1] = record
     return
   end
-  local delay = base * (2 ^ (e.defers - 1))
-  if delay > cap then delay = cap end
-  local due = now + delay
-  redis.call("ZADD", KEYS[19], due, mac .. "|" .. encodeEntry(e))
-  countOutstanding(KEYS[1], 1)
   waiting[#waiting + 1] = e.id
   if earliest == 0 or due < earliest then earliest = due end
 end
 
-for i = 11, #ARGV do
-  local e = takeLease(KEYS[15], KEYS[16], mac, ARGV[i], "*")
+for _, id in ipairs(taken) do
+  local e = takeLease(device, leasesKey, leaseDataKey, id, "*")
   if e then defer(e) end
 end
 
 -- the device's queued tasks of those types wait as well (one pass over each queue, order kept)
 local types = {}
-for t in string.gmatch(ARGV[9], "[^,]+") do types[t] = true end
+for t in string.gmatch(waitingTypes, "[^,]+") do types[t] = true end
 local moved = 0
 for p = 1, 5 do
-  local key = KEYS[1 + p]
+  local key = device.queues[p]
   local items = redis.call("LRANGE", key, 0, -1)
   local keep, hit = {}, false
   for _, raw in ipairs(items) do
@@ -104,15 +117,13 @@ for p = 1, 5 do
   end
 end
 if moved > 0 then
-  local backlog = redis.call("HINCRBY", KEYS[1], "backlog", -moved)
-  redis.call("DECRBY", KEYS[14], moved)
-  if backlog < tonumber(ARGV[10]) then redis.call("SREM", KEYS[20], mac) end
+  local backlog = redis.call("HINCRBY", device.meta, "backlog", -moved)
+  redis.call("DECRBY", pendingKey, moved)
+  if backlog < maxPerDevice then redis.call("SREM", overloadedKey, mac) end
 end
 
-if holder then redis.call("DEL", KEYS[12]) end
-redis.call("ZREM", KEYS[13], mac)
-redis.call("HDEL", KEYS[1], "token")
-if scheduleDevice(mac, now) == "idle" then redis.call("SREM", KEYS[18], mac) end
+endDispatch(device, lockKey, servingKey)
+reschedule(device, now, devicesKey)
 
 local out = {earliest, #dead}
 for _, d in ipairs(dead) do out[#out + 1] = d end

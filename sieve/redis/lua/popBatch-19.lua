@@ -13,67 +13,81 @@
   does when every task it took has a worker waiting for it.
 
   Input:
-    KEYS[1..11]  device block (meta, queues 1..5, schedule sets 1..5 of its weight)
-    KEYS[12]     device dispatch lock
-    KEYS[13]     global pending counter
-    KEYS[14]     serving set
-    KEYS[15]     leases (task_id -> deadline ms)
-    KEYS[16]     lease data (task_id -> "mac|entry")
-    KEYS[17]     overloaded devices set
-    KEYS[18]     active devices set
-    KEYS[19]     caller counts (caller -> open tasks; an expired task dropped here is no longer open)
+    KEYS[1..11]  device         device block (deviceBlock: meta, queues 1..5, schedule sets 1..5 of its weight)
+    KEYS[12]     lockKey        device dispatch lock
+    KEYS[13]     pendingKey     global pending counter
+    KEYS[14]     servingKey     serving set
+    KEYS[15]     leasesKey      leases (task_id -> deadline ms)
+    KEYS[16]     leaseDataKey   lease data (task_id -> "mac|entry")
+    KEYS[17]     overloadedKey  overloaded devices set
+    KEYS[18]     devicesKey     active devices set
+    KEYS[19]     callerKey      caller counts (caller -> open tasks; an expired task dropped here is no longer open)
 
-    ARGV[1]      now (ms)
-    ARGV[2]      lock token
-    ARGV[3]      lock ttl (ms)
-    ARGV[4]      most tasks to take
-    ARGV[5]      max_wait (ms)
-    ARGV[6]      lease ttl (ms)
-    ARGV[7]      device (normalised MAC)
-    ARGV[8]      per-device pending limit (the overloaded mark is cleared below it)
-    ARGV[9]      allowed task types, comma separated ("" for any)
-    ARGV[10]     1 to release the device in the same step, 0 to keep it locked for releaseDevice
-    ARGV[11]     wait carried over (ms): the device's wait restarts at now - this (see rankDevices)
+    ARGV[1]      now            now (ms)
+    ARGV[2]      token          lock token
+    ARGV[3]      lockTtl        lock ttl (ms)
+    ARGV[4]      want           most tasks to take
+    ARGV[5]      maxWait        max_wait (ms)
+    ARGV[6]      leaseTtl       lease ttl (ms)
+    ARGV[7]      mac            device (normalised MAC)
+    ARGV[8]      maxPerDevice   per-device pending limit (the overloaded mark is cleared below it)
+    ARGV[9]      allowedTypes   allowed task types, comma separated ("" for any)
+    ARGV[10]     release        1 to release the device in the same step, 0 to keep it locked for releaseDevice
+    ARGV[11]     carriedWait    wait carried over (ms): the device's wait restarts at now - this (see rankDevices)
 
   Output:
-    {1, taken, blocked, e1..e_taken, x1..x_m}
+    {OK, taken, blocked, e1..e_taken, x1..x_m}
                                        entries taken (attempt raised), then entries dropped as expired;
                                        blocked = 1 when popping stopped at a task of a type not allowed
-    {-2}                               another holder has the device's lock
-    {-3}                               the device is not schedulable (taken by another replica, idle, backoff)
+    {LOCK_HELD}                        the device's lock is already held (by another dispatch)
+    {DEVICE_NOT_READY}                 the device is not schedulable (taken by another replica, idle, backoff)
+    (codes: includes/codes.lua)
 ]]
---- @include "parseEntry"
---- @include "deviceHeads"
---- @include "scheduleDevice"
---- @include "countCaller"
---- @include "countOutstanding"
+--@requires codes, deviceBlock, parseEntry, countCaller, countOutstanding, endDispatch, reschedule
 
 local now = tonumber(ARGV[1])
-local mac = ARGV[7]
+local token = ARGV[2]
+local lockTtl = ARGV[3]
+local want = tonumber(ARGV[4])
 local maxWait = tonumber(ARGV[5])
+local leaseTtl = tonumber(ARGV[6])
+local mac = ARGV[7]
+local maxPerDevice = tonumber(ARGV[8])
+local allowedTypes = ARGV[9]
+local release = ARGV[10] == "1"
+local carriedWait = tonumber(ARGV[11] or "0")
+local device = deviceBlock(KEYS, mac)
+local lockKey = KEYS[12]
+local pendingKey = KEYS[13]
+local servingKey = KEYS[14]
+local leasesKey = KEYS[15]
+local leaseDataKey = KEYS[16]
+local overloadedKey = KEYS[17]
+local devicesKey = KEYS[18]
+local callerKey = KEYS[19]
 
-if not redis.call("SET", KEYS[12], ARGV[2], "NX", "PX", ARGV[3]) then
-  return {-2}
+if not redis.call("SET", lockKey, token, "NX", "PX", lockTtl) then
+  return {CODE.LOCK_HELD}
 end
-if redis.call("HGET", KEYS[1], "state") ~= "ready" then
-  redis.call("DEL", KEYS[12])
-  if redis.call("EXISTS", KEYS[1]) == 0 then
+if redis.call("HGET", device.meta, "state") ~= "ready" then
+  redis.call("DEL", lockKey)
+  if redis.call("EXISTS", device.meta) == 0 then
     -- no meta at all (its keys were lost): out of the schedule sets, or the next rank picks it again and the
     -- dispatcher spins on it; the reconciler repairs the device and schedules it again
-    for i = 7, 11 do redis.call("ZREM", KEYS[i], mac) end
+    for p = 1, 5 do redis.call("ZREM", device.schedules[p], mac) end
   end
-  return {-3}
+  return {CODE.DEVICE_NOT_READY}
 end
-local class = tonumber(redis.call("HGET", KEYS[1], "class") or "0")
-if class > 0 then redis.call("ZREM", KEYS[6 + class], mac) end
-redis.call("ZADD", KEYS[14], now + tonumber(ARGV[3]), mac)
-redis.call("HSET", KEYS[1], "state", "serving", "class", 0, "token", ARGV[2],
-  "last_served_ms", now - tonumber(ARGV[11] or "0"))
+local class = tonumber(redis.call("HGET", device.meta, "class") or "0")
+if class > 0 then redis.call("ZREM", device.schedules[class], mac) end
+redis.call("ZADD", servingKey, now + tonumber(lockTtl), mac)
+redis.call("HSET", device.meta, "state", "serving", "class", 0, "token", token,
+  "last_served_ms", now - carriedWait)
 
 -- the device's non-empty queues, highest priority first
 local sizes = {}
 for p = 5, 1, -1 do
-  sizes[p] = redis.call("LLEN", KEYS[1 + p])
+  sizes[p] = redis.call("LLEN", device.queues[p])
 end
 
 local function nextQueue()
@@ -87,7 +101,7 @@ local function nextQueue()
   if nonEmpty <= 1 then return best end
   for p = 5, 1, -1 do
     if sizes[p] > 0 then
-      local e = parseEntry(redis.call("LINDEX", KEYS[1 + p], 0))
+      local e = parseEntry(redis.call("LINDEX", device.queues[p], 0))
       if now - e.enq >= maxWait and ((not agedAt) or e.enq < agedAt) then
         agedAt, agedPrio = e.enq, p
       end
@@ -98,30 +112,29 @@ local function nextQueue()
 end
 
 local allowed = nil
-if ARGV[9] ~= "" then
+if allowedTypes ~= "" then
   allowed = {}
-  for t in string.gmatch(ARGV[9], "[^,]+") do allowed[t] = true end
+  for t in string.gmatch(allowedTypes, "[^,]+") do allowed[t] = true end
 end
 
 local taken, expired = {}, {}
 local leaseArgs, dataArgs = {}, {}
 local blocked = 0
-local want = tonumber(ARGV[4])
-local leaseUntil = now + tonumber(ARGV[6])
+local leaseUntil = now + leaseTtl
 while #taken < want do
   local p = nextQueue()
   if p == 0 then break end
-  local raw = redis.call("LINDEX", KEYS[1 + p], 0)
+  local raw = redis.call("LINDEX", device.queues[p], 0)
   local e = parseEntry(raw)
   if e.exp > now and allowed and not allowed[e.type] then
     blocked = 1
     break
   end
-  redis.call("LPOP", KEYS[1 + p])
+  redis.call("LPOP", device.queues[p])
   sizes[p] = sizes[p] - 1
   if e.exp <= now then
     expired[#expired + 1] = raw
-    countCaller(KEYS[19], e, -1)
+    countCaller(callerKey, e, -1)
   else
     e.attempt = e.attempt + 1
     local leased = encodeEntry(e)
@@ -133,38 +146,36 @@ while #taken < want do
   end
 end
 if #taken > 0 then
-  redis.call("ZADD", KEYS[15], unpack(leaseArgs))
-  redis.call("HSET", KEYS[16], unpack(dataArgs))
-  countOutstanding(KEYS[1], #taken)
+  redis.call("ZADD", leasesKey, unpack(leaseArgs))
+  redis.call("HSET", leaseDataKey, unpack(dataArgs))
+  countOutstanding(device.meta, #taken)
 end
 
 local removed = #taken + #expired
 if removed > 0 then
-  local backlog = redis.call("HINCRBY", KEYS[1], "backlog", -removed)
-  redis.call("DECRBY", KEYS[13], removed)
-  if backlog < tonumber(ARGV[8]) then redis.call("SREM", KEYS[17], mac) end
-  redis.call("HINCRBY", KEYS[1], "served", #taken)
+  local backlog = redis.call("HINCRBY", device.meta, "backlog", -removed)
+  redis.call("DECRBY", pendingKey, removed)
+  if backlog < maxPerDevice then redis.call("SREM", overloadedKey, mac) end
+  redis.call("HINCRBY", device.meta, "served", #taken)
 end
 -- service rate, for the retry delay intake gives a refused device: tasks taken per 10 s window
-local winStart = tonumber(redis.call("HGET", KEYS[1], "win_start_ms") or "0")
+local winStart = tonumber(redis.call("HGET", device.meta, "win_start_ms") or "0")
 if now - winStart >= 10000 then
   if winStart > 0 then
-    local count = tonumber(redis.call("HGET", KEYS[1], "win_count") or "0")
-    redis.call("HSET", KEYS[1], "rate_per_s", string.format("%.3f", count * 1000 / (now - winStart)))
+    local count = tonumber(redis.call("HGET", device.meta, "win_count") or "0")
+    redis.call("HSET", device.meta, "rate_per_s", string.format("%.3f", count * 1000 / (now - winStart)))
   end
-  redis.call("HSET", KEYS[1], "win_start_ms", now, "win_count", 0)
+  redis.call("HSET", device.meta, "win_start_ms", now, "win_count", 0)
 end
-redis.call("HINCRBY", KEYS[1], "win_count", #taken)
+redis.call("HINCRBY", device.meta, "win_count", #taken)
 
-if ARGV[10] == "1" then
-  redis.call("DEL", KEYS[12])
-  redis.call("ZREM", KEYS[14], mac)
-  redis.call("HDEL", KEYS[1], "token")
-  if #taken > 0 then redis.call("HSET", KEYS[1], "defer_count", 0) end
-  if scheduleDevice(mac, now) == "idle" then redis.call("SREM", KEYS[18], mac) end
+if release then
+  endDispatch(device, lockKey, servingKey)
+  if #taken > 0 then redis.call("HSET", device.meta, "defer_count", 0) end
+  reschedule(device, now, devicesKey)
 end
 
-local out = {1, #taken, blocked}
+local out = {CODE.OK, #taken, blocked}
 for _, v in ipairs(taken) do out[#out + 1] = v end
 for _, v in ipairs(expired) do out[#out + 1] = v end
 return out

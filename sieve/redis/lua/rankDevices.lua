@@ -8,34 +8,40 @@
   O(k log n) for k sets and n devices.
 
   Input:
-    KEYS[1..k]   schedule sets (one per priority and weight)
-    KEYS[k+1]    backoff set
+    KEYS[1..k]   scheduleKeys  schedule sets (one per priority and weight)
+    KEYS[k+1]    backoffKey    backoff set
 
-    ARGV[1]      now (ms)
-    ARGV[2]      max_wait (ms)
-    ARGV[3]      starvation hint (ms)
-    ARGV[4]      device to skip ("" for none)
-    ARGV[5..]    for each schedule set, in KEYS order: "priority:weight"
+    ARGV[1]      now           now (ms)
+    ARGV[2]      maxWait       max_wait (ms)
+    ARGV[3]      hint          starvation hint (ms)
+    ARGV[4]      skip          device to skip ("" for none)
+    ARGV[5..]    classes       for each schedule set, in KEYS order: "priority:weight"
 
   Output:
     {mac, set index (1-based), starving 0|1, earliest backoff end (ms) or -1, longest wait (ms) or -1,
      the chosen device's wait (ms), its weight, the best score of another device in its tier or -1}
     mac is "" when no device is schedulable. Numbers are returned as strings (fractions of a ms kept).
 ]]
+--@requires slice
+
 local now = tonumber(ARGV[1])
 local maxWait = tonumber(ARGV[2])
 local hint = tonumber(ARGV[3])
 local skip = ARGV[4]
-local k = #KEYS - 1
+local classes = slice(ARGV, 5)
+local scheduleKeys = slice(KEYS, 1, #KEYS - 1)
+local backoffKey = KEYS[#KEYS]
+
+local k = #scheduleKeys
 
 local best, bestTier, bestScore, bestSince, bestIndex, bestWait, bestWeight = "", -1, -1, 0, 0, 0, 0
 local waits = {}
 local candidates = {}
 for i = 1, k do
-  local prio, weight = string.match(ARGV[4 + i], "(%d+):(%d+)")
+  local prio, weight = string.match(classes[i], "(%d+):(%d+)")
   prio = tonumber(prio)
   weight = tonumber(weight)
-  local heads = redis.call("ZRANGE", KEYS[i], 0, 2, "WITHSCORES")
+  local heads = redis.call("ZRANGE", scheduleKeys[i], 0, 2, "WITHSCORES")
   local considered = 0
   for j = 1, #heads, 2 do
     local mac = heads[j]
@@ -73,7 +79,7 @@ for _, w in ipairs(waits) do
 end
 
 local nextBackoff = -1
-local first = redis.call("ZRANGE", KEYS[k + 1], 0, 0, "WITHSCORES")
+local first = redis.call("ZRANGE", backoffKey, 0, 0, "WITHSCORES")
 if #first == 2 then nextBackoff = tonumber(first[2]) end
 
 local runner = -1

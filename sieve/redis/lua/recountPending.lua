@@ -4,22 +4,30 @@
   runs this at the end of a pass that found anything wrong: scheduler_svc/reconcile.py). O(active devices).
 
   Input:
-    KEYS[1]      global pending counter
-    KEYS[2]      active devices set
-    KEYS[3..]    the queues (priority 1..5) of each device of ARGV, five per device, in ARGV's order
-    ARGV[1..]    the active devices as the caller read them
+    KEYS[1]      pendingKey    global pending counter
+    KEYS[2]      devicesKey    active devices set
+    KEYS[3..]    queueKeys     the queues (priority 1..5) of each device of ARGV, five per device, in ARGV's order
+    ARGV[1..]    devicesRead   the active devices as the caller read them
 
   Output:
-    {before, after}   the counter before and after
-    {-1}              a device became active since the caller read them (nothing changed: read again)
+    {OK, before, after}   the counter before and after
+    {DEVICES_CHANGED}     a device became active since the caller read them (nothing changed: read again)
+    (codes: includes/codes.lua)
 ]]
+--@requires codes, slice
+
+local pendingKey = KEYS[1]
+local devicesKey = KEYS[2]
+local queueKeys = slice(KEYS, 3)
+local devicesRead = slice(ARGV, 1)
+
 local given = {}
-for i = 1, #ARGV do given[ARGV[i]] = true end
-for _, mac in ipairs(redis.call("SMEMBERS", KEYS[2])) do
-  if not given[mac] then return {-1} end
+for _, mac in ipairs(devicesRead) do given[mac] = true end
+for _, mac in ipairs(redis.call("SMEMBERS", devicesKey)) do
+  if not given[mac] then return {CODE.DEVICES_CHANGED} end
 end
 local total = 0
-for i = 3, #KEYS do total = total + redis.call("LLEN", KEYS[i]) end
-local before = tonumber(redis.call("GET", KEYS[1]) or "0")
-redis.call("SET", KEYS[1], total)
-return {before, total}
+for _, key in ipairs(queueKeys) do total = total + redis.call("LLEN", key) end
+local before = tonumber(redis.call("GET", pendingKey) or "0")
+redis.call("SET", pendingKey, total)
+return {CODE.OK, before, total}

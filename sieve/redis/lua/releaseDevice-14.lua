@@ -3,37 +3,38 @@
   Its wait restarts now (last_served_ms was set when it was claimed), so a backlog alone never wins.
 
   Input:
-    KEYS[1..11]  device block
-    KEYS[12]     device dispatch lock
-    KEYS[13]     serving set
-    KEYS[14]     active devices set
+    KEYS[1..11]  device       device block (deviceBlock: meta, queues 1..5, schedule sets 1..5 of its weight)
+    KEYS[12]     lockKey      device dispatch lock
+    KEYS[13]     servingKey   serving set
+    KEYS[14]     devicesKey   active devices set
 
-    ARGV[1]      now (ms)
-    ARGV[2]      lock token ("*" to force, for a holder known to be dead)
-    ARGV[3]      device (normalised MAC)
+    ARGV[1]      now          now (ms; recorded as given in last_served_ms)
+    ARGV[2]      token        lock token ("*" to force, for a holder known to be dead)
+    ARGV[3]      mac          device (normalised MAC)
 
   Output:
-    1   released ("ready" again or "idle")
-    -6  the lock is held by another token: nothing changed (an expired lock still counts as the
-        caller's while the device's meta carries its token)
+    OK              released ("ready" again or "idle")
+    LOCK_NOT_OWNED  the lock is held by another token: nothing changed (an expired lock still counts as the
+                    caller's while the device's meta carries its token)
+    (codes: includes/codes.lua)
 ]]
---- @include "parseEntry"
---- @include "deviceHeads"
---- @include "scheduleDevice"
---- @include "ownsLock"
+--@requires codes, deviceBlock, ownsLock, endDispatch, reschedule
 
+local now = ARGV[1]
+local token = ARGV[2]
 local mac = ARGV[3]
-local holder, owned = ownsLock(KEYS[12], ARGV[2])
-if ARGV[2] ~= "*" and not owned then
-  return -6
+local device = deviceBlock(KEYS, mac)
+local lockKey = KEYS[12]
+local servingKey = KEYS[13]
+local devicesKey = KEYS[14]
+
+local _, owned = ownsLock(device, lockKey, token)
+if token ~= "*" and not owned then
+  return CODE.LOCK_NOT_OWNED
 end
-if holder then redis.call("DEL", KEYS[12]) end
-redis.call("ZREM", KEYS[13], mac)
-redis.call("HDEL", KEYS[1], "token")
-if redis.call("HGET", KEYS[1], "state") == "serving" then
-  redis.call("HSET", KEYS[1], "defer_count", 0, "last_served_ms", ARGV[1])
-  if scheduleDevice(mac, tonumber(ARGV[1])) == "idle" then
-    redis.call("SREM", KEYS[14], mac)
-  end
+endDispatch(device, lockKey, servingKey)
+if redis.call("HGET", device.meta, "state") == "serving" then
+  redis.call("HSET", device.meta, "defer_count", 0, "last_served_ms", now)
+  reschedule(device, tonumber(now), devicesKey)
 end
-return 1
+return CODE.OK

@@ -7,42 +7,49 @@
   reconciler recounts it once per pass: recountPending).
 
   Input:
-    KEYS[1..11]  device block (meta, queues 1..5, schedule sets 1..5 of its weight)
-    KEYS[12]     device dispatch lock
-    KEYS[13]     serving set
-    KEYS[14]     backoff set
-    KEYS[15]     leases (unused; the same keys as locateTasks)
-    KEYS[16]     lease data (unused)
-    KEYS[17]     delayed set (unused)
-    KEYS[18]     active devices set
+    KEYS[1..11]  device        device block (deviceBlock: meta, queues 1..5, schedule sets 1..5 of its weight)
+    KEYS[12]     lockKey       device dispatch lock
+    KEYS[13]     servingKey    serving set
+    KEYS[14]     backoffKey    backoff set
+    KEYS[15]     leasesKey     leases (unused; the same keys as locateTasks)
+    KEYS[16]     leaseDataKey  lease data (unused)
+    KEYS[17]     delayedKey    delayed set (unused)
+    KEYS[18]     devicesKey    active devices set
 
-    ARGV[1]      now (ms)
-    ARGV[2]      device (normalised MAC)
-    ARGV[3]      the device's weight
+    ARGV[1]      now           now (ms)
+    ARGV[2]      mac           device (normalised MAC)
+    ARGV[3]      weight        the device's weight
 
   Output:
     {problem, queued, backlog before}   problem "" when nothing was wrong (nothing changed)
 ]]
---- @include "parseEntry"
---- @include "deviceHeads"
---- @include "scheduleDevice"
---- @include "deviceFacts"
+--@requires deviceBlock, deviceFacts, reschedule
 
 local now = tonumber(ARGV[1])
 local mac = ARGV[2]
-local queued, backlog, state, problem = deviceFacts(mac)
+local weight = ARGV[3]
+local device = deviceBlock(KEYS, mac)
+local lockKey = KEYS[12]
+local servingKey = KEYS[13]
+local backoffKey = KEYS[14]
+local leasesKey = KEYS[15] -- unused
+local leaseDataKey = KEYS[16] -- unused
+local delayedKey = KEYS[17] -- unused
+local devicesKey = KEYS[18]
+
+local queued, backlog, state, problem = deviceFacts(device, lockKey, servingKey, backoffKey, devicesKey)
 if problem == "" then
   return {"", queued, backlog}
 end
-local serving = state == "serving" and (redis.call("EXISTS", KEYS[12]) == 1 or redis.call("ZSCORE", KEYS[13], mac))
-local backingOff = state == "backoff" and redis.call("ZSCORE", KEYS[14], mac)
-for p = 1, 5 do redis.call("ZREM", KEYS[6 + p], mac) end
-redis.call("HSET", KEYS[1], "backlog", queued, "class", 0, "device", mac)
-redis.call("HSETNX", KEYS[1], "weight", ARGV[3])
-if queued > 0 then redis.call("SADD", KEYS[18], mac) end
+local serving = state == "serving" and (redis.call("EXISTS", lockKey) == 1 or redis.call("ZSCORE", servingKey, mac))
+local backingOff = state == "backoff" and redis.call("ZSCORE", backoffKey, mac)
+for p = 1, 5 do redis.call("ZREM", device.schedules[p], mac) end
+redis.call("HSET", device.meta, "backlog", queued, "class", 0, "device", mac)
+redis.call("HSETNX", device.meta, "weight", weight)
+if queued > 0 then redis.call("SADD", devicesKey, mac) end
 if not (serving or backingOff) then
-  redis.call("HDEL", KEYS[1], "token", "unschedulable_until_ms", "defer_reason")
-  redis.call("HSET", KEYS[1], "state", "idle")
-  if scheduleDevice(mac, now) == "idle" then redis.call("SREM", KEYS[18], mac) end
+  redis.call("HDEL", device.meta, "token", "unschedulable_until_ms", "defer_reason")
+  redis.call("HSET", device.meta, "state", "idle")
+  reschedule(device, now, devicesKey)
 end
 return {problem, queued, backlog}

@@ -6,27 +6,29 @@
   key expires once the bucket would be full again (a full bucket and no bucket are the same).
 
   Input:
-    KEYS[1]      the caller's bucket (hash: tokens, ts_ms)
+    KEYS[1]      bucketKey     the caller's bucket (hash: tokens, ts_ms)
 
-    ARGV[1]      now (ms), or "" for Redis's clock
-    ARGV[2]      rate (tokens per second, > 0)
-    ARGV[3]      burst (bucket size, >= 1)
-    ARGV[4]      tokens wanted (>= 1)
+    ARGV[1]      now           now (ms), or "" for Redis's clock
+    ARGV[2]      rate          rate (tokens per second, > 0)
+    ARGV[3]      burst         burst (bucket size, >= 1)
+    ARGV[4]      wanted        tokens wanted (>= 1)
 
   Output:
     {granted, wait_ms}   granted: tokens taken (0..wanted); wait_ms: 0 when all were granted, else the time
                          until the bucket holds the refused rest again (at most burst of them), rounded up
 ]]
+local bucketKey = KEYS[1]
 local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call("TIME")
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 local rate = tonumber(ARGV[2])
 local burst = tonumber(ARGV[3])
 local wanted = tonumber(ARGV[4])
 
-local state = redis.call("HMGET", KEYS[1], "tokens", "ts_ms")
+if not now then
+  local t = redis.call("TIME")
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local state = redis.call("HMGET", bucketKey, "tokens", "ts_ms")
 local tokens, ts = tonumber(state[1]), tonumber(state[2])
 if not tokens or not ts then
   tokens, ts = burst, now
@@ -44,6 +46,6 @@ if granted < wanted then
   wait = math.ceil((math.min(wanted - granted, burst) - tokens) * 1000 / rate)
   if wait < 1 then wait = 1 end
 end
-redis.call("HSET", KEYS[1], "tokens", string.format("%.6f", tokens), "ts_ms", ts)
-redis.call("PEXPIRE", KEYS[1], math.ceil((burst - tokens) * 1000 / rate) + 1000)
+redis.call("HSET", bucketKey, "tokens", string.format("%.6f", tokens), "ts_ms", ts)
+redis.call("PEXPIRE", bucketKey, math.ceil((burst - tokens) * 1000 / rate) + 1000)
 return {granted, wait}

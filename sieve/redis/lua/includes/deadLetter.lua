@@ -1,6 +1,8 @@
 --[[
   deadLetter(dead_key, keep, mac, entry, error, now_ms) -> json
-  Pushes a dead-letter record (seed 5.4 fields) to the front of the capped list and returns it.
+  Pushes a dead-letter record to the front of the capped list and returns it. Its fields are what an operator
+  reads about a task that will not be tried again: its id, device, type and priority, the error, its counted
+  attempts, its hand-outs, its put-backs (requeue_count), when it was enqueued and when it died.
 ]]
 local function deadLetter(deadKey, keep, mac, e, err, now)
   local record = cjson.encode({
