@@ -184,9 +184,8 @@ class QueueStore:
             raise RedisNotReady("Redis lost its queues; they are being rebuilt from PostgreSQL")
         out: dict[str, tuple[int, int] | AdmissionRefused] = {}
         for mac, (code, backlog, pending, caller_open) in zip(groups, replies, strict=True):
-            refused = code < 0
-            out[mac] = (AdmissionRefused(ScriptCode(code), backlog, pending, caller_open) if refused
-                        else (backlog, pending))
+            out[mac] = ((backlog, pending) if code == ScriptCode.OK
+                        else AdmissionRefused(ScriptCode(code), backlog, pending, caller_open))
         return out
 
     async def admission_snapshot(self, devices: list[str]) -> tuple[int, dict[str, int]]:
@@ -290,7 +289,7 @@ class QueueStore:
 
     @staticmethod
     def _popped(reply: list[Any]) -> Popped:
-        if reply[0] < 0:
+        if reply[0] in (ScriptCode.LOCK_HELD, ScriptCode.DEVICE_NOT_READY):
             return Popped(ready=False)
         taken_count, blocked, rest = reply[1], reply[2], reply[3:]
         return Popped(True, [Entry.decode(r) for r in rest[:taken_count]],
@@ -319,7 +318,7 @@ class QueueStore:
         k = self.keys
         code = await self._call("releaseDevice", [*block, lock, k.serving, k.devices],
                                 [now or now_ms(), token, mac])
-        if code < 0:
+        if code == ScriptCode.LOCK_NOT_OWNED:
             raise LockNotOwned(f"lock of {mac} is not held by {token}")
 
     async def extend_lock(self, mac: str, token: str) -> bool:
@@ -583,8 +582,8 @@ class QueueStore:
             keys = [self.keys.pending, self.keys.devices,
                     *(self.keys.queue(mac, p) for mac in devices for p in PRIORITIES)]
             reply = await self._call(name, keys, devices)
-            if reply[0] != -1:
-                return int(reply[0]), int(reply[1])
+            if reply[0] == ScriptCode.OK:
+                return int(reply[1]), int(reply[2])
         return None
 
     async def delayed_task_ids(self) -> set[str]:
