@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
@@ -24,6 +24,14 @@ from sieve.settings import Settings
 
 #: a pending limit that is never reached
 NO_LIMIT = 2**50
+
+_T = TypeVar("_T")
+
+
+def _reply(result: Awaitable[_T] | _T) -> Awaitable[_T]:
+    """A command's reply, to await: redis-py types it `Awaitable[T] | T` (one signature for its sync and asyncio
+    clients), and from the asyncio client it is always the awaitable."""
+    return cast(Awaitable[_T], result)
 
 
 def now_ms() -> float:
@@ -225,10 +233,10 @@ class QueueStore:
     async def caller_open(self, callers: list[str] | None = None) -> dict[str, int]:
         """Open tasks (queued, leased or delayed) per caller: of `callers`, or of every caller that has some."""
         if callers is None:
-            return {c: int(n) for c, n in (await self.redis.hgetall(self.keys.caller_open)).items()}
+            return {c: int(n) for c, n in (await _reply(self.redis.hgetall(self.keys.caller_open))).items()}
         if not callers:
             return {}
-        values = await self.redis.hmget(self.keys.caller_open, callers)
+        values = await _reply(self.redis.hmget(self.keys.caller_open, callers))
         return {c: int(v or 0) for c, v in zip(callers, values, strict=True)}
 
     async def take_tokens(self, caller: str, wanted: int, rate_per_s: float, burst: int,
@@ -241,7 +249,7 @@ class QueueStore:
 
     async def mark_overloaded(self, mac: str) -> None:
         """Marks a device refused for being over its limit (cleared when its backlog drops below it)."""
-        await self.redis.sadd(self.keys.overloaded, mac)
+        await _reply(self.redis.sadd(self.keys.overloaded, mac))
 
     async def remove_queued(self, mac: str, task_id: str, *, now: float | None = None) -> Entry | None:
         """Takes a task out of its device queue (cancelled or expired); None when it is not queued."""
@@ -327,9 +335,9 @@ class QueueStore:
         async with self.redis.pipeline(transaction=True) as pipe:
             await pipe.watch(lock)
             if await pipe.get(lock) != token:
-                await pipe.unwatch()
+                await pipe.unwatch()  # type: ignore[no-untyped-call]  # (redis-py leaves it unannotated)
                 return False
-            pipe.multi()
+            pipe.multi()  # type: ignore[no-untyped-call]
             pipe.pexpire(lock, int(self.settings.lock_ttl_s * 1000))
             await pipe.execute()
         return True
@@ -393,7 +401,8 @@ class QueueStore:
         known = dict(device_of or {})
         unknown = [task_id for task_id, _ in leases if task_id not in known]
         if unknown:
-            for task_id, value in zip(unknown, await self.redis.hmget(self.keys.lease_data, unknown), strict=True):
+            values = await _reply(self.redis.hmget(self.keys.lease_data, unknown))
+            for task_id, value in zip(unknown, values, strict=True):
                 if value is not None:
                     known[task_id] = value.partition("|")[0]
         by_device: dict[str, list[int]] = defaultdict(list)
@@ -451,7 +460,7 @@ class QueueStore:
                                              num=limit)
         if not ids:
             return {}
-        values = await self.redis.hmget(self.keys.lease_data, ids)
+        values = await _reply(self.redis.hmget(self.keys.lease_data, ids))
         by_device: dict[str, list[tuple[str, int]]] = defaultdict(list)
         for task_id, value in zip(ids, values, strict=True):
             if value is None:
@@ -501,7 +510,7 @@ class QueueStore:
         now = now or now_ms()
         rates: list[float] = []
         newest: int | None = None
-        for value in (await self.redis.hgetall(self.keys.drain)).values():
+        for value in (await _reply(self.redis.hgetall(self.keys.drain))).values():
             rate, _, at = value.partition("|")
             if not at.isdigit():
                 continue
@@ -513,7 +522,8 @@ class QueueStore:
     # --- generation ---------------------------------------------------------------------------------
     async def generation(self) -> str | None:
         """The id of the current rebuild of Redis from PostgreSQL; None when Redis lost its memory."""
-        return await self.redis.get(self.keys.generation)
+        generation: str | None = await _reply(self.redis.get(self.keys.generation))
+        return generation
 
     async def mark_rebuilt(self, generation: str) -> None:
         """Redis holds every unfinished task again: intake may enqueue."""
@@ -524,7 +534,8 @@ class QueueStore:
         return int(await self.redis.get(self.keys.pending) or 0)
 
     async def device_meta(self, mac: str) -> dict[str, str]:
-        return await self.redis.hgetall(self.keys.meta(mac))
+        meta: dict[str, str] = await _reply(self.redis.hgetall(self.keys.meta(mac)))
+        return meta
 
     async def queued(self, mac: str) -> list[Entry]:
         """Every queued entry of a device, highest priority first (for tests and operators)."""
@@ -578,7 +589,7 @@ class QueueStore:
         None when the active devices kept changing under it."""
         name = self._script("recountPending")
         for _ in range(tries):
-            devices = sorted(await self.redis.smembers(self.keys.devices))
+            devices = sorted(await _reply(self.redis.smembers(self.keys.devices)))
             keys = [self.keys.pending, self.keys.devices,
                     *(self.keys.queue(mac, p) for mac in devices for p in PRIORITIES)]
             reply = await self._call(name, keys, devices)
@@ -601,7 +612,7 @@ class QueueStore:
             return []
         async with self.redis.pipeline(transaction=False) as pipe:
             for mac, _ in members:
-                pipe.hmget(self.keys.meta(mac), "state", "class")
+                pipe.hmget(self.keys.meta(mac), ["state", "class"])
             metas = await pipe.execute()
         return sorted({mac for (mac, priority), (state, cls) in zip(members, metas, strict=True)
                        if state != "ready" or cls != str(priority)})
@@ -617,7 +628,7 @@ class QueueStore:
     async def dead_letter_records(self) -> dict[str, dict[str, Any]]:
         """The newest dead-letter record of each task in the dead-letter list (task_id -> record)."""
         out: dict[str, dict[str, Any]] = {}
-        for raw in await self.redis.lrange(self.keys.dead_letters, 0, -1):
+        for raw in await _reply(self.redis.lrange(self.keys.dead_letters, 0, -1)):
             try:
                 record = json.loads(raw)
                 task_id = str(record["task_id"])
@@ -637,9 +648,9 @@ class QueueStore:
         async with self.redis.pipeline(transaction=True) as pipe:
             await pipe.watch(key)
             if await pipe.get(key) != token:
-                await pipe.unwatch()
+                await pipe.unwatch()  # type: ignore[no-untyped-call]  # (redis-py leaves it unannotated)
                 return False
-            pipe.multi()
+            pipe.multi()  # type: ignore[no-untyped-call]
             if ttl_ms > 0:
                 pipe.pexpire(key, int(ttl_ms))
             else:
