@@ -18,7 +18,7 @@ from scheduler_svc.board import Board
 from scheduler_svc.drain import DrainMeter
 from scheduler_svc.outcomes import Outcomes
 from scheduler_svc.routing import Action, Router
-from scheduler_svc.task_trace import DispatchObserver
+from scheduler_svc.tracing import DispatchObserver
 from sieve.redis.entry import Entry
 from sieve.redis.queue_store import QueueStore, Rank, now_ms
 from sieve.settings import Settings

@@ -11,16 +11,16 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import Metric
 
-from scheduler_svc.task_trace import priority_name
+from scheduler_svc.tracing import priority_name
 from sieve.observe import metrics as m
 from sieve.observe.metrics import ScrapeCollector
 
 if TYPE_CHECKING:
-    from scheduler_svc.server import Scheduler
+    from scheduler_svc.app import SchedulerApp
 
 
 class SchedulerCollector(ScrapeCollector):
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: SchedulerApp) -> None:
         super().__init__()
         self.scheduler = scheduler
 

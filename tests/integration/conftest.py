@@ -16,9 +16,9 @@ from redis.asyncio import Redis
 
 from intake_svc.server import build as build_intake
 from registry_svc.server import build as build_registry
-from scheduler_svc.server import Scheduler, build_scheduler
+from scheduler_svc.server import SchedulerApp
+from scheduler_svc.server import build as build_scheduler
 from sieve import rpc
-from sieve.db.tasks import TaskStore
 from sieve.redis.queue_store import QueueStore
 from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
@@ -34,7 +34,7 @@ FINAL = {types_pb2.TASK_STATUS_SUCCEEDED, types_pb2.TASK_STATUS_FAILED, types_pb
 class Platform:
     settings: Settings
     intake: intake_pb2_grpc.IntakeServiceStub
-    scheduler: Scheduler
+    scheduler: SchedulerApp
     queues: QueueStore
     pg: asyncpg.Pool
     redis: Redis
@@ -49,12 +49,11 @@ class Platform:
 
 async def start_platform(settings: Settings, redis: Redis, pg: asyncpg.Pool,
                          workers: int = 1) -> AsyncIterator[Platform]:
-    tasks = TaskStore(pg)
     registry_app = await build_registry(settings, Stores.of(redis=redis))
     registry = await rpc.create_server(registry_app.service, "127.0.0.1:0", settings)
     settings = settings.replace(registry_addr=f"127.0.0.1:{registry.port}")
-    scheduler, sched_service = build_scheduler(settings, redis, tasks)
-    sched_server = await rpc.create_server(sched_service, "127.0.0.1:0", settings)
+    scheduler = await build_scheduler(settings, Stores.of(redis=redis, pool=pg))
+    sched_server = await rpc.create_server(scheduler.service, "127.0.0.1:0", settings)
     settings = settings.replace(scheduler_addr=f"127.0.0.1:{sched_server.port}")
     intake_app = await build_intake(settings, Stores.of(redis=redis, pool=pg))
     intake = await rpc.create_server(intake_app.service, "127.0.0.1:0", settings)

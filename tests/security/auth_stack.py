@@ -20,9 +20,9 @@ from redis.asyncio import Redis
 
 from intake_svc.server import build as build_intake
 from registry_svc.server import build as build_registry
-from scheduler_svc.server import Scheduler, build_scheduler
+from scheduler_svc.server import SchedulerApp
+from scheduler_svc.server import build as build_scheduler
 from sieve import rpc
-from sieve.db.tasks import TaskStore
 from sieve.rpc.auth import credential_line, new_token
 from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
@@ -72,7 +72,7 @@ class SecureStack:
     addresses: dict[str, str]
     #: full name of every gRPC service a server here hosts -> that server's address
     hosts: dict[str, str]
-    scheduler: Scheduler
+    scheduler: SchedulerApp
     pg: asyncpg.Pool
     redis: Redis
     credentials: Credentials
@@ -128,13 +128,12 @@ async def secure_stack(settings: Settings, redis: Redis, pg: asyncpg.Pool, crede
                        **overrides: object) -> AsyncIterator[SecureStack]:
     """The three servers, accepting `credentials` only (SIEVE_AUTH_TOKENS), with `overrides` applied."""
     settings = settings.replace(**{"allow_anonymous": False, "auth_tokens": credentials.text, **overrides})
-    tasks = TaskStore(pg)
     hosts: dict[str, str] = {}
     registry_app = await build_registry(settings, Stores.of(redis=redis))
     registry = await rpc.create_server(registry_app.service, "127.0.0.1:0", settings)
     settings = settings.replace(registry_addr=f"127.0.0.1:{registry.port}")
-    scheduler, sched_service = build_scheduler(settings, redis, tasks)
-    sched_server = await rpc.create_server(sched_service, "127.0.0.1:0", settings)
+    scheduler = await build_scheduler(settings, Stores.of(redis=redis, pool=pg))
+    sched_server = await rpc.create_server(scheduler.service, "127.0.0.1:0", settings)
     settings = settings.replace(scheduler_addr=f"127.0.0.1:{sched_server.port}")
     intake_app = await build_intake(settings, Stores.of(redis=redis, pool=pg))
     intake = await rpc.create_server(intake_app.service, "127.0.0.1:0", settings)

@@ -27,9 +27,8 @@ from redis.asyncio import Redis
 
 from intake_svc.server import build as build_intake
 from registry_svc.server import build as build_registry
-from scheduler_svc.server import build_scheduler
+from scheduler_svc.server import build as build_scheduler
 from sieve import rpc
-from sieve.db.tasks import TaskStore
 from sieve.rpc.auth import METHOD_ROLES, AuthError, hash_token, new_token
 from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
@@ -287,9 +286,8 @@ async def _list_services(channel: grpc.aio.Channel, metadata: tuple[tuple[str, s
 async def test_a_service_without_credentials_refuses_to_start(settings: Settings, redis: Redis,
                                                               pg: asyncpg.Pool, tmp_path: Path) -> None:
     bare = settings.replace(allow_anonymous=False, auth_tokens="", auth_tokens_file="")
-    tasks = TaskStore(pg)
     stores = Stores.of(redis=redis, pool=pg)
-    for service in ((await build_registry(bare, stores)).service, build_scheduler(bare, redis, tasks)[1],
+    for service in ((await build_registry(bare, stores)).service, (await build_scheduler(bare, stores)).service,
                     (await build_intake(bare, stores)).service):
         with pytest.raises(AuthError, match="SIEVE_ALLOW_ANONYMOUS"):
             await rpc.create_server(service, "127.0.0.1:0", bare)

@@ -47,9 +47,9 @@ from redis.asyncio import Redis
 
 from intake_svc.server import build as build_intake
 from registry_svc.server import build as build_registry
-from scheduler_svc.server import build_scheduler
+from scheduler_svc.server import build as build_scheduler
 from sieve import rpc
-from sieve.db.tasks import OPEN_STATUSES, TaskStore
+from sieve.db.tasks import OPEN_STATUSES
 from sieve.observe import metrics
 from sieve.redis.entry import Entry
 from sieve.redis.queue_store import QueueStore
@@ -505,11 +505,10 @@ async def stack(settings: Settings, redis: Redis, pg: asyncpg.Pool) -> AsyncIter
     """Registry, scheduler and intake servers without workers; dead letters come quickly (two attempts, short
     retry delays)."""
     settings = settings.replace(max_attempts=2, retry_backoff_base_s=0.01, retry_backoff_max_s=0.05)
-    tasks = TaskStore(pg)
     registry_app = await build_registry(settings, Stores.of(redis=redis))
     registry = await rpc.create_server(registry_app.service, "127.0.0.1:0", settings)
     settings = settings.replace(registry_addr=f"127.0.0.1:{registry.port}")
-    _, scheduler_service = build_scheduler(settings, redis, tasks)
+    scheduler_service = (await build_scheduler(settings, Stores.of(redis=redis, pool=pg))).service
     scheduler = await rpc.create_server(scheduler_service, "127.0.0.1:0", settings)
     settings = settings.replace(scheduler_addr=f"127.0.0.1:{scheduler.port}")
     intake_app = await build_intake(settings, Stores.of(redis=redis, pool=pg))

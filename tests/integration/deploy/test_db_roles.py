@@ -27,7 +27,7 @@ from redis.asyncio import Redis
 
 from intake_svc.server import build as build_intake
 from registry_svc.server import build as build_registry
-from scheduler_svc.server import build_scheduler
+from scheduler_svc.server import build as build_scheduler
 from sieve import rpc
 from sieve.db import SchemaNotReady, create_pool
 from sieve.db.audit import AuditEvent, AuditLog, AuditQuery
@@ -191,9 +191,9 @@ async def test_the_whole_task_path_runs_with_the_service_roles(roles: Roles, red
         registry = await rpc.create_server(registry_app.service, "127.0.0.1:0", settings)
         servers.append(registry)
         settings = settings.replace(registry_addr=f"127.0.0.1:{registry.port}")
-        scheduler, service = build_scheduler(settings, redis, TaskStore(pools["scheduler"]))
-        await scheduler.housekeeping.rebuilder.ensure()
-        sched = await rpc.create_server(service, "127.0.0.1:0", settings)
+        scheduler = await build_scheduler(settings, Stores.of(redis=redis, pool=pools["scheduler"]))
+        await scheduler.rebuilder.ensure()
+        sched = await rpc.create_server(scheduler.service, "127.0.0.1:0", settings)
         servers.append(sched)
         settings = settings.replace(scheduler_addr=f"127.0.0.1:{sched.port}")
         intake_app = await build_intake(settings, Stores.of(redis=redis, pool=pools["intake"]))

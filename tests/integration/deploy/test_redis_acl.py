@@ -27,9 +27,8 @@ from redis.exceptions import AuthenticationError, NoPermissionError, ResponseErr
 
 from intake_svc.server import build as build_intake
 from registry_svc.server import build as build_registry
-from scheduler_svc.server import build_scheduler
+from scheduler_svc.server import build as build_scheduler
 from sieve import rpc
-from sieve.db.tasks import TaskStore
 from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import (
@@ -135,7 +134,6 @@ async def test_every_service_does_its_whole_job_as_its_own_redis_user(
         acl_redis: AclRedis, settings: Settings, pg: asyncpg.Pool) -> None:
     clients = {user: acl_redis.client(user) for user in USERS}
     settings = settings.replace(max_attempts=1, allow_anonymous=True)
-    tasks = TaskStore(pg)
     servers: list[rpc.RunningServer] = []
     worker: WorkerApp | None = None
     try:
@@ -145,9 +143,9 @@ async def test_every_service_does_its_whole_job_as_its_own_redis_user(
         servers.append(registry)
         settings = settings.replace(registry_addr=f"127.0.0.1:{registry.port}")
         sched_settings = settings.replace(redis_url=acl_redis.url("scheduler"))
-        scheduler, service = build_scheduler(sched_settings, clients["scheduler"], tasks)
-        await scheduler.housekeeping.rebuilder.ensure()  # an empty Redis: rebuilt from PostgreSQL
-        sched = await rpc.create_server(service, "127.0.0.1:0", sched_settings)
+        scheduler = await build_scheduler(sched_settings, Stores.of(redis=clients["scheduler"], pool=pg))
+        await scheduler.rebuilder.ensure()  # an empty Redis: rebuilt from PostgreSQL
+        sched = await rpc.create_server(scheduler.service, "127.0.0.1:0", sched_settings)
         servers.append(sched)
         settings = settings.replace(scheduler_addr=f"127.0.0.1:{sched.port}")
         intake_settings = settings.replace(redis_url=acl_redis.url("intake"))

@@ -21,7 +21,8 @@ import pytest
 from redis.asyncio import Redis
 
 from intake_svc.server import build as build_intake
-from scheduler_svc.server import Scheduler, build_scheduler
+from scheduler_svc.server import SchedulerApp
+from scheduler_svc.server import build as build_scheduler
 from sieve import rpc
 from sieve.db.tasks import Outcome, TaskStore
 from sieve.redis.leases import lease_number
@@ -38,7 +39,7 @@ MAC = "AA:BB:CC:DD:EE:77"
 
 @dataclass
 class Replica:
-    scheduler: Scheduler
+    scheduler: SchedulerApp
     server: rpc.RunningServer
     settings: Settings  # the client settings that reach this replica
 
@@ -89,8 +90,8 @@ async def pair(settings: Settings, redis: Redis, pg: asyncpg.Pool) -> AsyncItera
     intake = await rpc.create_server(intake_app.service, "127.0.0.1:0", settings)
     replicas = []
     for _ in range(2):
-        scheduler, service = build_scheduler(settings, redis, tasks)
-        server = await rpc.create_server(service, "127.0.0.1:0", settings)
+        scheduler = await build_scheduler(settings, Stores.of(redis=redis, pool=pg))
+        server = await rpc.create_server(scheduler.service, "127.0.0.1:0", settings)
         replicas.append(Replica(scheduler, server, settings.replace(scheduler_addr=f"127.0.0.1:{server.port}")))
     channel = rpc.channel(f"127.0.0.1:{intake.port}", settings)
     try:

@@ -14,10 +14,11 @@ import pytest
 from google.protobuf import duration_pb2
 from redis.asyncio import Redis
 
-from scheduler_svc.server import build_scheduler
+from scheduler_svc.server import build as build_scheduler
 from sieve import rpc
 from sieve.db.tasks import Outcome, TaskStore
 from sieve.redis.worker_records import WorkerRecords
+from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, registry_pb2, scheduler_pb2, types_pb2
 from tests.integration.conftest import PNG, Platform, platform_with, text_spec, wait_final
@@ -183,7 +184,7 @@ async def test_two_scheduler_replicas_never_hand_out_a_task_twice(
         settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
     async with platform_with(settings, redis, pg, max_total_pending=10_000) as p:
         # Given a second scheduler replica on the same Redis, each with its own worker
-        _, service = build_scheduler(p.settings, redis, TaskStore(pg))
+        service = (await build_scheduler(p.settings, Stores.of(redis=redis, pool=pg))).service
         second = await rpc.create_server(service, "127.0.0.1:0", p.settings)
         specs = [text_spec(f"0A:00:00:00:00:{d:02x}", f"t{i}") for d in range(50) for i in range(20)]
         async with ScriptedWorker(p.settings, worker_id="w-a", credits=20) as a, \

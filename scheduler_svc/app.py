@@ -1,0 +1,71 @@
+"""One scheduler replica, its parts wired together (`scheduler_svc.server.build` makes it).
+
+Shutdown order (`SchedulerApp.drain`, the server's drain step): stop accepting streams and dispatching, give
+workers a moment to ack what they hold, put back the rest (without counting the attempt), then end the streams
+with UNAVAILABLE so workers reconnect elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import grpc
+
+from scheduler_svc.board import Board
+from scheduler_svc.dispatcher import Dispatcher
+from scheduler_svc.housekeeping import Housekeeping
+from scheduler_svc.rebuild import Rebuilder
+from scheduler_svc.servicer import SchedulerServicer
+from sieve import rpc
+from sieve.db.audit import AuditLog
+from sieve.redis.queue_store import QueueStore
+from sieve.settings import Settings
+from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
+
+
+class SchedulerApp:
+    """One scheduler replica: the `Board` of its workers' sessions, the `Dispatcher` that hands out work, the
+    `SchedulerServicer` (the Pull streams and the operators' RPCs), `Housekeeping` (the periodic tick) and the
+    `Rebuilder` that refills an empty Redis from PostgreSQL; `service` serves them (the dispatch loop, the wake-up
+    listener and housekeeping run as its background loops), `before_serving` rebuilds Redis when it lost its
+    memory, `drain` is the orderly stop (see the module)."""
+
+    def __init__(self, settings: Settings, queues: QueueStore, board: Board, dispatcher: Dispatcher,
+                 housekeeping: Housekeeping, servicer: SchedulerServicer, rebuilder: Rebuilder,
+                 audit: AuditLog) -> None:
+        self.settings = settings
+        self.queues = queues
+        self.board = board
+        self.dispatcher = dispatcher
+        self.housekeeping = housekeeping
+        self.servicer = servicer
+        self.rebuilder = rebuilder
+        self.service = rpc.Service(
+            name="sieve-scheduler",
+            service_names=[SERVICE_NAME],
+            register=self._register,
+            before_stop=self.drain,
+            background=[dispatcher.run, dispatcher.listen_for_work, housekeeping.run],
+            audit=audit,
+        )
+
+    def _register(self, server: grpc.aio.Server) -> None:
+        scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(self.servicer, server)
+
+    async def before_serving(self) -> bool:
+        """Redis must hold every unfinished task before anything is dispatched or accepted: the rebuild runs
+        before the first SERVING (and before the dispatcher starts), and again after Redis was away. True when
+        this call rebuilt Redis."""
+        return await self.rebuilder.ensure()
+
+    async def drain(self) -> None:
+        self.servicer.stop_accepting()
+        self.dispatcher.stop()
+        # workers finishing their batches ack them; wait for that, within half the grace period
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.board.all_acked(), timeout=self.settings.shutdown_grace_s / 2)
+        for session in list(self.board.sessions):
+            await self.servicer.end_session(session, "scheduler shutting down", count_attempt=False)
