@@ -15,7 +15,7 @@ from sieve.redis.entry import Entry
 from sieve.redis.keys import Keys
 from sieve.redis.queue_store import QueueStore
 from sieve.settings import Settings
-from tests.integration.sieve.redis.test_lua_scripts import OCR, T0, TEXT, A, B, S, assert_counters, entry
+from tests.integration.sieve.redis.lua.helpers import OCR, T0, TEXT, A, B, S, assert_counters, entry
 
 
 @pytest.fixture(autouse=True)

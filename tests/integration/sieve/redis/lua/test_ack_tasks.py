@@ -1,0 +1,56 @@
+"""ackTasks (QueueStore.ack): only the lease's current attempt (its fencing token) finishes a task.
+"""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+
+from sieve.redis.keys import Keys
+from sieve.redis.queue_store import QueueStore
+from tests.integration.sieve.redis.lua.helpers import T0, A, S, tasks
+
+
+async def test_an_ack_with_the_leases_attempt_finishes_the_task(store: QueueStore, redis: Redis,
+                                                                keys: Keys) -> None:
+    await store.enqueue(A, tasks("a", 2), now=T0)
+    popped = await store.pop(A, "tok", 2, now=T0)
+    await store.release(A, "tok", now=T0)
+    assert await store.ack([(e.task_id, e.attempt) for e in popped.taken]) == [True, True]
+    assert await redis.zcard(keys.leases) == 0
+    assert await redis.hlen(keys.lease_data) == 0
+
+
+async def test_an_ack_with_a_stale_attempt_or_of_an_unknown_task_is_refused(
+        store: QueueStore, redis: Redis, keys: Keys) -> None:
+    # Given a1 leased at attempt 2 (its first lease was requeued, counted)
+    await store.enqueue(A, tasks("a", 2), now=T0)
+    await store.pop(A, "tok", 2, now=T0)
+    await store.release(A, "tok", now=T0)
+    await store.requeue(A, [("a0", 1)], count_attempt=True, reason="lease expired", now=T0 + 60 * S)
+    popped = await store.pop(A, "tok", 1, now=T0 + 61 * S)
+    await store.release(A, "tok", now=T0 + 61 * S)
+    assert [(e.task_id, e.attempt) for e in popped.taken] == [("a0", 2)]
+    # When the stale worker, an unknown task and the current holder ack
+    result = await store.ack([("a0", 1), ("nope", 1), ("a1", 7), ("a0", 2), ("a0", 2)])
+    # Then only the current attempt is accepted, once
+    assert result == [False, False, False, True, False]
+    assert await redis.zrange(keys.leases, 0, -1) == ["a1"]
+
+
+async def test_an_empty_ack_does_nothing(store: QueueStore) -> None:
+    assert await store.ack([]) == []
+
+
+async def test_a_stale_lease_cannot_ack_after_an_uncounted_requeue(store: QueueStore, redis: Redis,
+                                                                   keys: Keys) -> None:
+    # Given a0 leased to worker 1 (attempt 1), requeued without counting (e.g. scheduler shutdown)
+    await store.enqueue(A, tasks("a", 1), now=T0)
+    first = await store.pop(A, "tok", 1, now=T0)
+    await store.release(A, "tok", now=T0)
+    await store.requeue(A, [("a0", None)], count_attempt=False, reason="scheduler shutting down", now=T0)
+    # and leased again to worker 2
+    second = await store.pop(A, "tok", 1, now=T0 + S)
+    await store.release(A, "tok", now=T0 + S)
+    # Then the two leases carry different fencing tokens, and worker 1's ack is refused
+    assert second.taken[0].attempt != first.taken[0].attempt
+    assert await store.ack([("a0", first.taken[0].attempt)]) == [False]
