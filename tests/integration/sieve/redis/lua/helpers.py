@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from sieve.redis.entry import Entry
 from sieve.redis.keys import Keys
 from sieve.redis.queue_store import QueueStore
+from tests.support.counters import counters
 
 T0 = 1_700_000_000_000
 S = 1000  # one second in ms
@@ -34,21 +35,14 @@ def tasks(prefix: str, n: int, *, prio: int = NORMAL, at: int = T0) -> list[Entr
 
 async def assert_counters(redis: Redis, prefix: str) -> None:
     """GET pending == sum of LLEN of every queue == sum of every device's meta backlog."""
-    base = "{" + prefix + "}"
-    pending = int(await redis.get(f"{base}:pending") or 0)
-    queued = 0
-    async for key in redis.scan_iter(match=f"{base}:q:*", count=1000):
-        queued += await redis.llen(key)
-    backlog = 0
-    async for key in redis.scan_iter(match=f"{base}:meta:*", count=1000):
-        backlog += int(await redis.hget(key, "backlog") or 0)
-    assert pending == queued == backlog, f"pending {pending}, queued {queued}, backlog {backlog}"
+    now = await counters(redis, Keys(prefix))
+    assert now.consistent, f"pending {now.pending}, queued {now.queued}, backlog {now.backlog}"
 
 
 async def snapshot(redis: Redis, prefix: str) -> dict[str, Any]:
     """Every key under the prefix with its type and full value (to prove a refusal changed nothing)."""
     out: dict[str, Any] = {}
-    async for key in redis.scan_iter(match="{" + prefix + "}*", count=1000):
+    async for key in redis.scan_iter(match=Keys(prefix).all_pattern, count=1000):
         kind = await redis.type(key)
         if kind == "string":
             value: Any = await redis.get(key)
