@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import struct
 import zlib
+from typing import Any
 
 import pytest
 
@@ -14,12 +15,17 @@ from sieve.images import ImageError, check_pixels, inspect_image
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, types_pb2
 
-PIL = pytest.importorskip("PIL.Image", reason="Pillow (the `ocr` extra) renders the test images")
+pytestmark = pytest.mark.ocr_extra
+
+
+def _pillow() -> Any:
+    """PIL.Image, or the test is skipped: Pillow (the `ocr` extra) renders the test images."""
+    return pytest.importorskip("PIL.Image", reason="Pillow (the `ocr` extra) renders the test images")
 
 
 def encoded(fmt: str, size: tuple[int, int] = (321, 123), mode: str = "RGB", **options: object) -> bytes:
     out = io.BytesIO()
-    PIL.new(mode, size, "white").save(out, format=fmt, **options)
+    _pillow().new(mode, size, "white").save(out, format=fmt, **options)
     return out.getvalue()
 
 

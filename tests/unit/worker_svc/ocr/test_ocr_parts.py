@@ -85,6 +85,7 @@ def test_impossible_ocr_settings_are_refused_naming_the_variable(name: str, valu
         check_settings(Settings.from_env({}, test_hooks=True, **{name: value}))
 
 
+@pytest.mark.ocr_extra
 def test_the_shipped_models_get_an_inference_yml_in_the_cache_folder(tmp_path: Path) -> None:
     pytest.importorskip("yaml")
     from worker_svc.ocr.models import prepare_models, shipped_root
@@ -107,6 +108,7 @@ def test_the_shipped_models_get_an_inference_yml_in_the_cache_folder(tmp_path: P
     assert prepare_models(settings, tmp_path) == models  # again: nothing to change
 
 
+@pytest.mark.ocr_extra
 def test_configured_model_folders_need_their_own_inference_yml(tmp_path: Path) -> None:
     pytest.importorskip("yaml")
     from worker_svc.ocr.models import prepare_models
@@ -123,6 +125,7 @@ def test_configured_model_folders_need_their_own_inference_yml(tmp_path: Path) -
                                                                   "configured")
 
 
+@pytest.mark.ocr_extra
 def test_decoding_gives_bgr_pixels_puts_transparency_on_white_and_refuses_corrupt_data() -> None:
     pytest.importorskip("cv2")
     image_module = pytest.importorskip("PIL.Image")
