@@ -18,7 +18,7 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.skipped:
+    if report.skipped and not hasattr(report, "wasxfail"):  # an expected failure is not a skip
         _skipped.append(report.nodeid)
 
 
