@@ -32,6 +32,7 @@ if __package__ in (None, ""):  # run as a script: make the repository's `sieve` 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sieve import rpc
+from sieve.enums import enum_name
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 
@@ -226,11 +227,9 @@ def print_summary(report: DemoReport, out: TextIO | None = None) -> None:
         print(line, file=stream)
 
     tasks = list(report.tasks.values())
-    statuses = collections.Counter(types_pb2.TaskStatus.Name(t.status).removeprefix("TASK_STATUS_")
-                                   for t in tasks)
+    statuses = collections.Counter(enum_name(types_pb2.TaskStatus, t.status) for t in tasks)
     succeeded = [t for t in tasks if t.status == types_pb2.TASK_STATUS_SUCCEEDED]
-    verdicts = collections.Counter(types_pb2.Verdict.Name(t.result.verdict).removeprefix("VERDICT_")
-                                   for t in succeeded)
+    verdicts = collections.Counter(enum_name(types_pb2.Verdict, t.result.verdict) for t in succeeded)
     words = collections.Counter(hit.word for t in succeeded for hit in t.result.hits)
     latencies = [(t.updated_at.ToDatetime() - t.created_at.ToDatetime()).total_seconds()
                  for t in succeeded]

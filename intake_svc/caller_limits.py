@@ -27,7 +27,6 @@ from sieve.caller_policy import CallerPolicies, CallerPolicy
 from sieve.redis.queue_store import NO_LIMIT, QueueStore, TokenTake
 from sieve.rpc.auth import Principal
 from sieve.settings import Settings
-from sieve.v1 import types_pb2
 
 #: ErrorInfo domain of the refusals made here
 DOMAIN = "sieve.v1.IntakeService"
@@ -38,10 +37,6 @@ def permission_denied(message: str, reason: str, **metadata: str) -> status_pb2.
     status = status_pb2.Status(code=code_pb2.PERMISSION_DENIED, message=message)
     status.details.add().Pack(error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=metadata))
     return status
-
-
-def priority_name(priority: int) -> str:
-    return types_pb2.Priority.Name(priority)
 
 
 class CallerLimits:
@@ -83,4 +78,4 @@ class CallerLimits:
                                     self.settings.replace(max_total_pending=limit))
 
 
-__all__ = ["CallerLimits", "permission_denied", "priority_name"]
+__all__ = ["CallerLimits", "permission_denied"]

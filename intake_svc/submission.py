@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import grpc
 
 from intake_svc.admission import RetryAdvisor
-from intake_svc.caller_limits import CallerLimits, priority_name
+from intake_svc.caller_limits import CallerLimits
 from intake_svc.decisions import Accepted, Conflict, Decision, Refused
 from intake_svc.ownership import DeviceOwners, Ownership
 from intake_svc.tracing import count_decisions, enqueue_span, stamp_trace
@@ -29,6 +29,7 @@ from sieve.redis.entry import Entry
 from sieve.redis.queue_store import QueueStore
 from sieve.rpc.auth import Principal, current_principal
 from sieve.settings import Settings
+from sieve.v1 import types_pb2
 
 log = logging.getLogger("sieve.intake.submission")
 
@@ -61,11 +62,11 @@ class Submitter:
             if policy.may_use(t.priority):
                 allowed.append(i)
                 continue
-            field = f"{fields[i]}.priority"
+            field, priority = f"{fields[i]}.priority", types_pb2.Priority.Name(t.priority)
             decisions[i] = Refused(
-                "priority", f"{field}: {priority_name(t.priority)} is an entitlement caller {principal.name!r} does "
+                "priority", f"{field}: {priority} is an entitlement caller {principal.name!r} does "
                 "not have", 0.0, grpc.StatusCode.PERMISSION_DENIED, "PRIORITY_NOT_ENTITLED",
-                (("field", field), ("priority", priority_name(t.priority))))
+                (("field", field), ("priority", priority)))
         return allowed
 
     async def _owned(self, batch: list[NewTask], principal: Principal, allowed: list[int],

@@ -17,8 +17,10 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from intake_svc.decisions import Accepted, Decision, Refused
-from sieve.db.tasks import NewTask, type_name
+from sieve.db.tasks import NewTask
+from sieve.enums import enum_name
 from sieve.observe import metrics, telemetry
+from sieve.v1.types_pb2 import TaskType
 
 if TYPE_CHECKING:
     from sieve.redis.entry import Entry
@@ -49,7 +51,7 @@ def stamp_trace(batch: list[NewTask]) -> list[NewTask]:
             continue
         span = tracer.start_span("submit task", context=otel_context.Context(), kind=trace.SpanKind.INTERNAL,
                                  links=accepted_by, attributes={"task.id": str(t.task_id), "device": t.device,
-                                                                "task.type": type_name(t.task_type)})
+                                                                "task.type": enum_name(TaskType, t.task_type)})
         span.end()
         stamped.append(dataclasses.replace(t, trace_context=telemetry.traceparent_of(span)))
     return stamped

@@ -10,9 +10,11 @@ from collections import Counter
 
 from prometheus_client.core import Metric
 
+from sieve.enums import enum_name
 from sieve.observe import metrics as m
 from sieve.observe.metrics import ScrapeCollector
-from sieve.redis.worker_records import WorkerRecords, task_type_name
+from sieve.redis.worker_records import WorkerRecords
+from sieve.v1 import types_pb2
 
 #: (resource label, WorkerRecord attribute)
 _READINGS = (("cpu", "cpu_percent"), ("memory", "memory_percent"), ("gpu_memory", "gpu_memory_percent"),
@@ -31,7 +33,7 @@ class RegistryCollector(ScrapeCollector):
         by_class: Counter[tuple[str, str]] = Counter()
         for w in workers:
             for t in w.task_types:
-                by_class[(task_type_name(t), "true" if w.available else "false")] += 1
+                by_class[(enum_name(types_pb2.TaskType, t), "true" if w.available else "false")] += 1
         resources: list[tuple[tuple[str, str], float]] = []
         for label, attribute in _READINGS:
             values = [float(getattr(w, attribute)) for w in workers] or [0.0]

@@ -33,6 +33,7 @@ import grpc
 from sieve import rpc
 from sieve.backoff import Backoff
 from sieve.coalesce import coalesce
+from sieve.enums import enum_label
 from sieve.observe import metrics, telemetry
 from sieve.settings import Settings
 from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
@@ -297,7 +298,7 @@ class Puller:
                                                   count_attempt=True)
                                for a in assignments]
             for a in assignments:
-                metrics.TASK_NACKS.labels(_type_label(a.type), "batch_error").inc()
+                metrics.TASK_NACKS.labels(enum_label(types_pb2.TaskType, a.type), "batch_error").inc()
         lingering = self.holds.take(a.task_id for a in assignments) if self.holds is not None else []
         self.in_use -= len(assignments) - len(lingering)
         for future in lingering:  # a hung thread keeps its slot until it returns
@@ -333,13 +334,6 @@ def merge_into(first: scheduler_pb2.PullRequest, later: scheduler_pb2.PullReques
     elif later.credits:
         first.draining = False
         first.credits += later.credits
-
-
-def _type_label(value: int) -> str:
-    try:
-        return types_pb2.TaskType.Name(value).removeprefix("TASK_TYPE_")
-    except ValueError:
-        return str(value)
 
 
 def new_worker_id() -> str:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from sieve.db.payloads import RETENTION_DELETE, PayloadStore
 from sieve.db.tasks import Outcome, Started, TaskStore
+from sieve.enums import enum_label
 from sieve.observe import metrics
 from sieve.redis.leases import lease_number
 from sieve.settings import Settings
@@ -187,16 +188,9 @@ class BatchRunner:
     @staticmethod
     def _nack(a: scheduler_pb2.Assignment, retry: Retry) -> scheduler_pb2.Nack:
         """The nack of a task to hand back (kind and reason counted in sieve_task_nacks)."""
-        metrics.TASK_NACKS.labels(_type_label(a.type), retry.kind).inc()
+        metrics.TASK_NACKS.labels(enum_label(types_pb2.TaskType, a.type), retry.kind).inc()
         nack = scheduler_pb2.Nack(task_id=a.task_id, lease_token=a.lease_token, reason=retry.reason[:500],
                                   count_attempt=retry.counted)
         if retry.retry_after_s is not None:
             nack.retry_after.FromMilliseconds(int(retry.retry_after_s * 1000))
         return nack
-
-
-def _type_label(value: int) -> str:
-    try:
-        return types_pb2.TaskType.Name(value).removeprefix("TASK_TYPE_")
-    except ValueError:
-        return str(value)

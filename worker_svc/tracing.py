@@ -30,9 +30,11 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from sieve.db.tasks import Outcome, Started, type_name
+from sieve.db.tasks import Outcome, Started
+from sieve.enums import enum_label
 from sieve.observe import metrics, telemetry
-from sieve.v1 import scheduler_pb2, types_pb2
+from sieve.v1 import scheduler_pb2
+from sieve.v1.types_pb2 import Priority, TaskType
 
 log = logging.getLogger("sieve.worker.tasks")
 
@@ -69,20 +71,6 @@ def stored(flags: Sequence[bool]) -> None:
 
 
 # --- the batch ---------------------------------------------------------------------------------------
-def _priority(value: int) -> str:
-    try:
-        return types_pb2.Priority.Name(value).removeprefix("PRIORITY_")
-    except ValueError:
-        return str(value)
-
-
-def _type(value: int) -> str:
-    try:
-        return type_name(value)
-    except ValueError:
-        return str(value)
-
-
 class BatchTrace:
     """What one batch did and when; turned into spans and metrics by `finish`."""
 
@@ -100,8 +88,8 @@ class BatchTrace:
             for a in assignments:
                 self.runs[a.task_id] = tracer.start_span(
                     "run", context=telemetry.context_from(a.traceparent), start_time=self.began_ns,
-                    attributes={"task.id": a.task_id, "device": a.device_id, "task.type": _type(a.type),
-                                "task.priority": _priority(a.priority), "attempt": a.attempt,
+                    attributes={"task.id": a.task_id, "device": a.device_id, "task.type": enum_label(TaskType, a.type),
+                                "task.priority": enum_label(Priority, a.priority), "attempt": a.attempt,
                                 "worker.id": worker_id})
 
     def finish(self, acks: Acks, nacks: Nacks) -> None:
@@ -122,7 +110,8 @@ class BatchTrace:
                     metrics.START_TO_DONE.labels(task.task_type).observe((self.stored_ns - self.started_ns) / 1e9)
         for nack in nacks:
             assignment = by_id.get(nack.task_id)
-            metrics.TASK_RESULTS.labels(_type(assignment.type) if assignment else "UNKNOWN", "nacked").inc()
+            task_type = enum_label(TaskType, assignment.type) if assignment else "UNKNOWN"
+            metrics.TASK_RESULTS.labels(task_type, "nacked").inc()
             self._nacked(nack, assignment)
         if log.isEnabledFor(logging.DEBUG):
             self._debug(acks, by_id, results)

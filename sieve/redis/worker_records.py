@@ -29,6 +29,7 @@ from google.protobuf import timestamp_pb2
 from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
+from sieve.enums import enum_name
 from sieve.redis.keys import Keys
 from sieve.settings import Settings
 from sieve.v1 import registry_pb2, types_pb2
@@ -117,11 +118,6 @@ def worker_id_problem(worker_id: str) -> str | None:
     if any(not ch.isprintable() or ch.isspace() for ch in worker_id):
         return "must not contain whitespace or control characters"
     return None
-
-
-def task_type_name(task_type: int) -> str:
-    """`TASK_TYPE_OCR_IMAGE` (2) -> "OCR_IMAGE"."""
-    return types_pb2.TaskType.Name(task_type).removeprefix(_TASK_TYPE_PREFIX)
 
 
 def task_type_value(name: str) -> int:
@@ -321,7 +317,7 @@ class WorkerRecords:
         mapping = {
             "hostname": info.hostname,
             "pid": str(info.pid),
-            "task_types": ",".join(task_type_name(t) for t in task_types),
+            "task_types": ",".join(enum_name(types_pb2.TaskType, t) for t in task_types),
             "concurrency": str(min(info.concurrency or self._settings.max_worker_concurrency,
                                    self._settings.max_worker_concurrency)),
             **_resource_fields(info.resources),
@@ -446,7 +442,6 @@ __all__ = [
     "WorkerRecord",
     "WorkerRecords",
     "availability",
-    "task_type_name",
     "task_type_value",
     "watermark_levels",
     "worker_id_problem",
