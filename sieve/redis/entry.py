@@ -15,6 +15,8 @@ from dataclasses import dataclass, replace
 
 @dataclass(frozen=True, slots=True)
 class Entry:
+    """One task as a queue or a lease holds it (no payload): encode / decode the string form."""
+
     task_id: str
     task_type: int
     priority: int

@@ -77,6 +77,8 @@ class TokenTake:
 
 @dataclass(frozen=True, slots=True)
 class Requeued:
+    """What a requeue did: tasks put back at once, dead letters, and every task whose lease it took back."""
+
     requeued: int
     dead_letters: list[dict[str, Any]]
     #: tasks whose lease this call took and put back (at once or delayed), dead letters aside
@@ -94,6 +96,8 @@ class LeaseFact:
 
 @dataclass(frozen=True, slots=True)
 class Deferred:
+    """A device backed off (deferDevice): until when (0 when nothing was left), and the tasks dead-lettered."""
+
     unschedulable_until_ms: int
     dead_letters: list[dict[str, Any]]
 
