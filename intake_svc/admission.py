@@ -55,9 +55,9 @@ def global_retry_after_s(pending: int, incoming: int, drain: Drain, settings: Se
                          rng: random.Random | None = None, now: float | None = None) -> float:
     """Seconds until the global backlog has room for `incoming` more tasks at the measured drain, jittered and
     bounded by retry_after_s (see the module's docstring for a pause in draining)."""
-    rng = rng or random
+    uniform = rng.uniform if rng is not None else random.uniform
     ceiling = max(MIN_GLOBAL_RETRY_S, settings.retry_after_s)
-    jitter = rng.uniform(1 - GLOBAL_JITTER, 1 + GLOBAL_JITTER)
+    jitter = uniform(1 - GLOBAL_JITTER, 1 + GLOBAL_JITTER)
     if drain.rate_per_s is not None and drain.rate_per_s > 0:
         excess = max(1, pending + incoming - settings.max_total_pending)
         return min(ceiling, max(MIN_GLOBAL_RETRY_S, excess / drain.rate_per_s * jitter))

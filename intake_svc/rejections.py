@@ -1,6 +1,6 @@
 """Counts Submit / SubmitBatch calls refused before admission: bad input, no valid token, storage away.
 
-Admission refusals (global / device limit) are counted per task where they are decided (`observe`); this
+Admission refusals (global / device limit) are counted per task where they are decided (`tracing.count_decisions`); this
 small interceptor, placed before the auth interceptor, counts the calls that end INVALID_ARGUMENT,
 UNAUTHENTICATED or UNAVAILABLE under `sieve_submit_rejections_total{reason}`.
 """
@@ -8,6 +8,7 @@ UNAUTHENTICATED or UNAVAILABLE under `sieve_submit_rejections_total{reason}`.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import grpc
 
@@ -19,20 +20,24 @@ _REASONS = {"INVALID_ARGUMENT": "invalid_argument", "UNAUTHENTICATED": "unauthen
             "UNAVAILABLE": "unavailable"}
 
 
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
+
+
 class RejectionCounter(grpc.aio.ServerInterceptor):
     """Counts refused Submit / SubmitBatch calls by reason."""
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[_Req, _Resp] | None]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[_Req, _Resp] | None:
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method not in _SUBMITS:
             return handler
 
         def wrap(behavior: Callable[..., Awaitable[object]], _streaming: bool) -> Callable[..., Awaitable[object]]:
-            async def counted(request: object, context: grpc.aio.ServicerContext) -> object:
+            async def counted(request: object, context: grpc.aio.ServicerContext[Any, Any]) -> object:
                 error: BaseException | None = None
                 try:
                     return await behavior(request, context)

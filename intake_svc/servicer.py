@@ -12,7 +12,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import asyncpg
 import grpc
@@ -28,6 +28,7 @@ from intake_svc.task_view import new_task_message, task_message
 from intake_svc.validation import parse_task_id, validate_batch, validate_spec
 from sieve import rpc
 from sieve.db.tasks import TaskStore
+from sieve.enums import enum_value
 from sieve.errors import InvalidInput, RedisNotReady
 from sieve.mac import normalize_mac
 from sieve.redis.queue_store import QueueStore
@@ -54,7 +55,7 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
         self.settings = settings
         self.submitter = Submitter(tasks, queues, settings)
 
-    async def _guard(self, context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[T]]) -> T:
+    async def _guard(self, context: grpc.aio.ServicerContext[Any, Any], call: Callable[[], Awaitable[T]]) -> T:
         try:
             return await call()
         except InvalidInput as exc:
@@ -76,7 +77,7 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
 
     # --- Submit --------------------------------------------------------------------------------------
     async def Submit(self, request: intake_pb2.SubmitRequest,
-                     context: grpc.aio.ServicerContext) -> intake_pb2.SubmitResponse:
+                     context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.SubmitResponse:
         async def run() -> intake_pb2.SubmitResponse | Refused | Conflict:
             if not request.HasField("task"):
                 raise InvalidInput("task", "is required")
@@ -101,7 +102,7 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
         return outcome
 
     async def SubmitBatch(self, request: intake_pb2.SubmitBatchRequest,
-                          context: grpc.aio.ServicerContext) -> intake_pb2.SubmitBatchResponse:
+                          context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.SubmitBatchResponse:
         async def run() -> intake_pb2.SubmitBatchResponse:
             batch = validate_batch(request, current_principal.get().name, self.settings)
             decisions = await self.submitter.submit(batch, current_principal.get(),
@@ -114,7 +115,8 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
                 elif isinstance(decision, Accepted):  # the earlier task: GetTask tells its state
                     items.append(intake_pb2.SubmitBatchItem(
                         task=types_pb2.Task(task_id=str(decision.task_id), device_id=task.device,
-                                            type=task.task_type, priority=task.priority),
+                                            type=enum_value(types_pb2.TaskType, task.task_type),
+                                            priority=enum_value(types_pb2.Priority, task.priority)),
                         deduplicated=True))
                 elif isinstance(decision, Conflict):
                     items.append(intake_pb2.SubmitBatchItem(code=grpc.StatusCode.ALREADY_EXISTS.value[0],
@@ -133,7 +135,7 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
 
     # --- reading and cancelling ----------------------------------------------------------------------
     async def GetTask(self, request: intake_pb2.GetTaskRequest,
-                      context: grpc.aio.ServicerContext) -> intake_pb2.GetTaskResponse:
+                      context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.GetTaskResponse:
         view = await self._guard(context, lambda: self._task(request.task_id, current_principal.get()))
         if view is None:
             await rpc.abort(context, rpc.plain_status(grpc.StatusCode.NOT_FOUND,
@@ -141,7 +143,7 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
         return intake_pb2.GetTaskResponse(task=view)
 
     async def CancelTask(self, request: intake_pb2.CancelTaskRequest,
-                         context: grpc.aio.ServicerContext) -> intake_pb2.CancelTaskResponse:
+                         context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.CancelTaskResponse:
         async def run() -> types_pb2.Task | None:
             task_id = parse_task_id(request.task_id)
             principal = current_principal.get()
@@ -163,7 +165,7 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
 
     # --- device ownership (operators) ----------------------------------------------------------------
     async def AssignDevice(self, request: intake_pb2.AssignDeviceRequest,
-                           context: grpc.aio.ServicerContext) -> intake_pb2.AssignDeviceResponse:
+                           context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.AssignDeviceResponse:
         async def run() -> intake_pb2.AssignDeviceResponse:
             device = _device(request.device_id)
             caller = request.caller.strip()
@@ -177,7 +179,7 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
         return await self._guard(context, run)
 
     async def GetDeviceOwner(self, request: intake_pb2.GetDeviceOwnerRequest,
-                             context: grpc.aio.ServicerContext) -> intake_pb2.GetDeviceOwnerResponse:
+                             context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.GetDeviceOwnerResponse:
         async def run() -> Owner | None:
             return await self.submitter.ownership.owner(_device(request.device_id))
 

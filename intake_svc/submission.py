@@ -14,6 +14,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import grpc
 
@@ -37,6 +38,16 @@ log = logging.getLogger("sieve.intake.submission")
 def _entry(task: NewTask, enqueued_ms: int) -> Entry:
     return Entry(str(task.task_id), task.task_type, task.priority, enqueued_ms,
                  int(task.expires_at.timestamp() * 1000), trace=task.trace_context or "", caller=task.caller)
+
+
+@dataclass(frozen=True, slots=True)
+class _Counters:
+    """What the cheap admission check reads before writing anything: global pending, each device's backlog,
+    the caller's open tasks."""
+
+    pending: int
+    backlogs: dict[str, int]
+    caller_open: int
 
 
 class Submitter:
@@ -98,8 +109,25 @@ class Submitter:
 
         # 0. priorities this caller may not use
         allowed = self._entitled(batch, principal, policy, fields, decisions)
-
         # 1. one round trip: the caller's submit tokens, and the counters of a cheap check before writing anything
+        allowed, counters = await self._rate_limited(batch, principal, policy, allowed, decisions)
+        # 2. devices of other callers
+        candidates = await self._owned(batch, principal, allowed, decisions)
+        # 3. refuse devices (or all) that are already full, and a caller at its quota
+        quota = self.limits.quota(policy)
+        admitted = await self._within_limits(batch, principal, candidates, counters, quota, decisions)
+        if admitted:
+            # 4. the record first
+            fresh = await self._record(batch, admitted, decisions)
+            # 5. then the queues, one atomic admission + enqueue per device
+            if fresh:
+                await self._enqueue(batch, fresh, principal, quota, decisions)
+        return count_decisions([d for d in decisions if d is not None])
+
+    async def _rate_limited(self, batch: list[NewTask], principal: Principal, policy: CallerPolicy,
+                            allowed: list[int], decisions: list[Decision | None]) -> tuple[list[int], _Counters]:
+        """Takes the caller's submit tokens and reads the admission counters in one round trip; refuses the tasks
+        beyond the tokens granted. Returns the others' indexes and the counters."""
         devices = sorted({batch[i].device for i in allowed})
         counted = principal.name if policy.max_pending is not None else ""
         take = self.limits.token_take(principal.name, policy, len(allowed))
@@ -110,16 +138,18 @@ class Submitter:
                     "caller_rate", f"caller {principal.name!r} is over its submit rate ({policy.rate_per_s:g} "
                     f"tasks/s, burst {policy.burst}); retry in {wait_s:.3f}s", wait_s + 0.002)
             allowed = allowed[:granted]
+        return allowed, _Counters(pending, backlogs, caller_open)
 
-        # 2. devices of other callers
-        candidates = await self._owned(batch, principal, allowed, decisions)
-
-        # 3. refuse devices (or all) that are already full, and a caller at its quota
+    async def _within_limits(self, batch: list[NewTask], principal: Principal, candidates: list[int],
+                             counters: _Counters, quota: int, decisions: list[Decision | None]) -> list[int]:
+        """The cheap check before anything is written: refuses every task when the global limit would be passed,
+        then when the caller's quota would be (one answer for the whole batch), then the tasks of devices that
+        would pass their own limit. Returns the indexes of the tasks admitted."""
         incoming: dict[str, int] = defaultdict(int)
         for i in candidates:
             incoming[batch[i].device] += 1
         admitted: list[int] = []
-        quota = self.limits.quota(policy)
+        pending, backlogs, caller_open = counters.pending, counters.backlogs, counters.caller_open
         over_quota: Refused | None = None  # one answer for every task of the batch
         for i in candidates:
             t = batch[i]
@@ -135,10 +165,12 @@ class Submitter:
                 decisions[i] = await self._refusal(refusal, t, incoming[t.device])
             else:
                 admitted.append(i)
-        if not admitted:
-            return count_decisions([d for d in decisions if d is not None])
+        return admitted
 
-        # 2. the record first
+    async def _record(self, batch: list[NewTask], admitted: list[int],
+                      decisions: list[Decision | None]) -> dict[str, list[int]]:
+        """Writes the admitted tasks' rows; decides those whose idempotency key named an earlier task. Returns
+        the indexes of the new rows by device (what is left to enqueue)."""
         recorded = await self.tasks.insert([batch[i] for i in admitted])
         fresh: dict[str, list[int]] = defaultdict(list)
         for i, rec in zip(admitted, recorded, strict=True):
@@ -148,30 +180,32 @@ class Submitter:
                 decisions[i] = Conflict(rec.task_id, batch[i].idempotency_key or "")
             else:
                 decisions[i] = Accepted(rec.task_id, deduplicated=True)
+        return fresh
 
-        # 3. then the queues, one atomic admission + enqueue per device
-        if fresh:
-            now_ms = int(time.time() * 1000)
-            groups = {mac: [_entry(batch[i], now_ms) for i in idx] for mac, idx in fresh.items()}
-            try:
-                with enqueue_span(groups):
-                    results = await self.queues.enqueue_many(groups, now=now_ms, caller_limit=quota)
-            except Exception:
-                await self._withdraw([batch[i].task_id for idx in fresh.values() for i in idx])
-                raise
-            withdrawn: list[uuid.UUID] = []
-            for mac, idx in fresh.items():
-                outcome = results[mac]
-                if isinstance(outcome, AdmissionRefused):
-                    withdrawn += [batch[i].task_id for i in idx]
-                    for i in idx:
-                        decisions[i] = await self._refusal(outcome, batch[i], len(idx), principal)
-                else:
-                    for i in idx:
-                        decisions[i] = Accepted(batch[i].task_id, deduplicated=False)
-            if withdrawn:
-                await self._withdraw(withdrawn)
-        return count_decisions([d for d in decisions if d is not None])
+    async def _enqueue(self, batch: list[NewTask], fresh: dict[str, list[int]], principal: Principal, quota: int,
+                       decisions: list[Decision | None]) -> None:
+        """Enqueues the new rows, one atomic admission + enqueue per device; withdraws the rows of devices whose
+        enqueue was refused (a limit reached meanwhile), and all of them when the enqueue failed (re-raised)."""
+        now_ms = int(time.time() * 1000)
+        groups = {mac: [_entry(batch[i], now_ms) for i in idx] for mac, idx in fresh.items()}
+        try:
+            with enqueue_span(groups):
+                results = await self.queues.enqueue_many(groups, now=now_ms, caller_limit=quota)
+        except Exception:
+            await self._withdraw([batch[i].task_id for idx in fresh.values() for i in idx])
+            raise
+        withdrawn: list[uuid.UUID] = []
+        for mac, idx in fresh.items():
+            outcome = results[mac]
+            if isinstance(outcome, AdmissionRefused):
+                withdrawn += [batch[i].task_id for i in idx]
+                for i in idx:
+                    decisions[i] = await self._refusal(outcome, batch[i], len(idx), principal)
+            else:
+                for i in idx:
+                    decisions[i] = Accepted(batch[i].task_id, deduplicated=False)
+        if withdrawn:
+            await self._withdraw(withdrawn)
 
     async def _refusal(self, refusal: AdmissionRefused, task: NewTask, incoming: int,
                        principal: Principal | None = None) -> Refused:

@@ -15,21 +15,28 @@ import asyncpg
 from google.protobuf import timestamp_pb2
 
 from sieve.db.tasks import NewTask, status_value, type_value
+from sieve.enums import enum_value
 from sieve.v1 import types_pb2
 
 
 def _ts(value: datetime | str | None) -> timestamp_pb2.Timestamp | None:
     if value is None:
         return None
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
+    return _stamp(datetime.fromisoformat(value) if isinstance(value, str) else value)
+
+
+def _stamp(value: datetime) -> timestamp_pb2.Timestamp:
     ts = timestamp_pb2.Timestamp()
     ts.FromDatetime(value)
     return ts
 
 
-def _verdict(name: str) -> int:
-    return types_pb2.Verdict.Value("VERDICT_" + name)
+def _verdict(name: str) -> types_pb2.Verdict:
+    return enum_value(types_pb2.Verdict, types_pb2.Verdict.Value("VERDICT_" + name))
+
+
+def _status(name: str) -> types_pb2.TaskStatus:
+    return enum_value(types_pb2.TaskStatus, status_value(name))
 
 
 def result_message(result: asyncpg.Record) -> types_pb2.DetectionResult:
@@ -51,10 +58,11 @@ def new_task_message(task: NewTask, stamps: dict[datetime, timestamp_pb2.Timesta
     `stamps` caches converted times across one batch, whose tasks share their creation (and mostly their
     expiry) time."""
     stamps = {} if stamps is None else stamps
-    created = stamps.get(task.created_at) or stamps.setdefault(task.created_at, _ts(task.created_at))
-    expires = stamps.get(task.expires_at) or stamps.setdefault(task.expires_at, _ts(task.expires_at))
+    created = stamps.get(task.created_at) or stamps.setdefault(task.created_at, _stamp(task.created_at))
+    expires = stamps.get(task.expires_at) or stamps.setdefault(task.expires_at, _stamp(task.expires_at))
     return types_pb2.Task(
-        task_id=str(task.task_id), device_id=task.device, type=task.task_type, priority=task.priority,
+        task_id=str(task.task_id), device_id=task.device, type=enum_value(types_pb2.TaskType, task.task_type),
+        priority=enum_value(types_pb2.Priority, task.priority),
         status=types_pb2.TASK_STATUS_PENDING, attempts=0, created_at=created, updated_at=created,
         expires_at=expires,
         history=[types_pb2.StatusChange(status=types_pb2.TASK_STATUS_PENDING, at=created,
@@ -75,58 +83,83 @@ def _set_ts(target: timestamp_pb2.Timestamp, value: datetime | str | None) -> No
 
 def attempt_log(history: list[dict[str, Any]]) -> list[types_pb2.TaskAttempt]:
     """Every hand-out of a task, oldest first, from its history (see the module)."""
-    attempts: list[types_pb2.TaskAttempt] = []
-    by_lease: dict[int, types_pb2.TaskAttempt] = {}
-    ended: set[int] = set()  # indexes (in `attempts`) of the attempts that have an outcome
-    legacy: int | None = None  # index of the open attempt of lease-less entries
-    previous = ""
-
-    def opened(lease: int, h: dict[str, Any]) -> int:
-        if lease not in by_lease:
-            by_lease[lease] = types_pb2.TaskAttempt(lease=lease, attempt=int(h.get("attempt") or 0))
-            attempts.append(by_lease[lease])
-        return next(i for i, a in enumerate(attempts) if a is by_lease[lease])
-
-    def close(i: int, status: str, h: dict[str, Any]) -> None:
-        if i in ended:
-            return
-        ended.add(i)
-        a = attempts[i]
-        a.outcome = status_value(status)
-        _set_ts(a.ended_at, h.get("at"))
-        a.detail = str(h.get("detail") or "")
-
+    reading = _AttemptLog()
     for h in history:
+        reading.read(h)
+    return reading.attempts
+
+
+class _AttemptLog:
+    """The attempts read so far from one task's history, and where the reading is."""
+
+    def __init__(self) -> None:
+        self.attempts: list[types_pb2.TaskAttempt] = []
+        self.by_lease: dict[int, types_pb2.TaskAttempt] = {}
+        #: indexes (in `attempts`) of the attempts that have an outcome
+        self.ended: set[int] = set()
+        #: index of the open attempt of lease-less entries
+        self.legacy: int | None = None
+        #: the status of the previous entry when it had no lease ("" after a leased one)
+        self.previous = ""
+
+    def read(self, h: dict[str, Any]) -> None:
+        """One history entry, in order."""
         status = str(h.get("status", ""))
         lease = h.get("lease")
-        leased = isinstance(lease, int) and lease > 0
-        if leased and status in ("ASSIGNED", "RUNNING"):
-            a = attempts[opened(lease, h)]
+        if isinstance(lease, int) and lease > 0:
+            self._leased(lease, status, h)
+            self.previous = ""
+        else:
+            self._lease_less(status, h)
+            self.previous = status
+
+    def _leased(self, lease: int, status: str, h: dict[str, Any]) -> None:
+        """An entry about hand-out `lease`: it opens, starts, puts back or ends that attempt."""
+        if status in ("ASSIGNED", "RUNNING"):
+            a = self.attempts[self._opened(lease, h)]
             a.attempt = int(h.get("attempt") or a.attempt)
             a.worker_id = str(h.get("worker") or h.get("detail") or a.worker_id)
             _set_ts(a.assigned_at if status == "ASSIGNED" else a.started_at, h.get("at"))
-        elif leased and status == "PENDING" and "counted" in h:  # a put-back
-            i = opened(lease, h)
-            if h.get("worker") and not attempts[i].worker_id:
-                attempts[i].worker_id = str(h["worker"])
-            if i not in ended:
-                close(i, "PENDING", h)
-                attempts[i].counted = bool(h.get("counted"))
-                _set_ts(attempts[i].retry_at, h.get("retry_at"))
-        elif leased and status in _FINAL:
-            if lease in by_lease:
-                close(opened(lease, h), status, h)
-        elif not leased and status == "ASSIGNED":  # written before leases were in the history
-            attempts.append(types_pb2.TaskAttempt(attempt=int(h.get("attempt") or 0),
-                                                  worker_id=str(h.get("detail") or "")))
-            legacy = len(attempts) - 1
-            _set_ts(attempts[legacy].assigned_at, h.get("at"))
-        elif not leased and status == "RUNNING" and previous == "ASSIGNED" and legacy is not None:
-            _set_ts(attempts[legacy].started_at, h.get("at"))
-        elif not leased and status in _FINAL and legacy is not None:
-            close(legacy, status, h)
-        previous = "" if leased else status
-    return attempts
+        elif status == "PENDING" and "counted" in h:  # a put-back
+            i = self._opened(lease, h)
+            if h.get("worker") and not self.attempts[i].worker_id:
+                self.attempts[i].worker_id = str(h["worker"])
+            if i not in self.ended:
+                self._close(i, "PENDING", h)
+                self.attempts[i].counted = bool(h.get("counted"))
+                _set_ts(self.attempts[i].retry_at, h.get("retry_at"))
+        elif status in _FINAL and lease in self.by_lease:
+            self._close(self._opened(lease, h), status, h)
+
+    def _lease_less(self, status: str, h: dict[str, Any]) -> None:
+        """An entry written before leases were in the history: an ASSIGNED opens an attempt, the RUNNING right
+        after it and the next final status belong to it."""
+        if status == "ASSIGNED":
+            self.attempts.append(types_pb2.TaskAttempt(attempt=int(h.get("attempt") or 0),
+                                                       worker_id=str(h.get("detail") or "")))
+            self.legacy = len(self.attempts) - 1
+            _set_ts(self.attempts[self.legacy].assigned_at, h.get("at"))
+        elif status == "RUNNING" and self.previous == "ASSIGNED" and self.legacy is not None:
+            _set_ts(self.attempts[self.legacy].started_at, h.get("at"))
+        elif status in _FINAL and self.legacy is not None:
+            self._close(self.legacy, status, h)
+
+    def _opened(self, lease: int, h: dict[str, Any]) -> int:
+        """The index of the attempt of `lease`, opened (with the entry's attempt number) if it was not yet."""
+        if lease not in self.by_lease:
+            self.by_lease[lease] = types_pb2.TaskAttempt(lease=lease, attempt=int(h.get("attempt") or 0))
+            self.attempts.append(self.by_lease[lease])
+        return next(i for i, a in enumerate(self.attempts) if a is self.by_lease[lease])
+
+    def _close(self, i: int, status: str, h: dict[str, Any]) -> None:
+        """Attempt `i` ended as `status` (its first outcome counts)."""
+        if i in self.ended:
+            return
+        self.ended.add(i)
+        a = self.attempts[i]
+        a.outcome = _status(status)
+        _set_ts(a.ended_at, h.get("at"))
+        a.detail = str(h.get("detail") or "")
 
 
 def _get(row: asyncpg.Record, column: str) -> Any:
@@ -138,16 +171,16 @@ def _get(row: asyncpg.Record, column: str) -> Any:
 
 def task_message(row: asyncpg.Record, result: asyncpg.Record | None = None) -> types_pb2.Task:
     history = [
-        types_pb2.StatusChange(status=status_value(h["status"]), at=_ts(h["at"]), attempt=h.get("attempt", 0),
+        types_pb2.StatusChange(status=_status(h["status"]), at=_ts(h["at"]), attempt=h.get("attempt", 0),
                                detail=h.get("detail") or "")
         for h in row["history"]
     ]
     task = types_pb2.Task(
         task_id=str(row["id"]),
         device_id=row["device"],
-        type=type_value(row["type"]),
+        type=enum_value(types_pb2.TaskType, type_value(row["type"])),
         priority=row["priority"],
-        status=status_value(row["status"]),
+        status=_status(row["status"]),
         attempts=row["attempts"],
         created_at=_ts(row["created_at"]),
         updated_at=_ts(row["updated_at"]),

@@ -8,6 +8,7 @@ gets the fingerprint of its request (`intake_svc.idempotency`).
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
@@ -41,97 +42,139 @@ def looks_like_image(data: bytes) -> bool:
 
 def validate_spec(spec: intake_pb2.TaskSpec, field: str, caller: str, settings: Settings,
                   now: datetime | None = None, trace_context: str | None = None) -> NewTask:
-    """Turns one TaskSpec into a NewTask, or raises InvalidInput naming `field`.<name>."""
-    now = now or datetime.now(UTC)
-    if len(spec.device_id) > MAX_DEVICE_ID:
-        raise InvalidInput(f"{field}.device_id", f"{shown(spec.device_id)} is not a MAC address (too long)")
-    try:
-        device = normalize_mac(spec.device_id)
-    except ValueError:
-        raise InvalidInput(f"{field}.device_id", f"{shown(spec.device_id)} is not a MAC address") from None
+    """Turns one TaskSpec into a NewTask, or raises InvalidInput naming `field`.<name>.
 
+    The checks run in a fixed order (device, type, priority, payload, idempotency key, ttl, max_attempts), so
+    that a spec with several problems is always refused for the same one."""
+    now = now or datetime.now(UTC)
+    device = _device(spec, field)
     if spec.type not in (types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE):
         raise InvalidInput(f"{field}.type", f"unknown task type {spec.type}")
     priority = spec.priority or types_pb2.PRIORITY_NORMAL
     if priority not in types_pb2.Priority.values() or priority == types_pb2.PRIORITY_UNSPECIFIED:
         raise InvalidInput(f"{field}.priority", f"unknown priority {spec.priority}")
-
-    payload = spec.WhichOneof("payload")
-    text = image = url = None
-    if payload == "image_url":  # stored as text and fetched by a worker: one printable line, capped
-        problem = text_problem(spec.image_url, max_chars=MAX_URL, printable=True)
-        if problem is not None:
-            raise InvalidInput(f"{field}.image_url", problem)
-    if spec.type == types_pb2.TASK_TYPE_TEXT:
-        if payload != "text":
-            raise InvalidInput(f"{field}.text", "a TEXT task needs a text")
-        if not spec.text.strip():
-            raise InvalidInput(f"{field}.text", "is empty")
-        problem = text_problem(spec.text, max_bytes=settings.max_text_bytes)  # size, and no U+0000
-        if problem is not None:
-            raise InvalidInput(f"{field}.text", problem)
-        text = spec.text
-    else:
-        if payload == "image":
-            if not spec.image:
-                raise InvalidInput(f"{field}.image", "is empty")
-            if len(spec.image) > settings.max_image_bytes:
-                raise InvalidInput(f"{field}.image", f"is larger than {settings.max_image_bytes} bytes")
-            if not looks_like_image(spec.image):
-                raise InvalidInput(f"{field}.image", "is not a JPEG, PNG, WebP or BMP image")
-            # what the header tells: readable, non-zero dimensions, within the pixel limit (a bomb stops here)
-            try:
-                check_pixels(inspect_image(spec.image), settings.ocr_max_image_pixels)
-            except ImageError as exc:
-                raise InvalidInput(f"{field}.image", str(exc)) from None
-            image = spec.image
-        elif payload == "image_url":
-            try:
-                parts = urlsplit(spec.image_url)
-                host = parts.hostname
-                parts.port  # noqa: B018  (raises for a bad port)
-            except ValueError:  # e.g. an unclosed "[" or a bad port
-                parts, host = None, None
-            if parts is None or parts.scheme not in ("http", "https") or not host or len(spec.image_url) > MAX_URL:
-                raise InvalidInput(f"{field}.image_url", "must be an http(s) URL of at most 2048 characters")
-            # an IP-literal host (any spelling) outside public space, or a host off a names-only allow-list;
-            # no DNS here: the worker checks every address again when it connects (sieve/outbound/policy.py)
-            try:
-                OutboundPolicy.from_settings(settings).check_without_dns(host)
-            except DestinationRefused as exc:
-                raise InvalidInput(f"{field}.image_url", exc.reason) from None
-            url = spec.image_url
-        else:
-            raise InvalidInput(f"{field}.image", "an OCR_IMAGE task needs image bytes or an image_url")
-
-    key = spec.idempotency_key or None
-    if key is not None and (len(key) > MAX_IDEMPOTENCY_KEY or not key.isprintable()):
-        raise InvalidInput(f"{field}.idempotency_key",
-                           f"must be printable, at most {MAX_IDEMPOTENCY_KEY} characters")
-
-    ttl_s = settings.task_ttl_s
-    requested_ttl_ms = spec.ttl.ToMilliseconds() if spec.HasField("ttl") else 0
-    if spec.HasField("ttl"):
-        ttl_s = requested_ttl_ms / 1000
-        if ttl_s == 0:
-            ttl_s = settings.task_ttl_s
-        elif not 0 < ttl_s <= MAX_TTL_S:
-            raise InvalidInput(f"{field}.ttl", f"must be between 0 and {MAX_TTL_S} seconds")
+    payload = _payload(spec, field, settings)
+    key = _idempotency_key(spec, field)
+    ttl_s, requested_ttl_ms = _ttl(spec, field, settings)
     if spec.max_attempts > settings.max_attempts:  # 0: the setting
         raise InvalidInput(f"{field}.max_attempts", f"must be at most {settings.max_attempts} (the global limit)")
 
     digest = None
     if key is not None:  # only a keyed task is compared with an earlier one
-        content = image if image is not None else (text if text is not None else url or "").encode()
-        digest = fingerprint(spec.type, priority, requested_ttl_ms, payload or "", content,
-                             spec.max_attempts)
+        digest = fingerprint(spec.type, priority, requested_ttl_ms, spec.WhichOneof("payload") or "",
+                             payload.content(), spec.max_attempts)
 
     return NewTask(
         task_id=uuid7_at(now), device=device, task_type=spec.type, priority=priority, caller=caller,
-        created_at=now, expires_at=now + timedelta(seconds=ttl_s), text=text, image=image, image_url=url,
-        idempotency_key=key, trace_context=trace_context, fingerprint=digest,
+        created_at=now, expires_at=now + timedelta(seconds=ttl_s), text=payload.text, image=payload.image,
+        image_url=payload.url, idempotency_key=key, trace_context=trace_context, fingerprint=digest,
         max_attempts=spec.max_attempts or None,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Payload:
+    """A spec's payload as it is stored: exactly one of text, image bytes and image URL."""
+
+    text: str | None = None
+    image: bytes | None = None
+    url: str | None = None
+
+    def content(self) -> bytes:
+        """The bytes a request's fingerprint covers."""
+        if self.image is not None:
+            return self.image
+        return (self.text if self.text is not None else self.url or "").encode()
+
+
+def _device(spec: intake_pb2.TaskSpec, field: str) -> str:
+    if len(spec.device_id) > MAX_DEVICE_ID:
+        raise InvalidInput(f"{field}.device_id", f"{shown(spec.device_id)} is not a MAC address (too long)")
+    try:
+        return normalize_mac(spec.device_id)
+    except ValueError:
+        raise InvalidInput(f"{field}.device_id", f"{shown(spec.device_id)} is not a MAC address") from None
+
+
+def _payload(spec: intake_pb2.TaskSpec, field: str, settings: Settings) -> _Payload:
+    """The payload the task's type needs: a TEXT task a text, an OCR_IMAGE task image bytes or an image URL."""
+    payload = spec.WhichOneof("payload")
+    if payload == "image_url":  # stored as text and fetched by a worker: one printable line, capped
+        problem = text_problem(spec.image_url, max_chars=MAX_URL, printable=True)
+        if problem is not None:
+            raise InvalidInput(f"{field}.image_url", problem)
+    if spec.type == types_pb2.TASK_TYPE_TEXT:
+        return _Payload(text=_text(spec, payload, field, settings))
+    if payload == "image":
+        return _Payload(image=_image(spec, field, settings))
+    if payload == "image_url":
+        return _Payload(url=_image_url(spec, field, settings))
+    raise InvalidInput(f"{field}.image", "an OCR_IMAGE task needs image bytes or an image_url")
+
+
+def _text(spec: intake_pb2.TaskSpec, payload: str | None, field: str, settings: Settings) -> str:
+    if payload != "text":
+        raise InvalidInput(f"{field}.text", "a TEXT task needs a text")
+    if not spec.text.strip():
+        raise InvalidInput(f"{field}.text", "is empty")
+    problem = text_problem(spec.text, max_bytes=settings.max_text_bytes)  # size, and no U+0000
+    if problem is not None:
+        raise InvalidInput(f"{field}.text", problem)
+    return spec.text
+
+
+def _image(spec: intake_pb2.TaskSpec, field: str, settings: Settings) -> bytes:
+    if not spec.image:
+        raise InvalidInput(f"{field}.image", "is empty")
+    if len(spec.image) > settings.max_image_bytes:
+        raise InvalidInput(f"{field}.image", f"is larger than {settings.max_image_bytes} bytes")
+    if not looks_like_image(spec.image):
+        raise InvalidInput(f"{field}.image", "is not a JPEG, PNG, WebP or BMP image")
+    # what the header tells: readable, non-zero dimensions, within the pixel limit (a bomb stops here)
+    try:
+        check_pixels(inspect_image(spec.image), settings.ocr_max_image_pixels)
+    except ImageError as exc:
+        raise InvalidInput(f"{field}.image", str(exc)) from None
+    return spec.image
+
+
+def _image_url(spec: intake_pb2.TaskSpec, field: str, settings: Settings) -> str:
+    try:
+        parts = urlsplit(spec.image_url)
+        host = parts.hostname
+        parts.port  # noqa: B018  (raises for a bad port)
+    except ValueError:  # e.g. an unclosed "[" or a bad port
+        parts, host = None, None
+    if parts is None or parts.scheme not in ("http", "https") or not host or len(spec.image_url) > MAX_URL:
+        raise InvalidInput(f"{field}.image_url", "must be an http(s) URL of at most 2048 characters")
+    # an IP-literal host (any spelling) outside public space, or a host off a names-only allow-list;
+    # no DNS here: the worker checks every address again when it connects (sieve/outbound/policy.py)
+    try:
+        OutboundPolicy.from_settings(settings).check_without_dns(host)
+    except DestinationRefused as exc:
+        raise InvalidInput(f"{field}.image_url", exc.reason) from None
+    return spec.image_url
+
+
+def _idempotency_key(spec: intake_pb2.TaskSpec, field: str) -> str | None:
+    key = spec.idempotency_key or None
+    if key is not None and (len(key) > MAX_IDEMPOTENCY_KEY or not key.isprintable()):
+        raise InvalidInput(f"{field}.idempotency_key",
+                           f"must be printable, at most {MAX_IDEMPOTENCY_KEY} characters")
+    return key
+
+
+def _ttl(spec: intake_pb2.TaskSpec, field: str, settings: Settings) -> tuple[float, int]:
+    """(the task's TTL in seconds, the TTL the caller asked for in ms: 0 for none, part of the fingerprint)."""
+    if not spec.HasField("ttl"):
+        return settings.task_ttl_s, 0
+    requested_ttl_ms = spec.ttl.ToMilliseconds()
+    ttl_s = requested_ttl_ms / 1000
+    if ttl_s == 0:
+        return settings.task_ttl_s, requested_ttl_ms
+    if not 0 < ttl_s <= MAX_TTL_S:
+        raise InvalidInput(f"{field}.ttl", f"must be between 0 and {MAX_TTL_S} seconds")
+    return ttl_s, requested_ttl_ms
 
 
 def validate_batch(request: intake_pb2.SubmitBatchRequest, caller: str, settings: Settings,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from google.rpc import status_pb2
@@ -20,7 +20,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sieve.fields import text_problem
-from sieve.redis.worker_records import WorkerRecords, availability
+from sieve.redis.worker_records import KNOWN_TASK_TYPES, WorkerRecords, availability, worker_id_problem
 from sieve.rpc import abort, invalid_argument, plain_status
 from sieve.rpc.auth import current_principal
 from sieve.settings import Settings
@@ -28,13 +28,11 @@ from sieve.v1 import registry_pb2, registry_pb2_grpc, types_pb2
 
 log = logging.getLogger("sieve.registry")
 
-MAX_WORKER_ID_CHARS = 200
 MAX_HOSTNAME_CHARS = 255
 MAX_TASK_TYPES = 16
 MAX_GPU_NAMES = 64
 MAX_GPU_NAME_CHARS = 256
 MAX_SCOPE_CHARS = 200
-_KNOWN_TASK_TYPES = frozenset(v for v in types_pb2.TaskType.values() if v != types_pb2.TASK_TYPE_UNSPECIFIED)
 _PERCENT_FIELDS = ("cpu_percent", "memory_percent", "gpu_memory_percent", "gpu_util_percent", "cpu_own_percent",
                    "gpu_memory_own_percent")
 #: the largest plausible value of each count and size a worker reports (anything above is a broken sampler)
@@ -51,13 +49,9 @@ T = TypeVar("T")
 
 
 def _worker_id_problem(worker_id: str) -> status_pb2.Status | None:
-    if not worker_id.strip():
-        return invalid_argument("worker_id", "must not be empty")
-    if len(worker_id) > MAX_WORKER_ID_CHARS:
-        return invalid_argument("worker_id", f"must be at most {MAX_WORKER_ID_CHARS} characters")
-    if any(not ch.isprintable() or ch.isspace() for ch in worker_id):
-        return invalid_argument("worker_id", "must not contain whitespace or control characters")
-    return None
+    """The worker id rules the scheduler applies to a hello too (`worker_records.worker_id_problem`)."""
+    problem = worker_id_problem(worker_id)
+    return None if problem is None else invalid_argument("worker_id", problem)
 
 
 def _resources_problem(resources: registry_pb2.Resources) -> status_pb2.Status | None:
@@ -89,7 +83,7 @@ def _task_types_problem(task_types: Sequence[int]) -> status_pb2.Status | None:
         return invalid_argument("task_types", f"must have at most {MAX_TASK_TYPES} entries")
     seen: set[int] = set()
     for i, task_type in enumerate(task_types):
-        if task_type not in _KNOWN_TASK_TYPES:
+        if task_type not in KNOWN_TASK_TYPES:
             return invalid_argument("task_types", f"[{i}]: {task_type} is not a known task type")
         if task_type in seen:
             return invalid_argument("task_types", f"[{i}]: repeats {types_pb2.TaskType.Name(task_type)}")
@@ -122,7 +116,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
         self._settings = settings
         self.records = WorkerRecords(redis, settings)
 
-    async def _store(self, context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[T]]) -> T:
+    async def _store(self, context: grpc.aio.ServicerContext[Any, Any], call: Callable[[], Awaitable[T]]) -> T:
         """Runs a Redis call; a Redis outage ends the RPC with UNAVAILABLE (the worker retries)."""
         try:
             return await call()
@@ -131,7 +125,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
             await abort(context, plain_status(grpc.StatusCode.UNAVAILABLE, "worker store unavailable"))
             raise  # not reached: abort raises
 
-    async def _as_worker(self, context: grpc.aio.ServicerContext, worker_id: str) -> None:
+    async def _as_worker(self, context: grpc.aio.ServicerContext[Any, Any], worker_id: str) -> None:
         """A worker credential speaks only for the worker ids it names (see `Principal.may_act_as_worker`)."""
         principal = current_principal.get()
         if not principal.may_act_as_worker(worker_id):
@@ -139,7 +133,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
                                               f"credential {principal.name!r} may not act as this worker id"))
 
     async def Register(
-        self, request: registry_pb2.RegisterRequest, context: grpc.aio.ServicerContext
+        self, request: registry_pb2.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> registry_pb2.RegisterResponse:
         problem = register_problem(request, self._settings.max_worker_concurrency)
         if problem is not None:
@@ -155,7 +149,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
         )
 
     async def Heartbeat(
-        self, request: registry_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext
+        self, request: registry_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> registry_pb2.HeartbeatResponse:
         problem = heartbeat_problem(request)
         if problem is not None:
@@ -173,10 +167,10 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
         return registry_pb2.HeartbeatResponse(available=not availability(resources, self._settings))
 
     async def ListWorkers(
-        self, request: registry_pb2.ListWorkersRequest, context: grpc.aio.ServicerContext
+        self, request: registry_pb2.ListWorkersRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> registry_pb2.ListWorkersResponse:
         task_type = request.task_type
-        if task_type != types_pb2.TASK_TYPE_UNSPECIFIED and task_type not in _KNOWN_TASK_TYPES:
+        if task_type != types_pb2.TASK_TYPE_UNSPECIFIED and task_type not in KNOWN_TASK_TYPES:
             await abort(context, invalid_argument("task_type", f"{task_type} is not a known task type"))
         records = await self._store(
             context, lambda: self.records.list(request.task_type or None, request.available_only))

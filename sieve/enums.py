@@ -6,15 +6,21 @@ ENUM_VALUE_PREFIX: `TaskType` -> `TASK_TYPE_`), so the prefix is derived from th
 call. `enum_name` is for values that must be known (a validated task's type, written to PostgreSQL): an unknown
 one raises ValueError. `enum_label` is for metric labels, span attributes and log lines, which must never fail:
 an unknown value is shown as its number.
+
+`enum_value` only types: protobuf's stubs type an enum field with its enum class, while the values Sieve reads
+from PostgreSQL, Redis or another message are plain ints (as they are at run time in the messages too).
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from typing import TypeVar, cast
 
 from google.protobuf.descriptor import EnumDescriptor
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
+
+_E = TypeVar("_E", bound=int)
 
 
 @functools.cache
@@ -36,4 +42,10 @@ def enum_label(enum: EnumTypeWrapper, value: int) -> str:
         return str(value)
 
 
-__all__ = ["enum_label", "enum_name"]
+def enum_value(enum: type[_E], value: int) -> _E:
+    """`value` as a value of `enum` for the type checker (`types_pb2.Task(type=enum_value(TaskType, t))`);
+    unchanged, unchecked."""
+    return cast(_E, value)
+
+
+__all__ = ["enum_label", "enum_name", "enum_value"]

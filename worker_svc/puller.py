@@ -33,7 +33,7 @@ import grpc
 from sieve import rpc
 from sieve.backoff import Backoff
 from sieve.coalesce import coalesce
-from sieve.enums import enum_label
+from sieve.enums import enum_label, enum_value
 from sieve.observe import metrics, telemetry
 from sieve.settings import Settings
 from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
@@ -149,7 +149,8 @@ class Puller:
         return request
 
     def _hello(self) -> scheduler_pb2.WorkerHello:
-        return scheduler_pb2.WorkerHello(worker_id=self.worker_id, task_types=self.task_types, gpu=self.gpu)
+        return scheduler_pb2.WorkerHello(worker_id=self.worker_id, gpu=self.gpu,
+                                         task_types=[enum_value(types_pb2.TaskType, t) for t in self.task_types])
 
     def _first_request(self) -> scheduler_pb2.PullRequest:
         """The hello of a new stream; after a broken one it re-announces the leases still held (running ones and
@@ -163,7 +164,10 @@ class Puller:
         for item in owed:
             if item.task_id not in settled:
                 request.hello.held.add(task_id=item.task_id, lease_token=item.lease_token)
-            (request.acks if isinstance(item, scheduler_pb2.Ack) else request.nacks).append(item)
+            if isinstance(item, scheduler_pb2.Ack):
+                request.acks.append(item)
+            else:
+                request.nacks.append(item)
         if request.hello.held:
             self.reconnects += 1
             self.reannounced += len(request.hello.held)
@@ -174,7 +178,8 @@ class Puller:
     def _note_sent(self, request: scheduler_pb2.PullRequest) -> None:
         if request.acks or request.nacks:
             now = time.monotonic()
-            self._recent.extend((now, item) for item in (*request.acks, *request.nacks))
+            settled: list[Settlement] = [*request.acks, *request.nacks]
+            self._recent.extend((now, item) for item in settled)
 
     def _stream_ended(self, outbox: asyncio.Queue[scheduler_pb2.PullRequest | None]) -> None:
         """What the broken stream may not have delivered becomes owed to the next one: settlements never taken

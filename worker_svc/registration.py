@@ -28,8 +28,9 @@ import grpc
 
 from sieve import rpc
 from sieve.backoff import Backoff
+from sieve.enums import enum_value
 from sieve.settings import Settings
-from sieve.v1 import registry_pb2, registry_pb2_grpc
+from sieve.v1 import registry_pb2, registry_pb2_grpc, types_pb2
 from worker_svc.resources import ResourceSampler
 
 log = logging.getLogger("sieve.worker.registration")
@@ -142,7 +143,8 @@ class RegistryClient:
         if not self.registered:
             answer = await stub.Register(
                 registry_pb2.RegisterRequest(worker_id=self.worker_id, hostname=self.hostname, pid=self.pid,
-                                             task_types=self._task_types, resources=resources,
+                                             task_types=[enum_value(types_pb2.TaskType, t) for t in self._task_types],
+                                             resources=resources,
                                              concurrency=self._concurrency()),
                 timeout=RPC_TIMEOUT_S,
             )

@@ -288,9 +288,23 @@ def detect_cgroups(fs_root: Path = Path("/"), *, host_cores: int | None = None,
     except Exception:  # an odd /proc: the host it is
         log.debug("cgroup detection failed", exc_info=True)
         return Cgroups()
+    v2_path, v1_paths = _own_cgroups(own)
+    cores = host_cores if host_cores is not None else len(_affinity())
+    memory_total = host_memory_bytes if host_memory_bytes is not None else int(psutil.virtual_memory().total)
+    # the v2 hierarchy first; what it does not limit, the v1 controllers may
+    cpu, memory = _v2_limits(mounts, v2_path, cores, memory_total)
+    if cpu is None:
+        cpu = _v1_cpu_limit(mounts, v1_paths, cores)
+    if memory is None:
+        memory = _v1_memory_limit(mounts, v1_paths, memory_total)
+    return Cgroups(cpu, memory)
+
+
+def _own_cgroups(text: str) -> tuple[str | None, dict[str, str]]:
+    """From /proc/self/cgroup: this process's v2 cgroup path (None without one) and each v1 controller's path."""
     v1_paths: dict[str, str] = {}
     v2_path: str | None = None
-    for line in own.splitlines():
+    for line in text.splitlines():
         hid, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         if hid == "0" and controllers == "":
@@ -298,38 +312,61 @@ def detect_cgroups(fs_root: Path = Path("/"), *, host_cores: int | None = None,
         else:
             for c in controllers.split(","):
                 v1_paths[c] = path.strip()
-    cores = host_cores if host_cores is not None else len(_affinity())
-    memory_total = host_memory_bytes if host_memory_bytes is not None else int(psutil.virtual_memory().total)
+    return v2_path, v1_paths
 
+
+def _v2_limits(mounts: list[_Mount], path: str | None, cores: int,
+               memory_total: int) -> tuple[CgroupCpu | None, CgroupMemory | None]:
+    """The tightest CPU and memory limits on the way up from cgroup v2 `path`, where its mount has the controller
+    and the limit is tighter than the host's."""
     cpu: CgroupCpu | None = None
     memory: CgroupMemory | None = None
+    if path is None:
+        return cpu, memory
     for mount in mounts:
-        if mount.version == 2 and v2_path is not None:
-            chain = _up(_own_dir(mount, v2_path), mount.point)
-            if cpu is None and "cpu" in mount.controllers:
-                hit = _tightest(chain, _v2_cpu)
-                if hit and hit[1] < cores:
-                    cpu = CgroupCpu(2, hit[0], hit[1])
-            if memory is None and "memory" in mount.controllers:
-                hit = _tightest(chain, _v2_memory)
-                if hit and hit[1] < memory_total:
-                    memory = CgroupMemory(2, hit[0], hit[1])
-    for mount in mounts:
-        if mount.version != 1:
+        if mount.version != 2:
             continue
-        if cpu is None and "cpu" in mount.controllers and "cpu" in v1_paths:
-            hit = _tightest(_up(_own_dir(mount, v1_paths["cpu"]), mount.point), _v1_cpu)
+        chain = _up(_own_dir(mount, path), mount.point)
+        if cpu is None and "cpu" in mount.controllers:
+            hit = _tightest(chain, _v2_cpu)
             if hit and hit[1] < cores:
-                usage_dir = hit[0]
-                if "cpuacct" not in mount.controllers:  # usage is in the cpuacct hierarchy, same path
-                    usage_dir = _cpuacct_dir(mounts, v1_paths, hit[0], mount)
-                if usage_dir is not None:
-                    cpu = CgroupCpu(1, usage_dir, hit[1])
-        if memory is None and "memory" in mount.controllers and "memory" in v1_paths:
-            hit = _tightest(_up(_own_dir(mount, v1_paths["memory"]), mount.point), _v1_memory)
+                cpu = CgroupCpu(2, hit[0], hit[1])
+        if memory is None and "memory" in mount.controllers:
+            hit = _tightest(chain, _v2_memory)
             if hit and hit[1] < memory_total:
-                memory = CgroupMemory(1, hit[0], hit[1])
-    return Cgroups(cpu, memory)
+                memory = CgroupMemory(2, hit[0], hit[1])
+    return cpu, memory
+
+
+def _v1_cpu_limit(mounts: list[_Mount], paths: dict[str, str], cores: int) -> CgroupCpu | None:
+    """The tightest v1 CPU quota tighter than the host's cores, with the directory its usage is read from (the
+    cpuacct hierarchy, which may be mounted apart from cpu)."""
+    if "cpu" not in paths:
+        return None
+    for mount in mounts:
+        if mount.version != 1 or "cpu" not in mount.controllers:
+            continue
+        hit = _tightest(_up(_own_dir(mount, paths["cpu"]), mount.point), _v1_cpu)
+        if hit and hit[1] < cores:
+            usage_dir: Path | None = hit[0]
+            if "cpuacct" not in mount.controllers:  # usage is in the cpuacct hierarchy, same path
+                usage_dir = _cpuacct_dir(mounts, paths, hit[0], mount)
+            if usage_dir is not None:
+                return CgroupCpu(1, usage_dir, hit[1])
+    return None
+
+
+def _v1_memory_limit(mounts: list[_Mount], paths: dict[str, str], memory_total: int) -> CgroupMemory | None:
+    """The tightest v1 memory limit below the host's memory."""
+    if "memory" not in paths:
+        return None
+    for mount in mounts:
+        if mount.version != 1 or "memory" not in mount.controllers:
+            continue
+        hit = _tightest(_up(_own_dir(mount, paths["memory"]), mount.point), _v1_memory)
+        if hit and hit[1] < memory_total:
+            return CgroupMemory(1, hit[0], hit[1])
+    return None
 
 
 def _cpuacct_dir(mounts: list[_Mount], v1_paths: dict[str, str], cpu_dir: Path, cpu_mount: _Mount) -> Path | None:

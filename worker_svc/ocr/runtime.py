@@ -216,7 +216,13 @@ class OcrRuntime:
         loop = asyncio.get_running_loop()
         self.abandoned.add(job)
         lingering = asyncio.wrap_future(job, loop=loop)
-        lingering.add_done_callback(lambda f: (self.abandoned.discard(job), f.cancelled() or f.exception()))
+
+        def returned(f: asyncio.Future[Any]) -> None:
+            self.abandoned.discard(job)
+            if not f.cancelled():
+                f.exception()  # retrieved: asyncio does not log it as never retrieved
+
+        lingering.add_done_callback(returned)
         if progress is not None:
             progress.lingering = lingering
         log.warning("OCR: an inference was abandoned while running; the engine thread stays busy until it returns")
