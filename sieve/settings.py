@@ -40,12 +40,14 @@ class Settings:
     database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     #: PostgreSQL schema of Sieve's tables (tests use one schema each).
     database_schema: str = "sieve"
+    #: Connections each process keeps open to PostgreSQL at least, and at most.
     db_pool_min: int = 1
     db_pool_max: int = 8
     #: Apply the schema migrations when a service opens its pool (local runs, tests). False where a separate step
     #: migrates first with the schema owner's role (`python -m sieve.db.migrate`): the service then only checks
     #: that the schema is up to date, waiting for it a while, and needs no right to change it.
     db_migrate_on_start: bool = True
+    #: gRPC address (host:port) of each service: where it listens, and where the others dial it.
     intake_addr: str = "127.0.0.1:50051"
     scheduler_addr: str = "127.0.0.1:50052"
     registry_addr: str = "127.0.0.1:50053"
@@ -125,6 +127,7 @@ class Settings:
     device_weights: str = ""
     #: Another device waiting at least this long means starvation: smaller batches, skip the last device.
     starvation_hint_s: float = 30.0
+    #: Tasks in one assignment to a worker: batch_size normally, min_batch_size while another device starves.
     batch_size: int = 10
     min_batch_size: int = 1
     #: Per-device dispatch lock (SET NX EX); renewed while a dispatch runs.
