@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sieve.rpc.auth import Role, parse_credentials
 from sieve.settings import Settings, SettingsError
@@ -54,9 +55,7 @@ def test_gen_secrets_makes_fresh_private_secrets_that_the_services_accept(tmp_pa
     assert (out / "token-operator").read_text().strip() == tokens["operator"]
 
 
-@pytest.mark.ocr_extra
 def test_nothing_in_deploy_ships_a_default_credential() -> None:
-    yaml = pytest.importorskip("yaml", reason="PyYAML (the `ocr` extra) reads the manifests")
     shipped = [p for p in DEPLOY.rglob("*") if p.is_file() and p.suffix in (".yaml", ".yml", ".md", ".sh", ".sql")
                and "secrets" not in p.parts]
     for path in shipped:
@@ -83,9 +82,7 @@ def test_nothing_in_deploy_ships_a_default_credential() -> None:
     assert services["migrate"]["command"][:3] == ["python", "-m", "sieve.db.migrate"]
 
 
-@pytest.mark.ocr_extra
 def test_the_manifests_read_each_services_own_secret_and_migrate_in_a_job() -> None:
-    yaml = pytest.importorskip("yaml", reason="PyYAML (the `ocr` extra) reads the manifests")
     docs = [d for p in sorted((DEPLOY / "k8s").glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
     own = {"sieve-intake": "sieve-intake", "sieve-scheduler": "sieve-scheduler", "sieve-registry": "sieve-registry",
