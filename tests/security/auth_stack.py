@@ -2,7 +2,8 @@
 ports that accept only the credentials a test made (no anonymous callers), real workers with worker credentials,
 and a raw Pull stream that sends whatever a rogue would.
 
-Shared by the security tests of authentication, rogue workers and TLS (tests/security/test_*.py).
+Shared by the security tests of authentication, rogue workers and TLS (tests/security/test_*.py); the servers
+start as every in-process stack's do (tests/support/inprocess.py).
 """
 
 from __future__ import annotations
@@ -18,10 +19,7 @@ import asyncpg
 import grpc
 from redis.asyncio import Redis
 
-from intake_svc.server import build as build_intake
-from registry_svc.server import build as build_registry
 from scheduler_svc.server import SchedulerApp
-from scheduler_svc.server import build as build_scheduler
 from sieve import rpc
 from sieve.rpc.auth import credential_line, new_token
 from sieve.rpc.readiness import Stores
@@ -35,6 +33,7 @@ from sieve.v1 import (
     scheduler_pb2_grpc,
     types_pb2,
 )
+from tests.support.inprocess import start_servers
 from worker_svc.app import WorkerApp
 from worker_svc.server import build as build_worker
 
@@ -128,20 +127,12 @@ async def secure_stack(settings: Settings, redis: Redis, pg: asyncpg.Pool, crede
                        **overrides: object) -> AsyncIterator[SecureStack]:
     """The three servers, accepting `credentials` only (SIEVE_AUTH_TOKENS), with `overrides` applied."""
     settings = settings.replace(**{"allow_anonymous": False, "auth_tokens": credentials.text, **overrides})
-    hosts: dict[str, str] = {}
-    registry_app = await build_registry(settings, Stores.of(redis=redis))
-    registry = await rpc.create_server(registry_app.service, "127.0.0.1:0", settings)
-    settings = settings.replace(registry_addr=f"127.0.0.1:{registry.port}")
-    scheduler = await build_scheduler(settings, Stores.of(redis=redis, pool=pg))
-    sched_server = await rpc.create_server(scheduler.service, "127.0.0.1:0", settings)
-    settings = settings.replace(scheduler_addr=f"127.0.0.1:{sched_server.port}")
-    intake_app = await build_intake(settings, Stores.of(redis=redis, pool=pg))
-    intake = await rpc.create_server(intake_app.service, "127.0.0.1:0", settings)
-    settings = settings.replace(intake_addr=f"127.0.0.1:{intake.port}")
-    for server in (registry, sched_server, intake):
-        hosts.update(dict.fromkeys(server.service.service_names, f"127.0.0.1:{server.port}"))
+    servers = await start_servers(settings, {"registry": Stores.of(redis=redis),
+                                             "scheduler": Stores.of(redis=redis, pool=pg),
+                                             "intake": Stores.of(redis=redis, pool=pg)})
+    settings = servers.settings
     stack = SecureStack(settings, {"intake": settings.intake_addr, "scheduler": settings.scheduler_addr,
-                                   "registry": settings.registry_addr}, hosts, scheduler, pg, redis,
+                                   "registry": settings.registry_addr}, servers.hosts, servers.scheduler, pg, redis,
                         credentials)
     try:
         yield stack
@@ -151,8 +142,7 @@ async def secure_stack(settings: Settings, redis: Redis, pg: asyncpg.Pool, crede
             await worker.close()
         for ch in stack.channels:
             await ch.close()
-        for server in (intake, sched_server, registry):
-            await server.stop(1)
+        await servers.stop()
 
 
 @dataclass

@@ -57,7 +57,7 @@ from sieve.rpc.auth import METHOD_ROLES
 from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, registry_pb2, scheduler_pb2, scheduler_pb2_grpc, types_pb2
-from tests.integration.conftest import PNG
+from tests.support.tasks import PNG
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -504,7 +504,7 @@ def test_the_intake_accepts_public_literals_and_names_and_honours_the_settings()
 
 async def test_submit_with_an_unsafe_image_url_is_invalid_argument_and_stores_nothing(
         settings: Settings, redis: Any, pg: Any) -> None:
-    from tests.integration.conftest import platform_with
+    from tests.support.platform import platform_with
 
     async with platform_with(settings, redis, pg) as platform:
         for url in ("http://169.254.169.254/latest/meta-data", "http://2130706433/"):

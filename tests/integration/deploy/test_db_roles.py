@@ -25,9 +25,6 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
-from intake_svc.server import build as build_intake
-from registry_svc.server import build as build_registry
-from scheduler_svc.server import build as build_scheduler
 from sieve import rpc
 from sieve.db import SchemaNotReady, create_pool
 from sieve.db.audit import AuditEvent, AuditLog, AuditQuery
@@ -37,6 +34,7 @@ from sieve.db.tasks import NewTask, Outcome, TaskStore
 from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, types_pb2
+from tests.support.inprocess import InProcessServers, start_servers
 from worker_svc.app import WorkerApp
 from worker_svc.server import build as build_worker
 
@@ -183,27 +181,20 @@ async def test_the_whole_task_path_runs_with_the_service_roles(roles: Roles, red
     assert (await migrate_as_owner(roles))[0] == 0
     pools = {who: await create_pool(roles.as_role(who), attempts=1) for who in SERVICES}
     settings = roles.as_role("intake")
-    servers: list[rpc.RunningServer] = []
+    servers: InProcessServers | None = None
     worker: WorkerApp | None = None
     try:
         # Given the registry, the scheduler and the intake, each on its own role's pool, and a real worker
-        registry_app = await build_registry(settings, Stores.of(redis=redis))
-        registry = await rpc.create_server(registry_app.service, "127.0.0.1:0", settings)
-        servers.append(registry)
-        settings = settings.replace(registry_addr=f"127.0.0.1:{registry.port}")
-        scheduler = await build_scheduler(settings, Stores.of(redis=redis, pool=pools["scheduler"]))
-        await scheduler.rebuilder.ensure()
-        sched = await rpc.create_server(scheduler.service, "127.0.0.1:0", settings)
-        servers.append(sched)
-        settings = settings.replace(scheduler_addr=f"127.0.0.1:{sched.port}")
-        intake_app = await build_intake(settings, Stores.of(redis=redis, pool=pools["intake"]))
-        intake = await rpc.create_server(intake_app.service, "127.0.0.1:0", settings)
-        servers.append(intake)
+        servers = await start_servers(settings, {"registry": Stores.of(redis=redis),
+                                                 "scheduler": Stores.of(redis=redis, pool=pools["scheduler"]),
+                                                 "intake": Stores.of(redis=redis, pool=pools["intake"])},
+                                      rebuild_first=True)
+        settings = servers.settings
         # seeds the lexicon as the worker role
         worker = await build_worker(settings.replace(worker_id="role-worker"), Stores.of(pool=pools["worker"]))
 
         # When a task is submitted, read, and (as an operator, anonymous here) the audit log listed
-        async with rpc.channel(f"127.0.0.1:{intake.port}", settings) as ch, \
+        async with rpc.channel(settings.intake_addr, settings) as ch, \
                 rpc.channel(settings.scheduler_addr, settings) as sch:
             stub = intake_pb2_grpc.IntakeServiceStub(ch)
             spec = intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-07", type=types_pb2.TASK_TYPE_TEXT,
@@ -228,8 +219,8 @@ async def test_the_whole_task_path_runs_with_the_service_roles(roles: Roles, red
         if worker is not None:
             await worker.drain()
             await worker.close()
-        for server in reversed(servers):
-            await server.stop(1)
+        if servers is not None:
+            await servers.stop()
         for pool in pools.values():
             await pool.close()
 

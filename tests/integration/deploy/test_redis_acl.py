@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import secrets
 import shutil
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,10 +24,8 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
-from intake_svc.server import build as build_intake
-from registry_svc.server import build as build_registry
-from scheduler_svc.server import build as build_scheduler
 from sieve import rpc
+from sieve.launch import free_port
 from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import (
@@ -41,6 +38,7 @@ from sieve.v1 import (
     types_pb2,
 )
 from tests.integration.pull_client import ScriptedWorker
+from tests.support.inprocess import InProcessServers, start_servers
 from worker_svc.app import WorkerApp
 from worker_svc.server import build as build_worker
 
@@ -50,12 +48,6 @@ START = ROOT / "deploy" / "redis" / "start.sh"
 USERS = ("intake", "scheduler", "registry")
 #: refusals Sieve expects and handles: the eviction-policy check (warned once) and redis-py's library name
 EXPECTED_REFUSALS = {"config|get", "client|setinfo", "client"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -134,26 +126,18 @@ async def test_every_service_does_its_whole_job_as_its_own_redis_user(
         acl_redis: AclRedis, settings: Settings, pg: asyncpg.Pool) -> None:
     clients = {user: acl_redis.client(user) for user in USERS}
     settings = settings.replace(max_attempts=1, allow_anonymous=True)
-    servers: list[rpc.RunningServer] = []
+    servers: InProcessServers | None = None
     worker: WorkerApp | None = None
     try:
-        reg_settings = settings.replace(redis_url=acl_redis.url("registry"))
-        registry_app = await build_registry(reg_settings, Stores.of(redis=clients["registry"]))
-        registry = await rpc.create_server(registry_app.service, "127.0.0.1:0", reg_settings)
-        servers.append(registry)
-        settings = settings.replace(registry_addr=f"127.0.0.1:{registry.port}")
-        sched_settings = settings.replace(redis_url=acl_redis.url("scheduler"))
-        scheduler = await build_scheduler(sched_settings, Stores.of(redis=clients["scheduler"], pool=pg))
-        await scheduler.rebuilder.ensure()  # an empty Redis: rebuilt from PostgreSQL
-        sched = await rpc.create_server(scheduler.service, "127.0.0.1:0", sched_settings)
-        servers.append(sched)
-        settings = settings.replace(scheduler_addr=f"127.0.0.1:{sched.port}")
-        intake_settings = settings.replace(redis_url=acl_redis.url("intake"))
-        intake_app = await build_intake(intake_settings, Stores.of(redis=clients["intake"], pool=pg))
-        intake = await rpc.create_server(intake_app.service, "127.0.0.1:0", intake_settings)
-        servers.append(intake)
+        # each server on its own Redis user; the scheduler's first step rebuilds the empty Redis from PostgreSQL
+        servers = await start_servers(
+            settings, {"registry": Stores.of(redis=clients["registry"]),
+                       "scheduler": Stores.of(redis=clients["scheduler"], pool=pg),
+                       "intake": Stores.of(redis=clients["intake"], pool=pg)},
+            overrides={user: {"redis_url": acl_redis.url(user)} for user in USERS}, rebuild_first=True)
+        settings = servers.settings
 
-        async with rpc.channel(f"127.0.0.1:{intake.port}", settings) as ch, \
+        async with rpc.channel(settings.intake_addr, settings) as ch, \
                 rpc.channel(settings.scheduler_addr, settings) as sch, \
                 rpc.channel(settings.registry_addr, settings) as rch:
             stub = intake_pb2_grpc.IntakeServiceStub(ch)
@@ -207,8 +191,8 @@ async def test_every_service_does_its_whole_job_as_its_own_redis_user(
         if worker is not None:
             await worker.drain()
             await worker.close()
-        for server in reversed(servers):
-            await server.stop(1)
+        if servers is not None:
+            await servers.stop()
         for client in clients.values():
             await client.aclose()
 
