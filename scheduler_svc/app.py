@@ -15,6 +15,7 @@ import grpc
 from scheduler_svc.board import Board
 from scheduler_svc.dispatcher import Dispatcher
 from scheduler_svc.housekeeping import Housekeeping
+from scheduler_svc.metrics import SchedulerCollector
 from scheduler_svc.rebuild import Rebuilder
 from scheduler_svc.servicer import SchedulerServicer
 from sieve import rpc
@@ -28,14 +29,14 @@ SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].ful
 
 class SchedulerApp:
     """One scheduler replica: the `Board` of its workers' sessions, the `Dispatcher` that hands out work, the
-    `SchedulerServicer` (the Pull streams and the operators' RPCs), `Housekeeping` (the periodic tick) and the
-    `Rebuilder` that refills an empty Redis from PostgreSQL; `service` serves them (the dispatch loop, the wake-up
-    listener and housekeeping run as its background loops), `before_serving` rebuilds Redis when it lost its
-    memory, `drain` is the orderly stop (see the module)."""
+    `SchedulerServicer` (the Pull streams and the operators' RPCs), `Housekeeping` (the periodic tick), the
+    `Rebuilder` that refills an empty Redis from PostgreSQL, and its `metrics`. `service` serves them (the dispatch
+    loop, the wake-up listener and housekeeping run as its background loops), `before_serving` rebuilds Redis when
+    it lost its memory, `drain` is the orderly stop (see the module)."""
 
     def __init__(self, settings: Settings, queues: QueueStore, board: Board, dispatcher: Dispatcher,
                  housekeeping: Housekeeping, servicer: SchedulerServicer, rebuilder: Rebuilder,
-                 audit: AuditLog) -> None:
+                 metrics: SchedulerCollector, audit: AuditLog) -> None:
         self.settings = settings
         self.queues = queues
         self.board = board
@@ -43,6 +44,8 @@ class SchedulerApp:
         self.housekeeping = housekeeping
         self.servicer = servicer
         self.rebuilder = rebuilder
+        #: the replica's scrape-time metrics (registered by `main`: a process may build more than one replica)
+        self.metrics = metrics
         self.service = rpc.Service(
             name="sieve-scheduler",
             service_names=[SERVICE_NAME],

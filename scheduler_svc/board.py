@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from sieve.db.tasks import HandOut, type_name
+from sieve.db.tasks import HandOut
+from sieve.enums import enum_label
 from sieve.redis.entry import Entry
 from sieve.redis.leases import LeaseSigner, new_token
 from sieve.v1 import scheduler_pb2
+from sieve.v1.types_pb2 import TaskType
 
 if TYPE_CHECKING:
     from scheduler_svc.lifecycle import LifecycleWriter
@@ -90,13 +92,13 @@ class Placement:
 class Board:
     """All sessions of this replica; the dispatcher waits on `changed` for credits to appear."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, signer: LeaseSigner | None = None, lifecycle: LifecycleWriter | None = None) -> None:
         self.sessions: set[Session] = set()
         self.changed = asyncio.Event()
-        #: signs lease tokens (set by the servicer; without it tokens are random and only this process knows them)
-        self.signer: LeaseSigner | None = None
-        #: records hand-outs ASSIGNED in PostgreSQL (set by the servicer)
-        self.lifecycle: LifecycleWriter | None = None
+        #: signs lease tokens (without it tokens are random and only this process knows them)
+        self.signer = signer
+        #: records hand-outs ASSIGNED in PostgreSQL (without it nothing is recorded)
+        self.lifecycle = lifecycle
 
     def open(self, hello: scheduler_pb2.WorkerHello) -> Session:
         session = Session(hello.worker_id, frozenset(hello.task_types), hello.gpu)
@@ -223,7 +225,8 @@ class Board:
             for task_id, handed in session.handed.items():
                 limit = limits.get(handed.task_type)
                 if limit is None:
-                    limit = limits.setdefault(handed.task_type, timeout_s(type_label(handed.task_type)) + grace_s)
+                    type_label = enum_label(TaskType, handed.task_type)
+                    limit = limits.setdefault(handed.task_type, timeout_s(type_label) + grace_s)
                 if now - handed.at > limit:
                     out.append((session, task_id))
         return out
@@ -250,11 +253,3 @@ class Board:
 
     def held_task_ids(self) -> list[str]:
         return [task_id for s in self.sessions for task_id in s.held]
-
-
-def type_label(value: int) -> str:
-    """The name of a task type value ("TEXT", "OCR_IMAGE"), or the number when it has none."""
-    try:
-        return type_name(value)
-    except ValueError:
-        return str(value)

@@ -1,13 +1,13 @@
 """Operators' view of dead letters: list, requeue (one, by filter, all) and purge.
 
-The capped Redis list is the operational view (seed 5.4); PostgreSQL keeps every task's status. A
-requeued task keeps its id and history: its row goes back to PENDING (fresh attempts) and it joins its
-device queue again, past the admission limits (an operator asked for it).
+The capped Redis list (`sieve.redis.dead_letter_store`) is the operators' working view: recent dead letters,
+with their errors, cheap to list and filter; PostgreSQL keeps every task's status for good. A requeued task keeps
+its id and history: its row goes back to PENDING (fresh attempts) and it joins its device queue again, past the
+admission limits (an operator asked for it).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -17,6 +17,7 @@ from sieve.db.tasks import TaskStore, type_value
 from sieve.errors import InvalidInput
 from sieve.fields import parse_uuid, shown, text_problem
 from sieve.mac import normalize_mac
+from sieve.redis.dead_letter_store import DeadLetter, DeadLetterStore
 from sieve.redis.entry import Entry
 from sieve.redis.queue_store import QueueStore, now_ms
 from sieve.v1 import scheduler_pb2, types_pb2
@@ -32,6 +33,8 @@ MAX_MAC_CHARS = 64
 
 @dataclass(frozen=True, slots=True)
 class Filter:
+    """Which dead letters an operator's request acts on: every field given must match (empty: all of them)."""
+
     task_id: str = ""
     device: str = ""
     task_type: int = 0
@@ -80,18 +83,20 @@ def to_proto(record: dict[str, Any]) -> scheduler_pb2.DeadLetter:
 
 
 class DeadLetters:
+    """The operators' dead-letter actions: list by filter, requeue (PostgreSQL row revived, task queued again,
+    its dead letter removed) and purge."""
+
     def __init__(self, queues: QueueStore, tasks: TaskStore) -> None:
+        self.letters = DeadLetterStore(queues)
         self.queues = queues
         self.tasks = tasks
-        self.key = queues.keys.dead_letters
 
-    async def _matching(self, flt: Filter) -> list[tuple[str, dict[str, Any]]]:
-        raw = await self.queues.redis.lrange(self.key, 0, -1)
-        return [(r, rec) for r in raw if flt.matches(rec := json.loads(r))]
+    async def _matching(self, flt: Filter) -> list[DeadLetter]:
+        return [(raw, rec) for raw, rec in await self.letters.all() if flt.matches(rec)]
 
     async def list(self, flt: Filter, limit: int) -> tuple[list[dict[str, Any]], int]:
         limit = min(limit or 100, MAX_LIST)
-        total = await self.queues.redis.llen(self.key)
+        total = await self.letters.count()
         return [rec for _, rec in await self._matching(flt)][:limit], total
 
     async def requeue(self, flt: Filter) -> list[str]:
@@ -110,22 +115,12 @@ class DeadLetters:
                 int(row["expires_at"].timestamp() * 1000), attempt=row["lease"], caller=row["caller"]))
         if groups:
             await self.queues.enqueue_many(groups, now=now, admit=False)
-        async with self.queues.redis.pipeline(transaction=False) as pipe:
-            for raw, _ in matching:
-                pipe.lrem(self.key, 1, raw)
-            await pipe.execute()
+        await self.letters.remove([raw for raw, _ in matching])
         log.info("requeued %d dead letters", len(revived))
         return [str(row["id"]) for row in revived]
 
     async def purge(self, flt: Filter) -> int:
         """Forgets the matching dead letters (an empty filter: all of them)."""
         if flt.empty:
-            count = await self.queues.redis.llen(self.key)
-            await self.queues.redis.delete(self.key)
-            return int(count)
-        matching = await self._matching(flt)
-        async with self.queues.redis.pipeline(transaction=False) as pipe:
-            for raw, _ in matching:
-                pipe.lrem(self.key, 1, raw)
-            removed = await pipe.execute()
-        return int(sum(removed))
+            return await self.letters.clear()
+        return await self.letters.remove([raw for raw, _ in await self._matching(flt)])

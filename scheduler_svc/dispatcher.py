@@ -12,8 +12,6 @@ import contextlib
 import logging
 import uuid
 
-from redis.asyncio import Redis
-
 from scheduler_svc.board import Board
 from scheduler_svc.drain import DrainMeter
 from scheduler_svc.outcomes import Outcomes
@@ -21,6 +19,7 @@ from scheduler_svc.routing import Action, Router
 from scheduler_svc.tracing import DispatchObserver
 from sieve.redis.entry import Entry
 from sieve.redis.queue_store import QueueStore, Rank, now_ms
+from sieve.redis.scheduler_state import SchedulerState
 from sieve.settings import Settings
 
 log = logging.getLogger("sieve.scheduler.dispatch")
@@ -29,9 +28,9 @@ IDLE_POLL_S = 1.0
 
 
 class Dispatcher:
-    def __init__(self, redis: Redis, queues: QueueStore, outcomes: Outcomes, board: Board, router: Router,
+    def __init__(self, queues: QueueStore, state: SchedulerState, outcomes: Outcomes, board: Board, router: Router,
                  settings: Settings) -> None:
-        self.redis = redis
+        self.state = state
         self.router = router
         self.queues = queues
         self.outcomes = outcomes
@@ -54,20 +53,16 @@ class Dispatcher:
     async def listen_for_work(self) -> None:
         """Sets `wake` whenever a device becomes schedulable (published by enqueueTasks)."""
         while not self._stopping.is_set():
-            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(self.queues.keys.wake_channel)
-                async for _message in pubsub.listen():
-                    self.wake.set()
+                async with contextlib.aclosing(self.state.wake_ups()) as wake_ups:
+                    async for _ in wake_ups:
+                        self.wake.set()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("wake subscription lost: %s", exc)
                 self.wake.set()
                 await asyncio.sleep(0.5)
-            finally:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
 
     async def _idle(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):

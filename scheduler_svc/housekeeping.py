@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from scheduler_svc.board import Board, Session, type_label
+from scheduler_svc.board import Board, Session
 from scheduler_svc.dispatcher import Dispatcher
 from scheduler_svc.lifecycle import Returned, Returns
 from scheduler_svc.outcomes import Outcomes
@@ -32,8 +32,11 @@ from scheduler_svc.watermark import Watermark
 from sieve.backoff import compute_backoff
 from sieve.db.retention import Retention
 from sieve.db.tasks import TaskStore
+from sieve.enums import enum_label
 from sieve.redis.queue_store import QueueStore, now_ms
+from sieve.redis.scheduler_state import SchedulerState
 from sieve.redis.worker_records import WorkerRecords
+from sieve.v1.types_pb2 import TaskType
 
 log = logging.getLogger("sieve.scheduler.housekeeping")
 
@@ -47,8 +50,10 @@ MAX_ORPHAN_PAGES = 100
 class Housekeeping:
     def __init__(self, queues: QueueStore, tasks: TaskStore, board: Board, outcomes: Outcomes,
                  watermark: Watermark, dispatcher: Dispatcher, records: WorkerRecords,
-                 end_session: Callable[[Session, str], Awaitable[None]], rebuilder: Rebuilder) -> None:
+                 end_session: Callable[[Session, str], Awaitable[None]], rebuilder: Rebuilder,
+                 state: SchedulerState) -> None:
         self.queues = queues
+        self.state = state
         self.rebuilder = rebuilder
         self.tasks = tasks
         self.records = records
@@ -96,11 +101,10 @@ class Housekeeping:
     async def _say_alive(self) -> None:
         """Keeps this replica's entry in Keys.schedulers fresh; removes it when stopped (an orderly stop hands back
         what it held itself)."""
-        redis, key = self.queues.redis, self.queues.keys.schedulers
         try:
             while True:
                 try:
-                    await redis.hset(key, self.replica, int(now_ms()))
+                    await self.state.say_alive(self.replica, int(now_ms()))
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
@@ -108,7 +112,7 @@ class Housekeeping:
                 await asyncio.sleep(ALIVE_EVERY_S)
         finally:
             with contextlib.suppress(Exception):
-                await redis.hdel(key, self.replica)
+                await self.state.forget_replica(self.replica)
 
     async def tick(self) -> None:
         if await self.rebuilder.ensure():
@@ -130,7 +134,7 @@ class Housekeeping:
             await self.sweep_expired()
         if time.monotonic() - self._last_watermark >= self.settings.watermark_interval_s:
             self._last_watermark = time.monotonic()
-            await self.watermark.publish()
+            await self.watermark.publish_record()
         if self.settings.retention_in_scheduler:
             self.retention.start_if_due()
 
@@ -166,7 +170,7 @@ class Housekeeping:
             if held is None or handed is None:
                 continue
             mac, lease = held
-            type_name = type_label(handed.task_type)
+            type_name = enum_label(TaskType, handed.task_type)
             limit_s = s.timeout_of(type_name)
             delay_s = compute_backoff(handed.failures + 1, base_s=s.retry_backoff_base_s, max_s=s.retry_backoff_max_s,
                                       jitter=False)
@@ -184,24 +188,23 @@ class Housekeeping:
     async def put_back_orphans(self, now: float) -> int:
         """What dead scheduler replicas had handed out and nobody adopted goes back (see the module)."""
         s = self.settings
-        redis, key = self.queues.redis, self.queues.keys.schedulers
         reconnect_s = s.worker_reconnect_max_s + 1.0
         if time.monotonic() - self._started < reconnect_s:  # their workers may be re-announcing here now
             return 0
         silent_enough_s = max(s.scheduler_dead_after_s, 2 * s.housekeeping_interval_s + ALIVE_EVERY_S + 1.0,
                               reconnect_s)
         count = 0
-        for replica, raw in (await redis.hgetall(key)).items():
+        for replica, raw in (await self.state.replicas()).items():
             if replica == self.replica:
                 continue
             try:
                 alive_ms = float(raw)
             except ValueError:
-                await redis.hdel(key, replica)
+                await self.state.forget_replica(replica)
                 continue
             if now - alive_ms < silent_enough_s * 1000:
                 continue
-            if not await redis.hdel(key, replica):  # another replica claimed it first: it sweeps
+            if not await self.state.forget_replica(replica):  # another replica claimed it first: it sweeps
                 continue
             bound = alive_ms + (s.lease_ttl_s + ALIVE_EVERY_S + 0.5) * 1000
             put_back = await self._put_back_leases_until(bound, replica)
@@ -217,8 +220,7 @@ class Housekeeping:
         ours = {t for session in self.board.sessions for t in session.held} | self.board.claimed_task_ids()
         count, offset = 0, 0
         for _ in range(MAX_ORPHAN_PAGES):
-            ids = await self.queues.redis.zrangebyscore(self.queues.keys.leases, "-inf", bound_ms, start=offset,
-                                                        num=ORPHAN_PAGE)
+            ids = await self.state.lease_ids_until(bound_ms, offset=offset, count=ORPHAN_PAGE)
             if not ids:
                 break
             theirs = [t for t in ids if t not in ours]
@@ -238,10 +240,8 @@ class Housekeeping:
 
     async def free_abandoned_devices(self, now: int) -> None:
         """Devices whose dispatcher died holding the lock are released once the lock has expired."""
-        redis = self.queues.redis
-        stale = await redis.zrangebyscore(self.queues.keys.serving, "-inf", now, start=0, num=100)
-        for mac in stale:
-            if not await redis.exists(self.queues.keys.lock(mac)):
+        for mac in await self.state.lapsed_serving(now, count=100):
+            if not await self.state.device_locked(mac):
                 await self.queues.release(mac, "*", now=now)
                 self.dispatcher.wake.set()
 

@@ -11,14 +11,15 @@ their workers' late results or acks are refused if the new hand-out overtook the
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections import defaultdict
 
 from sieve.db.tasks import TaskStore, type_value
+from sieve.redis.dead_letter_store import DeadLetterStore
 from sieve.redis.entry import Entry
 from sieve.redis.queue_store import QueueStore, now_ms
+from sieve.redis.scheduler_state import SchedulerState
 
 log = logging.getLogger("sieve.scheduler.rebuild")
 
@@ -31,8 +32,13 @@ def _ms(moment: object) -> int:
 
 
 class Rebuilder:
+    """Owns the rebuild of an empty Redis from PostgreSQL (see the module): the check that Redis still holds its
+    generation, the rebuild lock, and the re-queueing of every unfinished task and the recent dead letters."""
+
     def __init__(self, queues: QueueStore, tasks: TaskStore) -> None:
         self.queues = queues
+        self.state = SchedulerState(queues)
+        self.letters = DeadLetterStore(queues)
         self.tasks = tasks
         self.rebuilds = 0
 
@@ -40,9 +46,8 @@ class Rebuilder:
         """Rebuilds Redis from PostgreSQL if it lost its memory; True when this call rebuilt it."""
         if await self.queues.generation() is not None:
             return False
-        redis, keys = self.queues.redis, self.queues.keys
         token = uuid.uuid4().hex
-        if not await redis.set(keys.rebuild_lock, token, nx=True, ex=REBUILD_LOCK_S):
+        if not await self.state.take_rebuild_lock(token, REBUILD_LOCK_S):
             return False  # another replica is rebuilding
         try:
             if await self.queues.generation() is not None:
@@ -55,8 +60,7 @@ class Rebuilder:
                         "generation %s", queued, dead, generation)
             return True
         finally:
-            if await redis.get(keys.rebuild_lock) == token:
-                await redis.delete(keys.rebuild_lock)
+            await self.state.drop_rebuild_lock(token)
 
     async def rebuild(self) -> tuple[int, int]:
         queued = 0
@@ -72,9 +76,8 @@ class Rebuilder:
         dead = await self.tasks.recent_dead_letters(self.queues.settings.dead_letter_keep)
         if dead:
             now = now_ms()
-            records = [json.dumps({
+            await self.letters.append([{
                 "task_id": str(r["id"]), "device": r["device"], "task_type": type_value(r["type"]),
                 "priority": r["priority"], "error": r["error"] or "", "attempts": r["attempts"], "requeue_count": 0,
-                "enqueued_ms": _ms(r["enqueued_at"]), "dead_ms": _ms(r["updated_at"]) or int(now)}) for r in dead]
-            await self.queues.redis.rpush(self.queues.keys.dead_letters, *records)
+                "enqueued_ms": _ms(r["enqueued_at"]), "dead_ms": _ms(r["updated_at"]) or int(now)} for r in dead])
         return queued, len(dead)

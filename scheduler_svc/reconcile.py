@@ -5,7 +5,7 @@ queues, a lease, or the delayed set. Redis can lose one without the rest of Siev
 between the task's row and its enqueue (the client's retry is then told `deduplicated` about a task no queue
 holds), a key deleted or evicted behind Sieve's back, a Lua effect lost. A rebuild (scheduler_svc/rebuild.py)
 covers Redis losing everything; this covers losing a part. Once per interval one scheduler replica (whichever
-takes the turn key first: `Keys.reconcile_lock`, SET NX PX for one interval) makes a pass:
+takes the reconciliation turn first: `SchedulerState.take_turn`, SET NX PX for one interval) makes a pass:
 
 1. Keyset pages of open tasks unchanged for the grace period, in (device, id) order, over a partial index that
    holds open tasks only (migration 0009): a pass reads as many index entries as there are open tasks, however
@@ -59,6 +59,7 @@ from sieve.errors import RedisNotReady
 from sieve.observe import metrics
 from sieve.redis.entry import Entry
 from sieve.redis.queue_store import QueueStore, now_ms
+from sieve.redis.scheduler_state import SchedulerState, Turn
 
 log = logging.getLogger("sieve.scheduler.reconcile")
 
@@ -98,6 +99,7 @@ class Reconciler:
 
     def __init__(self, queues: QueueStore, tasks: TaskStore) -> None:
         self.queues = queues
+        self.state = SchedulerState(queues)
         self.tasks = tasks
         self.settings = queues.settings
         self.replica = uuid.uuid4().hex[:12]
@@ -129,15 +131,15 @@ class Reconciler:
     async def maybe_pass(self) -> PassReport | None:
         """A pass, if no pass (by any replica) started within the last interval; None otherwise. The turn key
         lapses an interval after the pass started, or after it ended for a pass that ran longer."""
-        key, token = self.queues.keys.reconcile_lock, f"{self.replica}:{uuid.uuid4().hex[:8]}"
+        token = f"{self.replica}:{uuid.uuid4().hex[:8]}"
         interval_ms = int(self.interval_s * 1000)
-        if not await self.queues.take_turn(key, token, interval_ms):
+        if not await self.state.take_turn(Turn.RECONCILE, token, interval_ms):
             return None
         started = time.monotonic()
 
         async def keep() -> None:
             if time.monotonic() - started > self.interval_s / 2:
-                await self.queues.keep_turn(key, token, interval_ms)
+                await self.state.keep_turn(Turn.RECONCILE, token, interval_ms)
 
         return await self.run_pass(keep)
 
@@ -221,8 +223,8 @@ class Reconciler:
                        report: PassReport) -> None:
         """Confirms the candidates with an exact look and queues again those found nowhere, under the rebuild lock
         and in the generation the pass began in."""
-        keys, lock = self.queues.keys, uuid.uuid4().hex
-        if not await self.queues.take_turn(keys.rebuild_lock, lock, REQUEUE_LOCK_MS):
+        lock = uuid.uuid4().hex
+        if not await self.state.take_turn(Turn.REBUILD, lock, REQUEUE_LOCK_MS):
             report.stopped = "Redis is being rebuilt"
             return
         dead: list[tuple[asyncpg.Record, dict[str, Any]]] = []
@@ -264,7 +266,7 @@ class Reconciler:
                     report.stopped = "Redis lost its memory during the pass"
                     queued = []
         finally:
-            await self.queues.keep_turn(keys.rebuild_lock, lock, 0)
+            await self.state.keep_turn(Turn.REBUILD, lock, 0)
         await self._record_found(queued, dead, expired, report)
 
     async def _record_found(self, queued: list[tuple[str, Entry]], dead: list[tuple[asyncpg.Record, dict[str, Any]]],

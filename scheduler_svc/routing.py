@@ -1,8 +1,8 @@
-"""Which workers may run a task type (seed 4.3 and 5.2 ③), and what happens when none can.
+"""Which workers may run a task type, and what happens when none can.
 
 OCR goes to GPU workers first. When no GPU worker is alive, what happens depends on whether GPU workers are
-*expected*: a GPU worker that takes OCR was alive within `gpu_expected_s` (seen by any scheduler replica: the
-`Keys.gpu_expected` key, set with that TTL while one is alive).
+*expected*: a GPU worker that takes OCR was alive within `gpu_expected_s` (seen by any scheduler replica:
+`SchedulerState.mark_gpu_expected` sets a key with that TTL while one is alive).
 
 - GPU workers expected (they are only gone for now): the `no_gpu_strategy` setting decides — `defer` (the
   device's OCR tasks wait, with exponential delays, and are dead-lettered after max_attempts defers), `cpu`
@@ -21,12 +21,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-
-from redis.asyncio import Redis
+from typing import Protocol
 
 from scheduler_svc.board import Board, Session
-from sieve.redis.keys import Keys
-from sieve.redis.queue_store import now_ms
+from sieve.enums import enum_name
 from sieve.redis.worker_records import WorkerRecord
 from sieve.settings import Settings
 from sieve.v1 import types_pb2
@@ -43,8 +41,19 @@ class Action(Enum):
     DEAD_LETTER = "dead_letter"  # given up on at once (strategy dead_letter)
 
 
+class GpuSightings(Protocol):
+    """Where every replica records that it saw a GPU worker that takes OCR, for `gpu_expected_s`
+    (`sieve.redis.scheduler_state.SchedulerState`)."""
+
+    async def mark_gpu_expected(self, window_ms: int) -> None: ...
+
+    async def gpu_expected(self) -> bool: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Route:
+    """Where a task type goes now: the sessions that may run it and what happens when none has room."""
+
     #: sessions that may run the task, best first
     sessions: list[Session]
     #: what to do when none of them has a credit
@@ -55,14 +64,14 @@ class Route:
 
 class Router:
     """Routes task types to sessions; knows (from the registry, through housekeeping) whether a GPU worker is
-    alive somewhere and whether GPU workers are expected at all."""
+    alive somewhere and whether GPU workers are expected at all. Without `sightings` (shared by the replicas) it
+    remembers its own: GPU workers are expected once one was seen."""
 
-    def __init__(self, board: Board, settings: Settings, redis: Redis | None = None) -> None:
+    def __init__(self, board: Board, settings: Settings, sightings: GpuSightings | None = None) -> None:
         self.board = board
         self.settings = settings
         self.strategy = settings.no_gpu_strategy
-        self._redis = redis
-        self._keys = Keys(settings.redis_prefix)
+        self._sightings = sightings
         #: a GPU worker that takes OCR is alive somewhere (registry), maybe connected to another replica
         self.gpu_alive_elsewhere = False
         #: a GPU worker that takes OCR was alive within gpu_expected_s (the no-GPU strategy applies)
@@ -82,17 +91,17 @@ class Router:
         self._gpu_routed = False
         if window_ms <= 0:
             self.gpu_expected = False
-        elif self._redis is None:
+        elif self._sightings is None:
             self.gpu_expected = seen or self.gpu_expected
         elif seen:
-            await self._redis.set(self._keys.gpu_expected, str(int(now_ms())), px=window_ms)
+            await self._sightings.mark_gpu_expected(window_ms)
             self.gpu_expected = True
         else:
-            self.gpu_expected = bool(await self._redis.exists(self._keys.gpu_expected))
+            self.gpu_expected = await self._sightings.gpu_expected()
 
     def route(self, task_type: int) -> Route:
         takers = sorted(self.board.takers(task_type), key=lambda s: -s.credits)
-        name = types_pb2.TaskType.Name(task_type).removeprefix("TASK_TYPE_")
+        name = enum_name(types_pb2.TaskType, task_type)
         if task_type != OCR:
             if takers:
                 return Route(takers, Action.WAIT)

@@ -23,6 +23,7 @@ from sieve.observe.logs import setup_logging
 from sieve.observe.metrics import REGISTRY, start_metrics_server
 from sieve.observe.telemetry import setup_telemetry
 from sieve.redis.queue_store import QueueStore
+from sieve.redis.scheduler_state import SchedulerState
 from sieve.redis.worker_records import WorkerRecords
 from sieve.rpc.readiness import Built, Readiness, Stores
 from sieve.settings import Settings
@@ -34,16 +35,20 @@ async def build(settings: Settings, stores: Stores) -> SchedulerApp:
     """One scheduler replica on these stores (Redis and PostgreSQL)."""
     redis, tasks = stores.redis, TaskStore(stores.pool)
     queues = QueueStore(redis, settings)
-    board = Board()
-    outcomes = Outcomes(tasks)
+    state = SchedulerState(queues)
     records = WorkerRecords(redis, settings)
-    watermark = Watermark(redis, queues, settings, records.live_count)
-    dispatcher = Dispatcher(redis, queues, outcomes, board, Router(board, settings, redis), settings)
+    outcomes = Outcomes(tasks)
+    board = Board(signer=state.lease_signer(), lifecycle=outcomes.lifecycle)
+    watermark = Watermark(state, queues, settings, records.live_count)
+    dispatcher = Dispatcher(queues, state, outcomes, board, Router(board, settings, state), settings)
     servicer = SchedulerServicer(queues, board, outcomes, watermark, DeadLetters(queues, tasks), records)
     rebuilder = Rebuilder(queues, tasks)
     housekeeping = Housekeeping(queues, tasks, board, outcomes, watermark, dispatcher, records,
-                                servicer.end_session, rebuilder)
-    return SchedulerApp(settings, queues, board, dispatcher, housekeeping, servicer, rebuilder, AuditLog(tasks.pool))
+                                servicer.end_session, rebuilder, state)
+    collector = SchedulerCollector(board=board, dispatcher=dispatcher, servicer=servicer, housekeeping=housekeeping,
+                                   outcomes=outcomes, state=state, queues=queues, tasks=tasks)
+    return SchedulerApp(settings, queues, board, dispatcher, housekeeping, servicer, rebuilder, collector,
+                        AuditLog(tasks.pool))
 
 
 async def main() -> None:
@@ -54,7 +59,7 @@ async def main() -> None:
 
     async def build_step(stores: Stores) -> Built:
         app = await build(settings, stores)
-        REGISTRY.register(SchedulerCollector(app))
+        REGISTRY.register(app.metrics)
         return Built(app.service, before_serving=app.before_serving)
 
     # listens at once (health NOT_SERVING) and serves once Redis and PostgreSQL answer (sieve/rpc/readiness.py)

@@ -36,7 +36,7 @@ from sieve.coalesce import coalesce
 from sieve.errors import InvalidInput
 from sieve.fields import storable
 from sieve.observe import telemetry
-from sieve.redis.leases import LeaseSigner, lease_number
+from sieve.redis.leases import lease_number
 from sieve.redis.queue_store import QueueStore, now_ms
 from sieve.redis.worker_records import KNOWN_TASK_TYPES, WorkerRecords, worker_id_problem
 from sieve.rpc.auth import current_credential_valid, current_principal
@@ -109,9 +109,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self._unregistered: dict[Session, tuple[int, asyncio.Task[None]]] = {}
         #: every take-back goes through here (Redis, dead letters at the task's limit, the PENDING record)
         self.returns = Returns(queues, outcomes)
-        if board.signer is None:
-            board.signer = LeaseSigner(queues.redis, queues.keys.lease_key)
-        board.lifecycle = outcomes.lifecycle
         #: leases re-announced by reconnecting workers, by what became of them: adopted, acked / nacked (their
         #: settlement came with them), gone (already settled or taken back), refused (bad token, another holder)
         self.reconnect_leases: Counter[str] = Counter()

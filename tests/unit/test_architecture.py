@@ -283,8 +283,6 @@ async def f(redis: Redis, prefix: str) -> None:
     assert _key_literals(module) == ["line 6: '}:generation'"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 in progress: scheduler_svc/housekeeping.py still publishes the "
-                   "wake-up itself; it moves into sieve/redis")
 def test_only_the_redis_layer_sends_commands_to_redis() -> None:
     problems = [f"{m.rel}: {use}" for m in _outside_redis_layer() if m.name not in REDIS_ALLOWED
                 for use in _redis_uses(m)]
