@@ -16,12 +16,13 @@ from scheduler_svc.dispatcher import Dispatcher
 from scheduler_svc.housekeeping import Housekeeping
 from scheduler_svc.outcomes import Outcomes
 from scheduler_svc.servicer import SchedulerServicer
-from scheduler_svc.tracing import priority_name
 from sieve.db.tasks import TaskStore
+from sieve.enums import enum_label
 from sieve.observe import metrics as m
 from sieve.observe.metrics import ScrapeCollector
 from sieve.redis.queue_store import QueueStore
 from sieve.redis.scheduler_state import SchedulerState
+from sieve.v1.types_pb2 import Priority
 
 
 class SchedulerCollector(ScrapeCollector):
@@ -68,7 +69,7 @@ class SchedulerCollector(ScrapeCollector):
             m.BACKOFF_DEVICES.family(gauges.backoff),
             m.DEAD_LETTERS.family(gauges.dead_letters),
             m.OLDEST_WAIT.family((rank.longest_wait_ms or 0) / 1000),
-            m.PENDING.family(((priority_name(p), t), n) for p, t, n in classes),
+            m.PENDING.family(((enum_label(Priority, p), t), n) for p, t, n in classes),
         ]
 
 
