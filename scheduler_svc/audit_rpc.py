@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC
+from typing import Any
 
 import asyncpg
 import grpc
@@ -41,12 +42,12 @@ def to_proto(event: AuditEvent) -> scheduler_pb2.AuditEvent:
         tenant=event.tenant or "", peer=event.peer, outcome=event.outcome, detail=event.detail, duration=duration)
 
 
-async def _invalid(context: grpc.aio.ServicerContext, field: str, description: str) -> None:
+async def _invalid(context: grpc.aio.ServicerContext[Any, Any], field: str, description: str) -> None:
     await rpc.abort(context, rpc.invalid_argument(field, description))
 
 
 async def list_audit_events(request: scheduler_pb2.ListAuditEventsRequest,
-                            context: grpc.aio.ServicerContext) -> scheduler_pb2.ListAuditEventsResponse:
+                            context: grpc.aio.ServicerContext[Any, Any]) -> scheduler_pb2.ListAuditEventsResponse:
     """Validates the request, reads one page of the audit log, answers it with the next page's token."""
     if request.limit > MAX_LIMIT:
         await _invalid(context, "limit", f"must be at most {MAX_LIMIT}")

@@ -94,7 +94,9 @@ class DeadLetters:
     async def _matching(self, flt: Filter) -> list[DeadLetter]:
         return [(raw, rec) for raw, rec in await self.letters.all() if flt.matches(rec)]
 
-    async def list(self, flt: Filter, limit: int) -> tuple[list[dict[str, Any]], int]:
+    async def page(self, flt: Filter, limit: int) -> tuple[list[dict[str, Any]], int]:
+        """The first `limit` (default 100, at most MAX_LIST) matching dead letters, newest first, and how many dead
+        letters there are in all."""
         limit = min(limit or 100, MAX_LIST)
         total = await self.letters.count()
         return [rec for _, rec in await self._matching(flt)][:limit], total

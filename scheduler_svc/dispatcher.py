@@ -2,7 +2,8 @@
 
 It runs as soon as work and credits both exist: new work wakes it through the Redis wake channel,
 new credits through the board. Starvation (another device waited past the hint) shrinks the batch to
-the minimum and skips the device just served at the next claim (seed 3.5).
+the minimum and skips the device just served at the next claim, so that service spreads over many devices
+instead of going in large batches to a few.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import AsyncGenerator
+from typing import Protocol
 
 from scheduler_svc.board import Board
 from scheduler_svc.drain import DrainMeter
@@ -19,7 +22,6 @@ from scheduler_svc.routing import Action, Router
 from scheduler_svc.tracing import DispatchObserver
 from sieve.redis.entry import Entry
 from sieve.redis.queue_store import QueueStore, Rank, now_ms
-from sieve.redis.scheduler_state import SchedulerState
 from sieve.settings import Settings
 
 log = logging.getLogger("sieve.scheduler.dispatch")
@@ -27,10 +29,20 @@ log = logging.getLogger("sieve.scheduler.dispatch")
 IDLE_POLL_S = 1.0
 
 
+class WakeUps(Protocol):
+    """The wake-ups published when a device becomes schedulable (`sieve.redis.scheduler_state.SchedulerState`)."""
+
+    def wake_ups(self) -> AsyncGenerator[None, None]: ...
+
+
 class Dispatcher:
-    def __init__(self, queues: QueueStore, state: SchedulerState, outcomes: Outcomes, board: Board, router: Router,
+    """Owns the dispatch loop (see the module): which device is served next, how many of its tasks are popped, and
+    what becomes of those no worker takes (they wait their turn, wait out a delay with the rest of their type, or
+    are dead-lettered, as routing says). Counts what it handed out and publishes the rate (`drain`)."""
+
+    def __init__(self, queues: QueueStore, wake_ups: WakeUps, outcomes: Outcomes, board: Board, router: Router,
                  settings: Settings) -> None:
-        self.state = state
+        self.wake_ups = wake_ups
         self.router = router
         self.queues = queues
         self.outcomes = outcomes
@@ -46,6 +58,7 @@ class Dispatcher:
         self.drain = DrainMeter(queues, lambda: self.dispatched)
 
     def stop(self) -> None:
+        """Ends the loops (the drain step of an orderly stop)."""
         self._stopping.set()
         self.wake.set()
         self.board.changed.set()
@@ -54,7 +67,7 @@ class Dispatcher:
         """Sets `wake` whenever a device becomes schedulable (published by enqueueTasks)."""
         while not self._stopping.is_set():
             try:
-                async with contextlib.aclosing(self.state.wake_ups()) as wake_ups:
+                async with contextlib.aclosing(self.wake_ups.wake_ups()) as wake_ups:
                     async for _ in wake_ups:
                         self.wake.set()
             except asyncio.CancelledError:
@@ -102,7 +115,7 @@ class Dispatcher:
         size = max(1, min(size, self.board.credits))
         now = now_ms()
         carry = self._carry(rank, now)
-        # under starvation the device just served sits out the next claim (seed 3.5)
+        # under starvation the device just served sits out the next claim: service spreads over the waiting devices
         claim_ns = self.observer.claim_started()
         popped, next_rank = await self.queues.pop_and_rank(mac, uuid.uuid4().hex, size, self.router.allowed_types(),
                                                            exclude=mac if rank.starving else None,

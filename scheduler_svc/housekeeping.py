@@ -1,13 +1,16 @@
-"""The periodic tick (the seed's Beat), off the hot path: resume devices whose backoff ended, take back
-leases that ran out, renew leases of tasks live workers still hold, free devices whose dispatcher died,
-and publish the watermark.
+"""The periodic tick, off the hot path: resume devices whose backoff ended, take back leases that ran out, renew
+leases of tasks live workers still hold, free devices whose dispatcher died, and publish the watermark.
+
+Housekeeping sees the rest of its replica only through narrow parts: the stores it sweeps (`HousekeepingStores`),
+the board of sessions, the one take-back path (`Returns`), and `ReplicaHooks` — wake the dispatch loop, tell routing
+which workers are alive, end a session, rebuild Redis, publish the watermark.
 
 Execution timeouts: a hand-out held by one of this replica's streams for longer than its type's timeout plus
 `execution_timeout_grace_s` is taken back even while the stream is alive (its attempt counted, with the retry
 backoff; dead-lettered at the task's max attempts); the worker's later ack or result is refused by fencing.
 
-Scheduler replicas gone: each replica says it is alive (`Keys.schedulers`) every ALIVE_EVERY_S, in a loop of its
-own. A replica silent for `scheduler_dead_after_s` (and for longer than its workers need to reconnect and
+Scheduler replicas gone: each replica says it is alive (`SchedulerState.say_alive`) every ALIVE_EVERY_S, in a loop
+of its own. A replica silent for `scheduler_dead_after_s` (and for longer than its workers need to reconnect and
 re-announce their leases to another replica) is gone: the leases it had handed out that nobody adopted — tasks
 that were on their way to a worker when it died — go back to their queues at once, uncounted, instead of waiting
 for the lease TTL. Which leases: those whose deadline is no later than the dead replica's last sign of life plus
@@ -20,22 +23,20 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 
-from scheduler_svc.board import Board, Session
-from scheduler_svc.dispatcher import Dispatcher
+from scheduler_svc.board import Board
 from scheduler_svc.lifecycle import Returned, Returns
-from scheduler_svc.outcomes import Outcomes
-from scheduler_svc.rebuild import Rebuilder
 from scheduler_svc.reconcile import Reconciler
-from scheduler_svc.watermark import Watermark
+from scheduler_svc.sessions import Session
 from sieve.backoff import compute_backoff
 from sieve.db.retention import Retention
 from sieve.db.tasks import TaskStore
 from sieve.enums import enum_label
 from sieve.redis.queue_store import QueueStore, now_ms
 from sieve.redis.scheduler_state import SchedulerState
-from sieve.redis.worker_records import WorkerRecords
+from sieve.redis.worker_records import WorkerRecord, WorkerRecords
 from sieve.v1.types_pb2 import TaskType
 
 log = logging.getLogger("sieve.scheduler.housekeeping")
@@ -47,39 +48,63 @@ ORPHAN_PAGE = 1000
 MAX_ORPHAN_PAGES = 100
 
 
+@dataclass(frozen=True)
+class HousekeepingStores:
+    """What housekeeping reads and sweeps: the queues, the replicas' shared state, the task rows and the registry's
+    worker records."""
+
+    queues: QueueStore
+    state: SchedulerState
+    tasks: TaskStore
+    records: WorkerRecords
+
+
+@dataclass(frozen=True)
+class ReplicaHooks:
+    """What housekeeping may do to the rest of its replica, and nothing more."""
+
+    #: this replica's id among the replicas' signs of life (the one its drain rate is published under)
+    replica: str
+    #: wakes the dispatch loop (work became ready, or came back)
+    wake: Callable[[], None]
+    #: tells routing which workers the registry shows alive (whether GPU workers are alive or expected)
+    observe_workers: Callable[[Iterable[WorkerRecord]], Awaitable[None]]
+    #: ends a session (what it held goes back), with the reason
+    end_session: Callable[[Session, str], Awaitable[None]]
+    #: rebuilds Redis from PostgreSQL when it lost its memory; True when it did
+    rebuild: Callable[[], Awaitable[bool]]
+    #: publishes the watermark record
+    publish_watermark: Callable[[], Awaitable[object]]
+
+
 class Housekeeping:
-    def __init__(self, queues: QueueStore, tasks: TaskStore, board: Board, outcomes: Outcomes,
-                 watermark: Watermark, dispatcher: Dispatcher, records: WorkerRecords,
-                 end_session: Callable[[Session, str], Awaitable[None]], rebuilder: Rebuilder,
-                 state: SchedulerState) -> None:
-        self.queues = queues
-        self.state = state
-        self.rebuilder = rebuilder
-        self.tasks = tasks
-        self.records = records
-        self.end_session = end_session
+    """Owns the replica's periodic chores (see the module): the tick, the replica's sign of life, and the
+    reconciliation loop; counts what it took back."""
+
+    def __init__(self, stores: HousekeepingStores, board: Board, returns: Returns, hooks: ReplicaHooks) -> None:
+        self.queues = stores.queues
+        self.state = stores.state
+        self.tasks = stores.tasks
+        self.records = stores.records
         self.board = board
-        self.outcomes = outcomes
-        self.watermark = watermark
-        self.dispatcher = dispatcher
-        self.settings = queues.settings
+        self.returns = returns
+        self.hooks = hooks
+        self.settings = stores.queues.settings
         self.lease_reclaims = 0
         self._last_watermark = 0.0
         self._last_ttl_sweep = 0.0
         self._missing_since: dict[Session, float] = {}
         self.expired_swept = 0
         #: PostgreSQL's open tasks against Redis, in a loop of its own (a pass may take longer than a tick)
-        self.reconciler = Reconciler(queues, tasks)
-        self.returns = Returns(queues, outcomes)
-        #: this replica's id in Keys.schedulers (the one its drain rate is published under)
-        self.replica = dispatcher.drain.replica
+        self.reconciler = Reconciler(self.queues, self.tasks)
+        self.replica = hooks.replica
         self._started = time.monotonic()
         #: hand-outs taken back for running past their execution timeout, by task type name
         self.execution_timeouts: dict[str, int] = {}
         #: leases of dead scheduler replicas put back
         self.orphans_put_back = 0
         #: partitions ahead and old days dropped (sieve/db/retention.py), every retention_check_interval_s
-        self.retention = Retention(tasks.pool, self.settings)
+        self.retention = Retention(self.tasks.pool, self.settings)
 
     async def run(self) -> None:
         reconciling = asyncio.create_task(self.reconciler.run(), name="reconcile")
@@ -115,11 +140,11 @@ class Housekeeping:
                 await self.state.forget_replica(self.replica)
 
     async def tick(self) -> None:
-        if await self.rebuilder.ensure():
-            self.dispatcher.wake.set()
+        if await self.hooks.rebuild():
+            self.hooks.wake()
         now = now_ms()
         if await self.queues.resume_due(now=now) or await self.queues.promote_due(now=now):
-            self.dispatcher.wake.set()
+            self.hooks.wake()
         # leases held by this replica's live workers stay alive; the rest may run out
         await self.queues.renew_leases(self.board.live_held_task_ids(self.settings.lease_ttl_s / 2), now=now)
         await self.reclaim_expired_leases(now)
@@ -134,7 +159,7 @@ class Housekeeping:
             await self.sweep_expired()
         if time.monotonic() - self._last_watermark >= self.settings.watermark_interval_s:
             self._last_watermark = time.monotonic()
-            await self.watermark.publish_record()
+            await self.hooks.publish_watermark()
         if self.settings.retention_in_scheduler:
             self.retention.start_if_due()
 
@@ -155,7 +180,7 @@ class Housekeeping:
             count += result.requeued + len(result.dead_letters)
         if count:
             self.lease_reclaims += count
-            self.dispatcher.wake.set()
+            self.hooks.wake()
             log.info("reclaimed %d expired leases", count)
         return count
 
@@ -182,7 +207,7 @@ class Housekeeping:
             self.execution_timeouts[type_name] = self.execution_timeouts.get(type_name, 0) + 1
             count += 1
         if count:
-            self.dispatcher.wake.set()
+            self.hooks.wake()
         return count
 
     async def put_back_orphans(self, now: float) -> int:
@@ -213,7 +238,7 @@ class Housekeeping:
             count += put_back
         self.orphans_put_back += count
         if count:
-            self.dispatcher.wake.set()
+            self.hooks.wake()
         return count
 
     async def _put_back_leases_until(self, bound_ms: float, replica: str) -> int:
@@ -238,12 +263,12 @@ class Housekeeping:
                 break
         return count
 
-    async def free_abandoned_devices(self, now: int) -> None:
+    async def free_abandoned_devices(self, now: float) -> None:
         """Devices whose dispatcher died holding the lock are released once the lock has expired."""
         for mac in await self.state.lapsed_serving(now, count=100):
             if not await self.state.device_locked(mac):
                 await self.queues.release(mac, "*", now=now)
-                self.dispatcher.wake.set()
+                self.hooks.wake()
 
     async def sweep_expired(self) -> int:
         """PENDING tasks past their TTL leave their queues and become EXPIRED (pops drop them too)."""
@@ -262,7 +287,7 @@ class Housekeeping:
         """Reads the registry: whether a GPU worker is alive anywhere or was recently (routing), and which connected
         workers stopped heartbeating (their sessions end; what they held is handed out again)."""
         records = {r.worker_id: r for r in await self.records.list()}
-        await self.dispatcher.router.observe(records.values())
+        await self.hooks.observe_workers(records.values())
         now = time.monotonic()
         for session in list(self.board.sessions):
             if session.worker_id in records:
@@ -273,7 +298,7 @@ class Housekeeping:
                 log.warning("worker %s has no registration for %.0fs: ending its stream", session.worker_id,
                             now - since, extra={"worker": session.worker_id})
                 self._missing_since.pop(session, None)
-                await self.end_session(session, "worker gone: its registration expired")
+                await self.hooks.end_session(session, "worker gone: its registration expired")
         for session in list(self._missing_since):
             if session.closed:
                 self._missing_since.pop(session, None)

@@ -22,14 +22,11 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sieve.backoff import Backoff
 from sieve.db.tasks import HandOut, PutBack, TaskStore
 from sieve.redis.queue_store import QueueStore, Requeued, now_ms
-
-if TYPE_CHECKING:
-    from scheduler_svc.outcomes import Outcomes
 
 log = logging.getLogger("sieve.scheduler.lifecycle")
 
@@ -135,10 +132,23 @@ class Returned:
     worker_id: str = ""
 
 
+class Recorder(Protocol):
+    """Where a take-back's outcomes are recorded (`scheduler_svc.outcomes.Outcomes`): the task rows (the tasks'
+    own attempt limits are read there), dead letters, and the PENDING records."""
+
+    @property
+    def tasks(self) -> TaskStore: ...
+
+    @property
+    def lifecycle(self) -> LifecycleWriter: ...
+
+    async def dead_lettered(self, records: list[dict[str, Any]]) -> None: ...
+
+
 class Returns:
     """Puts hand-outs back (see the module): Redis, dead letters at the task's limit, the PENDING record."""
 
-    def __init__(self, queues: QueueStore, outcomes: Outcomes) -> None:
+    def __init__(self, queues: QueueStore, outcomes: Recorder) -> None:
         self.queues = queues
         self.outcomes = outcomes
         self.settings = queues.settings

@@ -19,6 +19,9 @@ log = logging.getLogger("sieve.scheduler.outcomes")
 
 
 class Outcomes:
+    """Records what became of tasks the scheduler gave up on or routed specially (EXPIRED, DEAD_LETTERED, notes in
+    a task's history) and counts them; owns the `LifecycleWriter` of hand-outs and put-backs."""
+
     def __init__(self, tasks: TaskStore) -> None:
         self.tasks = tasks
         self.expired_count = 0

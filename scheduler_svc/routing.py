@@ -18,12 +18,12 @@ moment (`Action.WAIT`) keeps its place in the device's queue.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from scheduler_svc.board import Board, Session
+from scheduler_svc.sessions import Session
 from sieve.enums import enum_name
 from sieve.redis.worker_records import WorkerRecord
 from sieve.settings import Settings
@@ -39,6 +39,15 @@ class Action(Enum):
     WAIT = "wait"  # eligible workers exist but are full: back to the queue, no penalty
     DEFER = "defer"  # nobody can run it now: it waits (exponential delay), the device's other types do not
     DEAD_LETTER = "dead_letter"  # given up on at once (strategy dead_letter)
+
+
+class Connected(Protocol):
+    """The sessions of this replica (`scheduler_svc.board.Board`)."""
+
+    @property
+    def sessions(self) -> Collection[Session]: ...
+
+    def takers(self, task_type: int) -> list[Session]: ...
 
 
 class GpuSightings(Protocol):
@@ -67,7 +76,7 @@ class Router:
     alive somewhere and whether GPU workers are expected at all. Without `sightings` (shared by the replicas) it
     remembers its own: GPU workers are expected once one was seen."""
 
-    def __init__(self, board: Board, settings: Settings, sightings: GpuSightings | None = None) -> None:
+    def __init__(self, board: Connected, settings: Settings, sightings: GpuSightings | None = None) -> None:
         self.board = board
         self.settings = settings
         self.strategy = settings.no_gpu_strategy

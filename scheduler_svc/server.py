@@ -9,7 +9,8 @@ from scheduler_svc.app import SERVICE_NAME, SchedulerApp
 from scheduler_svc.board import Board
 from scheduler_svc.dead_letters import DeadLetters
 from scheduler_svc.dispatcher import Dispatcher
-from scheduler_svc.housekeeping import Housekeeping
+from scheduler_svc.housekeeping import Housekeeping, HousekeepingStores, ReplicaHooks
+from scheduler_svc.lifecycle import Returns
 from scheduler_svc.metrics import SchedulerCollector
 from scheduler_svc.outcomes import Outcomes
 from scheduler_svc.rebuild import Rebuilder
@@ -40,11 +41,15 @@ async def build(settings: Settings, stores: Stores) -> SchedulerApp:
     outcomes = Outcomes(tasks)
     board = Board(signer=state.lease_signer(), lifecycle=outcomes.lifecycle)
     watermark = Watermark(state, queues, settings, records.live_count)
-    dispatcher = Dispatcher(queues, state, outcomes, board, Router(board, settings, state), settings)
+    router = Router(board, settings, state)
+    dispatcher = Dispatcher(queues, state, outcomes, board, router, settings)
     servicer = SchedulerServicer(queues, board, outcomes, watermark, DeadLetters(queues, tasks), records)
     rebuilder = Rebuilder(queues, tasks)
-    housekeeping = Housekeeping(queues, tasks, board, outcomes, watermark, dispatcher, records,
-                                servicer.end_session, rebuilder, state)
+    hooks = ReplicaHooks(replica=dispatcher.drain.replica, wake=dispatcher.wake.set, observe_workers=router.observe,
+                         end_session=servicer.end_session, rebuild=rebuilder.ensure,
+                         publish_watermark=watermark.publish_record)
+    housekeeping = Housekeeping(HousekeepingStores(queues, state, tasks, records), board, Returns(queues, outcomes),
+                                hooks)
     collector = SchedulerCollector(board=board, dispatcher=dispatcher, servicer=servicer, housekeeping=housekeeping,
                                    outcomes=outcomes, state=state, queues=queues, tasks=tasks)
     return SchedulerApp(settings, queues, board, dispatcher, housekeeping, servicer, rebuilder, collector,

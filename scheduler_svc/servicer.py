@@ -22,13 +22,16 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, TypeVar, cast
 
 import grpc
 
-from scheduler_svc.board import Board, Claim, Handed, Session
+from scheduler_svc.audit_rpc import list_audit_events
+from scheduler_svc.board import Board
 from scheduler_svc.dead_letters import DeadLetters, Filter, to_proto
 from scheduler_svc.lifecycle import Returned, Returns
 from scheduler_svc.outcomes import Outcomes
+from scheduler_svc.sessions import Handed, Session, Settlement
 from scheduler_svc.watermark import Watermark
 from sieve import rpc
 from sieve.backoff import compute_backoff
@@ -37,15 +40,16 @@ from sieve.errors import InvalidInput
 from sieve.fields import storable
 from sieve.observe import telemetry
 from sieve.redis.leases import lease_number
-from sieve.redis.queue_store import QueueStore, now_ms
+from sieve.redis.queue_store import LeaseFact, QueueStore, now_ms
 from sieve.redis.worker_records import KNOWN_TASK_TYPES, WorkerRecords, worker_id_problem
 from sieve.rpc.auth import current_credential_valid, current_principal
 from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger("sieve.scheduler.pull")
 
-
-Settlement = scheduler_pb2.Ack | scheduler_pb2.Nack
+Context = grpc.aio.ServicerContext[Any, Any]
+#: an Ack or a Nack (what `_sift` sorts keeps its type)
+S = TypeVar("S", scheduler_pb2.Ack, scheduler_pb2.Nack)
 
 
 def _append_batch(first: scheduler_pb2.PullResponse, later: scheduler_pb2.PullResponse) -> None:
@@ -120,34 +124,21 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self._accepting = False
 
     async def Pull(self, request_iterator: AsyncIterator[scheduler_pb2.PullRequest],
-                   context: grpc.aio.ServicerContext) -> AsyncIterator[scheduler_pb2.PullResponse]:
+                   context: Context) -> AsyncIterator[scheduler_pb2.PullResponse]:
         if not self._accepting:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "scheduler is shutting down; reconnect")
         principal = current_principal.get()
-        first = await context.read()
-        if first is grpc.aio.EOF or not first.HasField("hello") or not first.hello.worker_id:
-            await rpc.abort(context, rpc.invalid_argument("hello", "the first message must be a WorkerHello"))
-        if not first.hello.task_types:
-            await rpc.abort(context, rpc.invalid_argument("hello.task_types", "is empty"))
-        problem = _hello_problem(first.hello)
-        if problem is not None:
-            await rpc.abort(context, rpc.invalid_argument(*problem))
+        first = await self._first_message(context)
         if not principal.may_act_as_worker(first.hello.worker_id):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"credential {principal.name!r} may not act as this worker id")
         assert self.board.signer is not None
         await self.board.signer.ensure()
-        session = self.board.open(first.hello)
-        session.anonymous = principal.anonymous
+        session = self.board.open(first.hello, anonymous=principal.anonymous)
         log.info("worker %s connected", session.worker_id, extra={"worker": session.worker_id})
         try:
             if first.hello.held:
-                try:
-                    await self._adopt(session, first)
-                except Exception as exc:  # Redis away: the claims wait, and are looked at again
-                    log.warning("worker %s: re-announced leases not checked yet: %s", session.worker_id, exc)
-                    self._adopting[session] = asyncio.create_task(self._adopt_later(session),
-                                                                  context=telemetry.detached_context())
+                await self._adopt_on_open(session, first)
             await self._handle(session, first)
         except Exception:
             await self.end_session(session, "worker gone: its stream closed")
@@ -178,16 +169,39 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             await self.end_session(session, "worker gone: its stream closed")
 
     @staticmethod
+    async def _first_message(context: Context) -> scheduler_pb2.PullRequest:
+        """The stream's first message, a valid WorkerHello (the stream is ended INVALID_ARGUMENT otherwise)."""
+        first = await context.read()
+        if first is grpc.aio.EOF or not first.HasField("hello") or not first.hello.worker_id:
+            await rpc.abort(context, rpc.invalid_argument("hello", "the first message must be a WorkerHello"))
+        if not first.hello.task_types:
+            await rpc.abort(context, rpc.invalid_argument("hello.task_types", "is empty"))
+        problem = _hello_problem(first.hello)
+        if problem is not None:
+            await rpc.abort(context, rpc.invalid_argument(*problem))
+        return cast(scheduler_pb2.PullRequest, first)
+
+    async def _adopt_on_open(self, session: Session, first: scheduler_pb2.PullRequest) -> None:
+        """Looks at the leases the first hello re-announces; when Redis does not answer, they wait and are looked at
+        again."""
+        try:
+            await self._adopt(session, first)
+        except Exception as exc:  # Redis away: the claims wait, and are looked at again
+            log.warning("worker %s: re-announced leases not checked yet: %s", session.worker_id, exc)
+            self._adopting[session] = asyncio.create_task(self._adopt_later(session),
+                                                          context=telemetry.detached_context())
+
+    @staticmethod
     async def _watch_credential(session: Session, valid: Callable[[], bool], revoked: asyncio.Event) -> None:
         """Ends the stream (within about a second) once its credential is revoked."""
         while not session.closed:
             await asyncio.sleep(CREDENTIAL_RECHECK_S)
             if not valid():
                 revoked.set()
-                session.outbound.put_nowait(None)
+                session.end_stream()
                 return
 
-    async def _read(self, session: Session, context: grpc.aio.ServicerContext) -> None:
+    async def _read(self, session: Session, context: Context) -> None:
         try:
             while True:
                 request = await context.read()
@@ -199,7 +213,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         except Exception as exc:
             log.info("worker %s stream broke: %s", session.worker_id, exc)
         finally:
-            session.outbound.put_nowait(None)
+            session.end_stream()
 
     async def _credit_cap(self, session: Session) -> int:
         """The worker's registered concurrency; an anonymous worker (SIEVE_ALLOW_ANONYMOUS) that never
@@ -210,14 +224,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         return self.queues.settings.max_worker_concurrency if session.anonymous else 0
 
     async def _handle(self, session: Session, request: scheduler_pb2.PullRequest) -> None:
-        session.last_seen = time.monotonic()
+        session.heard_from()
         if request.HasField("hello"):
             if request.hello.worker_id and request.hello.worker_id != session.worker_id:
                 raise InvalidInput("hello.worker_id", "a stream keeps the worker id of its first hello")
             if _hello_problem(request.hello) is None and self.board.update(session, request.hello):
                 log.info("worker %s now: gpu=%s, task types %s", session.worker_id, session.gpu,
                          sorted(session.task_types), extra={"worker": session.worker_id})
-            session.credit_cap = await self._credit_cap(session)  # it may have registered again
+            session.cap_credits(await self._credit_cap(session))  # it may have registered again
         if request.acks:
             await self._ack(session, list(request.acks)[:MAX_SETTLEMENTS])
         if request.nacks:
@@ -227,7 +241,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             self._forget_unregistered(session)
         elif request.credits:
             if not session.credit_cap:  # not registered when the stream opened: look again
-                session.credit_cap = await self._credit_cap(session)
+                session.cap_credits(await self._credit_cap(session))
             if session.credit_cap:
                 self.board.add_credits(session, request.credits)
             else:
@@ -247,7 +261,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, 2.0)
             try:
-                session.credit_cap = await self._credit_cap(session)
+                session.cap_credits(await self._credit_cap(session))
             except Exception as exc:  # Redis away: look again later
                 log.info("worker %s: registration not read: %s", session.worker_id, exc)
                 continue
@@ -304,17 +318,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                         len(unproven), extra={"worker": session.worker_id})
             await self._put_back(session, [(a, "acked without a stored result", True) for a in unproven])
 
-    def _sift(self, session: Session, items: Sequence[Settlement]) -> list[Settlement]:
+    def _sift(self, session: Session, items: Sequence[S]) -> list[S]:
         """Acks or nacks minus those of re-announced leases: one waiting to be adopted keeps its settlement for
         then; one already gone is dropped (it was settled, or taken back, before this stream)."""
         if not session.claims and not session.gone:
             return list(items)
-        kept: list[Settlement] = []
+        kept: list[S] = []
         for item in items:
             if item.task_id in session.held:
                 kept.append(item)
             elif item.task_id in session.claims:
-                session.claims[item.task_id].settlement = item
+                session.keep_settlement(item)
             elif item.task_id in session.gone:
                 self.reannounced_gone += 1
             else:
@@ -390,7 +404,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 continue
             claimed = held.assigned_at.ToMilliseconds() / 1000 if held.HasField("assigned_at") else now_wall
             age_s = min(max(0.0, now_wall - claimed), MAX_CLAIMED_AGE_S)
-            session.claims[held.task_id] = Claim(held.lease_token, now_s - age_s)
+            session.claim(held.task_id, held.lease_token, now_s - age_s)
         self.reconnect_leases["refused"] += refused
         if refused:
             log.warning("worker %s re-announced %d leases with tokens that are not its own: refused", session.worker_id,
@@ -401,7 +415,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             self.reconnect_leases[kind] += sum(1 for i in items if i.task_id in session.held)
         log.info("worker %s reconnected: %d re-announced leases adopted, %d settlements with them, %d waiting, "
                  "%d already gone, %d refused", session.worker_id, adopted,
-                 sum(1 for i in (*first.acks, *first.nacks) if i.task_id in session.held), len(session.claims),
+                 sum(1 for i in first.acks if i.task_id in session.held)
+                 + sum(1 for i in first.nacks if i.task_id in session.held), len(session.claims),
                  sum(1 for h in first.hello.held if h.task_id in session.gone), refused,
                  extra={"worker": session.worker_id})
         if session.claims:
@@ -419,45 +434,55 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         s = self.queues.settings
         fresh_after = now_ms() + (s.lease_ttl_s - s.housekeeping_interval_s - ADOPT_STALE_S) * 1000
         adopted: list[str] = []
-        acks: list[scheduler_pb2.Ack] = []
-        nacks: list[scheduler_pb2.Nack] = []
+        settlements: list[Settlement] = []
         holders = {t: other for other in self.board.sessions for t in other.held}
         for task_id in ids:
             claim = session.claims[task_id]
-            fact = facts.get(task_id)
-            if fact is None or fact.entry.attempt != lease_number(claim.token):
-                session.claims.pop(task_id)
-                session.gone.add(task_id)
-                self.reconnect_leases["gone"] += 1
-                if claim.settlement is not None:
-                    self.reannounced_gone += 1
-                continue
-            holder = holders.get(task_id)
-            if holder is not None:
-                session.claims.pop(task_id)
-                if holder is not session:
-                    self.reconnect_leases["refused"] += 1
+            fact = self._standing(session, task_id, facts.get(task_id), holders.get(task_id))
+            if fact is None:
                 continue
             if fact.deadline_ms > fresh_after:  # renewed lately: its holder may be alive; look again later
                 continue
             self.board.adopt(session, task_id, fact.mac, fact.entry.attempt, claim.token,
                              Handed(claim.assigned_at, fact.entry.task_type, fact.entry.failures))
             adopted.append(task_id)
-            if isinstance(claim.settlement, scheduler_pb2.Ack):
-                acks.append(claim.settlement)
-            elif isinstance(claim.settlement, scheduler_pb2.Nack):
-                nacks.append(claim.settlement)
+            if claim.settlement is not None:
+                settlements.append(claim.settlement)
         if adopted:
             self.reconnect_leases["adopted"] += len(adopted)
             await self.queues.renew_leases(adopted)
-        if settle and (acks or nacks):
-            self.reconnect_leases["acked"] += len(acks)
-            self.reconnect_leases["nacked"] += len(nacks)
-            if acks:
-                await self._ack(session, acks)
-            if nacks:
-                await self._nack(session, nacks)
+        if settle and settlements:
+            await self._settle_adopted(session, settlements)
         return len(adopted)
+
+    def _standing(self, session: Session, task_id: str, fact: LeaseFact | None,
+                  holder: Session | None) -> LeaseFact | None:
+        """The lease of a claim that may still be adopted (in Redis under the claimed lease number, held by no stream
+        here), or None: a claim that does not stand is dropped (and counted)."""
+        claim = session.claims[task_id]
+        if fact is None or fact.entry.attempt != lease_number(claim.token):
+            session.drop_claim(task_id, gone=True)
+            self.reconnect_leases["gone"] += 1
+            if claim.settlement is not None:
+                self.reannounced_gone += 1
+            return None
+        if holder is not None:
+            session.drop_claim(task_id)
+            if holder is not session:
+                self.reconnect_leases["refused"] += 1
+            return None
+        return fact
+
+    async def _settle_adopted(self, session: Session, settlements: list[Settlement]) -> None:
+        """The acks, then the nacks, that waited for their leases to be adopted."""
+        acks = [a for a in settlements if isinstance(a, scheduler_pb2.Ack)]
+        nacks = [n for n in settlements if isinstance(n, scheduler_pb2.Nack)]
+        self.reconnect_leases["acked"] += len(acks)
+        self.reconnect_leases["nacked"] += len(nacks)
+        if acks:
+            await self._ack(session, acks)
+        if nacks:
+            await self._nack(session, nacks)
 
     async def _adopt_later(self, session: Session) -> None:
         """Looks at the waiting claims again until each is adopted or gone (a lease runs out at the latest)."""
@@ -477,11 +502,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self._adopting.pop(session, None)
 
     async def GetWatermark(self, request: scheduler_pb2.GetWatermarkRequest,
-                           context: grpc.aio.ServicerContext) -> scheduler_pb2.GetWatermarkResponse:
+                           context: Context) -> scheduler_pb2.GetWatermarkResponse:
         return await self.watermark.read()
 
     # --- dead letters ----------------------------------------------------------------------------
-    async def _filter(self, f: scheduler_pb2.DeadLetterFilter, context: grpc.aio.ServicerContext,
+    async def _filter(self, f: scheduler_pb2.DeadLetterFilter, context: Context,
                       *, everything: bool | None = None) -> Filter:
         """The request's filter; with `everything` given, an empty filter needs it to be true."""
         try:
@@ -494,22 +519,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             raise
 
     async def ListDeadLetters(self, request: scheduler_pb2.ListDeadLettersRequest,
-                              context: grpc.aio.ServicerContext) -> scheduler_pb2.ListDeadLettersResponse:
-        records, total = await self.dead_letters.list(await self._filter(request.filter, context), request.limit)
+                              context: Context) -> scheduler_pb2.ListDeadLettersResponse:
+        records, total = await self.dead_letters.page(await self._filter(request.filter, context), request.limit)
         return scheduler_pb2.ListDeadLettersResponse(dead_letters=[to_proto(r) for r in records], total=total)
 
     async def RequeueDeadLetters(self, request: scheduler_pb2.RequeueDeadLettersRequest,
-                                 context: grpc.aio.ServicerContext) -> scheduler_pb2.RequeueDeadLettersResponse:
+                                 context: Context) -> scheduler_pb2.RequeueDeadLettersResponse:
         flt = await self._filter(request.filter, context, everything=request.all)
         return scheduler_pb2.RequeueDeadLettersResponse(task_ids=await self.dead_letters.requeue(flt))
 
     async def PurgeDeadLetters(self, request: scheduler_pb2.PurgeDeadLettersRequest,
-                               context: grpc.aio.ServicerContext) -> scheduler_pb2.PurgeDeadLettersResponse:
+                               context: Context) -> scheduler_pb2.PurgeDeadLettersResponse:
         purged = await self.dead_letters.purge(await self._filter(request.filter, context, everything=request.all))
         return scheduler_pb2.PurgeDeadLettersResponse(purged=purged)
 
     async def ListAuditEvents(self, request: scheduler_pb2.ListAuditEventsRequest,
-                              context: grpc.aio.ServicerContext) -> scheduler_pb2.ListAuditEventsResponse:
-        from scheduler_svc.audit_rpc import list_audit_events  # the audit log, kept out of this module
-
+                              context: Context) -> scheduler_pb2.ListAuditEventsResponse:
         return await list_audit_events(request, context)

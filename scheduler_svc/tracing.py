@@ -17,17 +17,15 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 
-from sieve.db.tasks import type_name
+from scheduler_svc.board import Placement
+from scheduler_svc.sessions import Session
+from sieve.enums import enum_label, enum_name
 from sieve.observe import metrics, telemetry
 from sieve.redis.entry import Entry
-from sieve.v1 import types_pb2
-
-if TYPE_CHECKING:
-    from scheduler_svc.board import Placement, Session
+from sieve.v1.types_pb2 import Priority, TaskType
 
 log = logging.getLogger("sieve.scheduler.tasks")
 
@@ -35,16 +33,9 @@ log = logging.getLogger("sieve.scheduler.tasks")
 MAX_OPEN = 10_000
 
 
-def priority_name(value: int) -> str:
-    try:
-        return types_pb2.Priority.Name(value).removeprefix("PRIORITY_")
-    except ValueError:
-        return str(value)
-
-
 def task_attributes(entry: Entry, device: str) -> dict[str, str | int]:
-    return {"task.id": entry.task_id, "device": device, "task.type": type_name(entry.task_type),
-            "task.priority": priority_name(entry.priority), "attempt": entry.attempt}
+    return {"task.id": entry.task_id, "device": device, "task.type": enum_name(TaskType, entry.task_type),
+            "task.priority": enum_label(Priority, entry.priority), "attempt": entry.attempt}
 
 
 class DispatchObserver:
@@ -66,7 +57,7 @@ class DispatchObserver:
         metrics.CLAIMS.labels("true" if starving else "false").inc()
         now_ms = time.time() * 1000
         for e in entries:
-            metrics.QUEUE_WAIT.labels(priority_name(e.priority)).observe(max(0.0, now_ms - e.enqueued_ms) / 1000)
+            metrics.QUEUE_WAIT.labels(enum_label(Priority, e.priority)).observe(max(0.0, now_ms - e.enqueued_ms) / 1000)
         if not telemetry.enabled():
             return entries
         if len(self._assigning) > MAX_OPEN:
@@ -122,4 +113,4 @@ class DispatchObserver:
         self._assigning.clear()
 
 
-__all__ = ["DispatchObserver", "priority_name", "task_attributes"]
+__all__ = ["DispatchObserver", "task_attributes"]

@@ -16,8 +16,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("intake_svc", "scheduler_svc", "registry_svc", "worker_svc")
 PACKAGES = ("sieve", *SERVICES)
@@ -156,8 +154,6 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles(graph) == [["a", "b", "c"]]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 in progress: scheduler_svc board <-> routing and lifecycle <-> "
-                   "outcomes (type-only imports) are being untangled")
 def test_the_project_has_no_import_cycle() -> None:
     cycles = _cycles(dependencies())
     assert not cycles, "import cycles:\n" + "\n\n".join(_describe(c) for c in cycles)
