@@ -57,6 +57,7 @@ from sieve.rpc.auth import METHOD_ROLES
 from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, registry_pb2, scheduler_pb2, scheduler_pb2_grpc, types_pb2
+from tests.support.redis import keys_matching
 from tests.support.tasks import PNG
 
 pytestmark = pytest.mark.timeout(240)
@@ -469,8 +470,8 @@ async def assert_consistent(platform: Stack) -> None:
     unfinished = {r["id"] for r in rows if r["status"] in OPEN_STATUSES}
     keys = platform.queues.keys
     devices = {r["device"] for r in rows}
-    async for key in platform.redis.scan_iter(match=f"{keys.base}:q:*", count=1000):
-        devices.add(key[len(f"{keys.base}:q:"):].rsplit(":", 1)[0])
+    for key in await keys_matching(platform.redis, keys.queue_pattern):
+        devices.add(key.removeprefix(keys.queue_pattern.rstrip("*")).rsplit(":", 1)[0])
     places: Counter[str] = Counter()
     for mac in devices:
         places.update(e.task_id for e in await platform.queues.queued(mac))
