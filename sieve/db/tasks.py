@@ -25,15 +25,13 @@ from typing import Any
 
 import asyncpg
 
+from sieve.enums import enum_name
 from sieve.fields import storable
 from sieve.v1 import types_pb2
+from sieve.v1.types_pb2 import TaskType
 
 FINAL_STATUSES = ("SUCCEEDED", "FAILED", "EXPIRED", "CANCELLED", "DEAD_LETTERED")
 OPEN_STATUSES = ("PENDING", "ASSIGNED", "RUNNING")
-
-
-def type_name(value: int) -> str:
-    return types_pb2.TaskType.Name(value).removeprefix("TASK_TYPE_")
 
 
 def type_value(name: str) -> int:
@@ -178,7 +176,7 @@ class TaskStore:
             ORDER BY u.n
             RETURNING id
             """,
-            [t.task_id for t in tasks], [t.device for t in tasks], [type_name(t.task_type) for t in tasks],
+            [t.task_id for t in tasks], [t.device for t in tasks], [enum_name(TaskType, t.task_type) for t in tasks],
             [t.priority for t in tasks], [t.caller for t in tasks], [t.idempotency_key for t in tasks],
             [t.text for t in tasks], [t.image for t in tasks], [t.image_url for t in tasks],
             [t.created_at for t in tasks], [t.expires_at for t in tasks], [t.trace_context for t in tasks],
