@@ -18,6 +18,7 @@ from scheduler_svc.housekeeping import Housekeeping
 from scheduler_svc.metrics import SchedulerCollector
 from scheduler_svc.rebuild import Rebuilder
 from scheduler_svc.servicer import SchedulerServicer
+from scheduler_svc.streams import PullStreams
 from sieve import rpc
 from sieve.db.audit import AuditLog
 from sieve.redis.queue_store import QueueStore
@@ -29,13 +30,13 @@ SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].ful
 
 class SchedulerApp:
     """One scheduler replica: the `Board` of its workers' sessions, the `Dispatcher` that hands out work, the
-    `SchedulerServicer` (the Pull streams and the operators' RPCs), `Housekeeping` (the periodic tick), the
+    `SchedulerServicer` (the RPCs) and the `PullStreams` protocol, `Housekeeping` (the periodic tick), the
     `Rebuilder` that refills an empty Redis from PostgreSQL, and its `metrics`. `service` serves them (the dispatch
     loop, the wake-up listener and housekeeping run as its background loops), `before_serving` rebuilds Redis when
     it lost its memory, `drain` is the orderly stop (see the module)."""
 
     def __init__(self, settings: Settings, queues: QueueStore, board: Board, dispatcher: Dispatcher,
-                 housekeeping: Housekeeping, servicer: SchedulerServicer, rebuilder: Rebuilder,
+                 housekeeping: Housekeeping, servicer: SchedulerServicer, streams: PullStreams, rebuilder: Rebuilder,
                  metrics: SchedulerCollector, audit: AuditLog) -> None:
         self.settings = settings
         self.queues = queues
@@ -43,6 +44,7 @@ class SchedulerApp:
         self.dispatcher = dispatcher
         self.housekeeping = housekeeping
         self.servicer = servicer
+        self.streams = streams
         self.rebuilder = rebuilder
         #: the replica's scrape-time metrics (registered by `main`: a process may build more than one replica)
         self.metrics = metrics
@@ -71,4 +73,4 @@ class SchedulerApp:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.board.all_acked(), timeout=self.settings.shutdown_grace_s / 2)
         for session in list(self.board.sessions):
-            await self.servicer.end_session(session, "scheduler shutting down", count_attempt=False)
+            await self.streams.end_session(session, "scheduler shutting down", count_attempt=False)

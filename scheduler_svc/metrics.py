@@ -15,7 +15,7 @@ from scheduler_svc.board import Board
 from scheduler_svc.dispatcher import Dispatcher
 from scheduler_svc.housekeeping import Housekeeping
 from scheduler_svc.outcomes import Outcomes
-from scheduler_svc.servicer import SchedulerServicer
+from scheduler_svc.streams import PullStreams
 from sieve.db.tasks import TaskStore
 from sieve.enums import enum_label
 from sieve.observe import metrics as m
@@ -29,13 +29,13 @@ class SchedulerCollector(ScrapeCollector):
     """One replica's metrics: the counters its parts keep (read from memory) and, at each scrape, the gauges of
     Redis and the PENDING counts of PostgreSQL."""
 
-    def __init__(self, *, board: Board, dispatcher: Dispatcher, servicer: SchedulerServicer,
+    def __init__(self, *, board: Board, dispatcher: Dispatcher, streams: PullStreams,
                  housekeeping: Housekeeping, outcomes: Outcomes, state: SchedulerState, queues: QueueStore,
                  tasks: TaskStore) -> None:
         super().__init__()
         self.board = board
         self.dispatcher = dispatcher
-        self.servicer = servicer
+        self.streams = streams
         self.housekeeping = housekeeping
         self.outcomes = outcomes
         self.state = state
@@ -43,16 +43,16 @@ class SchedulerCollector(ScrapeCollector):
         self.tasks = tasks
 
     def now(self) -> Iterable[Metric]:
-        board, servicer, housekeeping = self.board, self.servicer, self.housekeeping
+        board, streams, housekeeping = self.board, self.streams, self.housekeeping
         yield m.DISPATCHED.family(self.dispatcher.dispatched)
         yield m.LEASE_RECLAIMS.family(housekeeping.lease_reclaims)
-        yield m.FENCING_REFUSALS.family(servicer.fencing_refusals)
+        yield m.FENCING_REFUSALS.family(streams.fencing_refusals)
         yield m.EXPIRED.family(self.outcomes.expired_count)
         yield m.DEAD_LETTERED.family(self.outcomes.dead_letter_count)
         yield m.CONNECTED_WORKERS.family(len(board.sessions))
         yield m.SCHEDULER_CREDITS.family(board.credits)
         yield m.HELD_TASKS.family(sum(len(session.held) for session in board.sessions))
-        yield m.RECONNECT_LEASES.family(((k,), v) for k, v in sorted(servicer.reconnect_leases.items()))
+        yield m.RECONNECT_LEASES.family(((k,), v) for k, v in sorted(streams.reconnect_leases.items()))
         yield m.ORPHANED_LEASES.family(housekeeping.orphans_put_back)
         yield m.EXECUTION_TIMEOUTS.family(((k,), v) for k, v in sorted(housekeeping.execution_timeouts.items()))
 

@@ -16,6 +16,7 @@ from scheduler_svc.outcomes import Outcomes
 from scheduler_svc.rebuild import Rebuilder
 from scheduler_svc.routing import Router
 from scheduler_svc.servicer import SchedulerServicer
+from scheduler_svc.streams import PullStreams
 from scheduler_svc.watermark import Watermark
 from sieve import rpc
 from sieve.db.audit import AuditLog
@@ -43,16 +44,17 @@ async def build(settings: Settings, stores: Stores) -> SchedulerApp:
     watermark = Watermark(state, queues, settings, records.live_count)
     router = Router(board, settings, state)
     dispatcher = Dispatcher(queues, state, outcomes, board, router, settings)
-    servicer = SchedulerServicer(queues, board, outcomes, watermark, DeadLetters(queues, tasks), records)
+    streams = PullStreams(queues, board, outcomes, records)
+    servicer = SchedulerServicer(streams, board, watermark, DeadLetters(queues, tasks))
     rebuilder = Rebuilder(queues, tasks)
     hooks = ReplicaHooks(replica=dispatcher.drain.replica, wake=dispatcher.wake.set, observe_workers=router.observe,
-                         end_session=servicer.end_session, rebuild=rebuilder.ensure,
+                         end_session=streams.end_session, rebuild=rebuilder.ensure,
                          publish_watermark=watermark.publish_record)
     housekeeping = Housekeeping(HousekeepingStores(queues, state, tasks, records), board, Returns(queues, outcomes),
                                 hooks)
-    collector = SchedulerCollector(board=board, dispatcher=dispatcher, servicer=servicer, housekeeping=housekeeping,
+    collector = SchedulerCollector(board=board, dispatcher=dispatcher, streams=streams, housekeeping=housekeeping,
                                    outcomes=outcomes, state=state, queues=queues, tasks=tasks)
-    return SchedulerApp(settings, queues, board, dispatcher, housekeeping, servicer, rebuilder, collector,
+    return SchedulerApp(settings, queues, board, dispatcher, housekeeping, servicer, streams, rebuilder, collector,
                         AuditLog(tasks.pool))
 
 

@@ -109,9 +109,9 @@ async def test_a_worker_credential_cannot_act_as_another_worker_id(stack: Secure
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await registry.Heartbeat(registry_pb2.HeartbeatRequest(worker_id=worker_id), timeout=5)
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, worker_id
-    record = await stack.scheduler.servicer.records.get("w2")
+    record = await stack.scheduler.streams.records.get("w2")
     assert record is not None and record.concurrency == 4
-    assert await stack.scheduler.servicer.records.get("w1x") is None
+    assert await stack.scheduler.streams.records.get("w1x") is None
     # its own ids (N and N/...) are allowed
     await stack.register("w1/replica-1", stack.token("w1"), concurrency=1)
     async with RawPull.hello(w1, "w1/replica-1", credits=1) as own:
@@ -144,7 +144,7 @@ async def test_a_worker_cannot_ack_or_nack_another_streams_lease(stack: SecureSt
     for name in ("w1", "w2"):
         await stack.register(name, stack.token(name), concurrency=1)
     [task_id] = await submit(stack, 1)
-    servicer = stack.scheduler.servicer
+    protocol = stack.scheduler.streams
     async with RawPull.hello(stack.as_("w1"), "w1", credits=1) as owner:
         [assignment] = await owner.wait_for(1)
         token = assignment.lease_token
@@ -153,14 +153,14 @@ async def test_a_worker_cannot_ack_or_nack_another_streams_lease(stack: SecureSt
             streams = 2 if thief_id == "w1" else 1
             await eventually(lambda: _true(len(sessions_of(stack, thief_id)) == streams), 5,
                              "the thief's stream did not open")
-            refused = servicer.fencing_refusals
+            refused = protocol.fencing_refusals
             # When the other stream acks and nacks it with the real token (stolen), and with guesses
             thief.send(scheduler_pb2.PullRequest(
                 acks=[scheduler_pb2.Ack(task_id=task_id, lease_token=token),
                       scheduler_pb2.Ack(task_id=task_id, lease_token=token.split(".")[0])],
                 nacks=[scheduler_pb2.Nack(task_id=task_id, lease_token=token, count_attempt=True, reason="stolen"),
                        scheduler_pb2.Nack(task_id=task_id, lease_token="", count_attempt=True)]))
-            await eventually(lambda: _true(servicer.fencing_refusals >= refused + 4), 5, "thief's settlements seen")
+            await eventually(lambda: _true(protocol.fencing_refusals >= refused + 4), 5, "thief's settlements seen")
             # Then the owner's lease stays: it still holds the task, which is neither queued nor final
             assert task_id in session.held and session.tokens[task_id] == token
             assert await stack.scheduler.queues.pending() == 0
@@ -178,7 +178,7 @@ async def test_a_worker_cannot_ack_or_nack_another_streams_lease(stack: SecureSt
 async def test_a_guessed_lease_token_is_refused(stack: SecureStack) -> None:
     await stack.register("w1", stack.token("w1"), concurrency=1)
     ids = await submit(stack, 2, devices=1)
-    servicer = stack.scheduler.servicer
+    streams = stack.scheduler.streams
     async with RawPull.hello(stack.as_("w1"), "w1", credits=1) as stream:
         [assignment] = await stream.wait_for(1)
         token = assignment.lease_token
@@ -186,14 +186,14 @@ async def test_a_guessed_lease_token_is_refused(stack: SecureStack) -> None:
         other = next(i for i in ids if i != assignment.task_id)
         guesses = [number, "", f"{number}.", f"{number}.{'0' * 16}", f"{int(number) + 1}.{token.split('.')[1]}",
                    token + "0", token[:-1], " " + token]
-        refused = servicer.fencing_refusals
+        refused = streams.fencing_refusals
         # When the stream settles its own task with guessed tokens, and the task it was not given with its token
         stream.send(scheduler_pb2.PullRequest(
             acks=[scheduler_pb2.Ack(task_id=assignment.task_id, lease_token=g) for g in guesses]
             + [scheduler_pb2.Ack(task_id=other, lease_token=token)]))
         stream.send(scheduler_pb2.PullRequest(nacks=[
             scheduler_pb2.Nack(task_id=assignment.task_id, lease_token=g, count_attempt=True) for g in guesses]))
-        await eventually(lambda: _true(servicer.fencing_refusals >= refused + 2 * len(guesses) + 1), 5,
+        await eventually(lambda: _true(streams.fencing_refusals >= refused + 2 * len(guesses) + 1), 5,
                          "guessed settlements not all refused")
         # Then nothing was settled: the task is still held, the other one still queued
         [session] = sessions_of(stack, "w1")
@@ -255,7 +255,7 @@ async def test_a_worker_that_acks_without_storing_results_does_not_make_tasks_di
                                            and len({a.task_id for a in liar.received}) == 5), 15,
                              "acked tasks were not handed out again")
         assert liar.error is None
-        assert s.scheduler.servicer.unproven_acks >= 5
+        assert s.scheduler.streams.unproven_acks >= 5
         counts = await statuses(s, ids)
         assert not counts["SUCCEEDED"] and sum(counts.values()) == 5
         # And a real worker then finishes every one of them

@@ -231,7 +231,7 @@ async def test_a_worker_process_over_mtls_registers_pulls_and_finishes_tasks(
         try:
             async def registered() -> bool:
                 assert proc.poll() is None, (tmp_path / "worker.log").read_text()
-                return await s.scheduler.servicer.records.get("tls-worker") is not None
+                return await s.scheduler.streams.records.get("tls-worker") is not None
 
             await eventually(registered, 30, "the worker did not register over mTLS")
             intake = s.intake(credentials.tokens["alice"])

@@ -138,9 +138,9 @@ async def test_an_expired_lease_puts_the_task_back_and_its_late_ack_start_and_re
             lease = lease_number(a.lease_token)
             assert await store.start("frozen", [(uuid.UUID(task_id), lease, 1, datetime.now(UTC))]) == []
             assert await store.finish([Outcome(uuid.UUID(task_id), lease, "frozen", "PASS", "[]", "x")]) == set()
-            refused = p.scheduler.servicer.fencing_refusals
+            refused = p.scheduler.streams.fencing_refusals
             frozen.send(scheduler_pb2.PullRequest(acks=[scheduler_pb2.Ack(task_id=task_id, lease_token=a.lease_token)]))
-            await eventually(lambda: _true(p.scheduler.servicer.fencing_refusals > refused), 5, "ack not refused")
+            await eventually(lambda: _true(p.scheduler.streams.fencing_refusals > refused), 5, "ack not refused")
             assert await status_is(p, task_id, "PENDING")
 
 
@@ -164,10 +164,10 @@ async def test_a_hand_out_past_its_execution_timeout_is_taken_back_while_its_str
                 [session] = [s for s in p.scheduler.board.sessions if s.worker_id == "stuck"]
                 assert not session.closed and task_id not in session.held
                 # and the worker's late ack of its first hand-out is refused
-                refused = p.scheduler.servicer.fencing_refusals
+                refused = p.scheduler.streams.fencing_refusals
                 stuck.send(scheduler_pb2.PullRequest(acks=[scheduler_pb2.Ack(
                     task_id=task_id, lease_token=stuck.received[0].lease_token)]))
-                await eventually(lambda: _true(p.scheduler.servicer.fencing_refusals > refused), 5, "ack accepted")
+                await eventually(lambda: _true(p.scheduler.streams.fencing_refusals > refused), 5, "ack accepted")
             finally:
                 talker.cancel()
         assert p.scheduler.housekeeping.execution_timeouts == {"TEXT": 2}

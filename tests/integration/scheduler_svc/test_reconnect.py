@@ -124,16 +124,16 @@ async def test_a_new_scheduler_adopts_the_reconnecting_workers_leases_and_settle
     began = time.monotonic()
     first = hello("w1", assignments, acks=owed)
     async with RawPull(pair.b.settings, first) as again:
-        servicer = pair.b.scheduler.servicer
+        streams = pair.b.scheduler.streams
 
         async def settled() -> bool:
-            return servicer.reconnect_leases["acked"] == 2 and not await pair.queues.lease_facts(
+            return streams.reconnect_leases["acked"] == 2 and not await pair.queues.lease_facts(
                 [a.task_id for a in assignments[:2]])
 
         # Then B adopts all three (once A's renewals are old enough) and settles the two acks: no lease expiry
-        await eventually(settled, 10, f"not settled: {dict(servicer.reconnect_leases)}")
+        await eventually(settled, 10, f"not settled: {dict(streams.reconnect_leases)}")
         assert time.monotonic() - began < 5
-        assert servicer.reconnect_leases["adopted"] == 3 and servicer.fencing_refusals == 0
+        assert streams.reconnect_leases["adopted"] == 3 and streams.fencing_refusals == 0
         [session] = [s for s in pair.b.scheduler.board.sessions if s.worker_id == "w1"]
         third = assignments[2]
         assert session.held == {third.task_id: (MAC, lease_number(third.lease_token))}
@@ -154,7 +154,7 @@ async def test_reannounced_leases_that_are_not_the_workers_are_refused_and_settl
         await eventually(lambda: _none(pair.queues.lease_facts([done.task_id])), 5, "ack not settled by A")
         await pair.a.crash()
     held_elsewhere = (await pair.submit(1))[0]
-    servicer = pair.b.scheduler.servicer
+    streams = pair.b.scheduler.streams
     async with RawPull.hello(pair.b.settings, "w3", credits=1) as holder:
         [theirs] = await holder.wait_for(1)
         assert theirs.task_id == held_elsewhere
@@ -164,13 +164,13 @@ async def test_reannounced_leases_that_are_not_the_workers_are_refused_and_settl
         # and w1 re-announces a lease that another stream holds and one that A had already settled
         async with RawPull(pair.b.settings, hello("w2", [assignments[1], guessed])) as thief, \
                 RawPull(pair.b.settings, hello("w1", [theirs, assignments[0]], acks=[done])) as late:
-            await eventually(lambda: _true(servicer.reconnect_leases["refused"] >= 3), 10,
-                             f"{dict(servicer.reconnect_leases)}")
-            await eventually(lambda: _true(servicer.reconnect_leases["gone"] >= 1), 10,
-                             f"{dict(servicer.reconnect_leases)}")
+            await eventually(lambda: _true(streams.reconnect_leases["refused"] >= 3), 10,
+                             f"{dict(streams.reconnect_leases)}")
+            await eventually(lambda: _true(streams.reconnect_leases["gone"] >= 1), 10,
+                             f"{dict(streams.reconnect_leases)}")
             # Then none is adopted: the leases stay where they were, and the settled one's ack is dropped quietly
-            assert servicer.reconnect_leases["adopted"] == 0
-            assert servicer.fencing_refusals == 0 and servicer.reannounced_gone == 1
+            assert streams.reconnect_leases["adopted"] == 0
+            assert streams.fencing_refusals == 0 and streams.reannounced_gone == 1
             sessions = {s.worker_id: s for s in pair.b.scheduler.board.sessions}
             assert not sessions["w2"].held and not sessions["w1"].held
             assert set(sessions["w3"].held) == {held_elsewhere}
