@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
+from sieve.redis.reply import reply
 from sieve.settings import Settings
 
 log = logging.getLogger("sieve.redis")
@@ -45,7 +46,7 @@ async def create_redis(settings: Settings, *, attempts: int = 30, delay_s: float
     client = redis_client(settings)
     for left in range(attempts - 1, -1, -1):
         try:
-            await client.ping()
+            await reply(client.ping())
             return client
         except (RedisConnectionError, OSError) as exc:
             if left == 0:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
@@ -20,18 +20,12 @@ from sieve.errors import AdmissionRefused, LockNotOwned, RedisNotReady, ScriptCo
 from sieve.redis import lua
 from sieve.redis.entry import Entry
 from sieve.redis.keys import PRIORITIES, Keys
+from sieve.redis.reply import reply as _reply
 from sieve.settings import Settings
 
 #: a pending limit that is never reached
 NO_LIMIT = 2**50
 
-_T = TypeVar("_T")
-
-
-def _reply(result: Awaitable[_T] | _T) -> Awaitable[_T]:
-    """A command's reply, to await: redis-py types it `Awaitable[T] | T` (one signature for its sync and asyncio
-    clients), and from the asyncio client it is always the awaitable."""
-    return cast(Awaitable[_T], result)
 
 
 def now_ms() -> float:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Protocol, cast
 
 from google.protobuf import timestamp_pb2
 from redis.asyncio import Redis
@@ -31,6 +31,7 @@ from redis.exceptions import WatchError
 
 from sieve.enums import enum_name
 from sieve.redis.keys import Keys
+from sieve.redis.reply import reply
 from sieve.settings import Settings
 from sieve.v1 import registry_pb2, types_pb2
 
@@ -270,7 +271,8 @@ class WorkerRecord:
             worker_id=self.worker_id,
             hostname=self.hostname,
             pid=self.pid,
-            task_types=list(self.task_types),
+            # the stubs type enum fields by their wrapper class; the values are the same ints
+            task_types=cast("list[types_pb2.TaskType]", list(self.task_types)),
             resources=self.resources(),
             registered_at=_timestamp(self.registered_at),
             last_heartbeat=_timestamp(self.last_heartbeat),
@@ -357,9 +359,9 @@ class WorkerRecords:
                 try:
                     await pipe.watch(key)
                     if not await pipe.exists(key):
-                        await pipe.unwatch()
+                        await pipe.unwatch()  # type: ignore[no-untyped-call]  # (redis-py leaves it unannotated)
                         return False
-                    pipe.multi()
+                    pipe.multi()  # type: ignore[no-untyped-call]
                     pipe.hset(key, mapping=mapping)
                     pipe.pexpire(key, self._ttl_ms)
                     pipe.zadd(self._keys.worker_index, {worker_id: self._deadline_ms()})
@@ -371,7 +373,7 @@ class WorkerRecords:
 
     async def get(self, worker_id: str) -> WorkerRecord | None:
         """One live worker, or None."""
-        data = await self._redis.hgetall(self._keys.worker(worker_id))
+        data = await reply(self._redis.hgetall(self._keys.worker(worker_id)))
         return self._parse(worker_id, data) if data else None
 
     async def list(self, task_type: int | None = None, available_only: bool = False) -> list[WorkerRecord]:
