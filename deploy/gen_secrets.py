@@ -52,14 +52,14 @@ def password() -> str:
     return secrets.token_urlsafe(24)
 
 
-def make(*, pg_host: str, pg_port: int, database: str, redis_host: str, redis_port: int,
-         tls: bool) -> dict[str, str]:
+def make(*, pg_host: str, pg_port: int, database: str, redis_host: str, redis_port: int, tls: bool) -> dict[str, str]:
     """The secrets' file names and contents."""
     files: dict[str, str] = {}
     tokens = {name: new_token() for name in CREDENTIALS}
     files["auth-tokens"] = (
         "# Sieve credentials (name:role:sha256hex); the tokens are in the token-* files beside this one\n"
-        + "".join(credential_line(name, CREDENTIALS[name], tok) + "\n" for name, tok in tokens.items()))
+        + "".join(credential_line(name, CREDENTIALS[name], tok) + "\n" for name, tok in tokens.items())
+    )
     for name, tok in tokens.items():
         files[f"token-{name}"] = tok + "\n"
     redis_pw = {user: password() for user in REDIS_USERS}
@@ -103,13 +103,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out: Path = args.out
     if out.exists() and (out / "auth-tokens").exists() and not args.force:
-        print(f"{out} already holds secrets; --force replaces them (running services then need the new ones)",
-              file=sys.stderr)
+        print(
+            f"{out} already holds secrets; --force replaces them (running services then need the new ones)",
+            file=sys.stderr,
+        )
         return 1
     out.mkdir(parents=True, exist_ok=True)
     os.chmod(out, 0o700)
-    files = make(pg_host=args.pg_host, pg_port=args.pg_port, database=args.database,
-                 redis_host=args.redis_host, redis_port=args.redis_port, tls=args.tls)
+    files = make(
+        pg_host=args.pg_host,
+        pg_port=args.pg_port,
+        database=args.database,
+        redis_host=args.redis_host,
+        redis_port=args.redis_port,
+        tls=args.tls,
+    )
     for name, content in files.items():
         path = out / name
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

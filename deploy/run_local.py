@@ -85,9 +85,11 @@ class Credentials:
     @classmethod
     def fresh(cls, worker_ids: Sequence[str]) -> Credentials:
         made = cls(new_token(), new_token(), {w: new_token() for w in worker_ids})
-        lines = [credential_line("local-client", "client", made.client),
-                 credential_line("local-operator", "operator", made.operator),
-                 *(credential_line(w, "worker", t) for w, t in made.workers.items())]
+        lines = [
+            credential_line("local-client", "client", made.client),
+            credential_line("local-operator", "operator", made.operator),
+            *(credential_line(w, "worker", t) for w, t in made.workers.items()),
+        ]
         CREDENTIALS.write_text("\n".join(lines) + "\n")
         os.chmod(CREDENTIALS, 0o600)
         return made
@@ -114,12 +116,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--demo-tasks", type=int, default=400, help="tasks the demo submits (0: no demo)")
     parser.add_argument("--demo-devices", type=int, default=40, help="devices the demo spreads them over")
-    parser.add_argument("--demo-timeout", type=float, default=120.0,
-                        help="seconds the demo waits for results")
+    parser.add_argument("--demo-timeout", type=float, default=120.0, help="seconds the demo waits for results")
     parser.add_argument("--seed", type=int, default=None, help="random seed of the demo")
     parser.add_argument("--keep-running", action="store_true", help="after the demo, run until Ctrl-C")
-    parser.add_argument("--tls", action="store_true",
-                        help="serve TLS with a throw-away CA made in .sieve-data/tls (grpcurl: -cacert ca.pem)")
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="serve TLS with a throw-away CA made in .sieve-data/tls (grpcurl: -cacert ca.pem)",
+    )
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be at least 1")
@@ -138,17 +142,24 @@ def stores() -> tuple[str, str]:
 
 
 def refuse_busy_addresses(settings: Settings) -> None:
-    busy = [f"{server.address(settings)} ({server.name})" for server in launch.SERVERS
-            if address_in_use(server.address(settings))]
+    busy = [
+        f"{server.address(settings)} ({server.name})"
+        for server in launch.SERVERS
+        if address_in_use(server.address(settings))
+    ]
     if busy:
-        raise StartupError(f"already in use: {', '.join(busy)}; stop what runs there or set "
-                           "SIEVE_REGISTRY_ADDR / SIEVE_SCHEDULER_ADDR / SIEVE_INTAKE_ADDR")
+        raise StartupError(
+            f"already in use: {', '.join(busy)}; stop what runs there or set "
+            "SIEVE_REGISTRY_ADDR / SIEVE_SCHEDULER_ADDR / SIEVE_INTAKE_ADDR"
+        )
 
 
-async def start_services(services: Services, settings: Settings, credentials: Credentials,
-                         worker_ids: Sequence[str]) -> None:
+async def start_services(
+    services: Services, settings: Settings, credentials: Credentials, worker_ids: Sequence[str]
+) -> None:
     """The servers in order, then every worker; each waited for (gRPC health SERVING; a worker also until the
     registry lists it, as a worker serves no gRPC of its own)."""
+
     def announce(server: launch.Server, address: str) -> None:
         print(f"starting {server.name:<10} ({server.module}) on {address}")
 
@@ -158,8 +169,9 @@ async def start_services(services: Services, settings: Settings, credentials: Cr
         health_addr = f"127.0.0.1:{launch.free_port()}"
         metrics_addr = worker_metrics_addr(settings.worker_metrics_addr, i)
         print(f"starting {worker_id:<10} (worker_svc), health on {health_addr}, metrics on {metrics_addr}")
-        workers.append((services.start_worker(worker_id, health_addr, metrics_addr, credentials.workers[worker_id]),
-                        health_addr))
+        workers.append(
+            (services.start_worker(worker_id, health_addr, metrics_addr, credentials.workers[worker_id]), health_addr)
+        )
     operator = settings.replace(auth_token=credentials.operator)
     for process, health_addr in workers:
         await launch.wait_serving(process, health_addr, settings, READY_TIMEOUT_S)
@@ -167,16 +179,21 @@ async def start_services(services: Services, settings: Settings, credentials: Cr
             print(f"  (registry has no ListWorkers; assuming {process.name} is up)")
 
 
-def print_ready(settings: Settings, credentials: Credentials, certs: DevCerts | None, env: dict[str, str],
-                workers: int) -> None:
+def print_ready(
+    settings: Settings, credentials: Credentials, certs: DevCerts | None, env: dict[str, str], workers: int
+) -> None:
     print(f"all services ready: {len(launch.SERVERS)} servers, {workers} workers")
-    print("tokens of this run (the servers hold only their SHA-256 hashes, in "
-          f"{CREDENTIALS.relative_to(REPO)}); for grpcurl:")
+    print(
+        "tokens of this run (the servers hold only their SHA-256 hashes, in "
+        f"{CREDENTIALS.relative_to(REPO)}); for grpcurl:"
+    )
     print(f"  export SIEVE_CLIENT_TOKEN={credentials.client} SIEVE_OPERATOR_TOKEN={credentials.operator}")
     if certs is not None:
         print(f"TLS on: CA {certs.ca} (grpcurl -cacert {certs.ca} instead of -plaintext)")
-    print(f"metrics: intake {settings.intake_metrics_addr}, scheduler {settings.scheduler_metrics_addr}, "
-          f"registry {settings.registry_metrics_addr} (/metrics)")
+    print(
+        f"metrics: intake {settings.intake_metrics_addr}, scheduler {settings.scheduler_metrics_addr}, "
+        f"registry {settings.registry_metrics_addr} (/metrics)"
+    )
     if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_TRACES_EXPORTER"):
         print(f"traces: {env.get('OTEL_EXPORTER_OTLP_ENDPOINT') or env.get('OTEL_TRACES_EXPORTER')}")
 
@@ -191,8 +208,7 @@ def run_demo(args: argparse.Namespace, settings: Settings, credentials: Credenti
 
 def keep_running(settings: Settings, services: Services) -> None:
     """Until Ctrl-C or SIGTERM; StartupError when a service exits meanwhile."""
-    print(f"running; intake {settings.intake_addr}; logs in {LOG_DIR}. "
-          "Ctrl-C stops everything.")
+    print(f"running; intake {settings.intake_addr}; logs in {LOG_DIR}. Ctrl-C stops everything.")
     while True:
         for process in services.processes.values():
             if process.exited() is not None:
@@ -226,8 +242,10 @@ def print_failure(exc: Exception, services: Services) -> None:
         print(f"FAILED: {exc}", file=sys.stderr)
         for process in services.processes.values():
             if process.name in str(exc) or process.exited() not in (None, 0):
-                print(f"--- last {LOG_TAIL_LINES} lines of {process.log_path} ---\n{process.tail(LOG_TAIL_LINES)}"
-                      "\n---", file=sys.stderr)
+                print(
+                    f"--- last {LOG_TAIL_LINES} lines of {process.log_path} ---\n{process.tail(LOG_TAIL_LINES)}\n---",
+                    file=sys.stderr,
+                )
     elif isinstance(exc, embedded.EmbeddedError):
         print(f"FAILED: {exc}", file=sys.stderr)
     else:

@@ -36,8 +36,7 @@ RATE_FRESH_S = 3.0
 PAUSED_MIN_RETRY_S = 1.0
 
 
-def device_retry_after_s(meta: dict[str, str], incoming: int, settings: Settings,
-                         now_ms: int | None = None) -> float:
+def device_retry_after_s(meta: dict[str, str], incoming: int, settings: Settings, now_ms: int | None = None) -> float:
     """Seconds until a device with this meta has room for `incoming` more tasks, at its service rate."""
     now_ms = now_ms or int(time.time() * 1000)
     backlog = int(meta.get("backlog", 0))
@@ -51,8 +50,14 @@ def device_retry_after_s(meta: dict[str, str], incoming: int, settings: Settings
     return min(max(delay, MIN_RETRY_S), settings.aging_max_wait_s)
 
 
-def global_retry_after_s(pending: int, incoming: int, drain: Drain, settings: Settings,
-                         rng: random.Random | None = None, now: float | None = None) -> float:
+def global_retry_after_s(
+    pending: int,
+    incoming: int,
+    drain: Drain,
+    settings: Settings,
+    rng: random.Random | None = None,
+    now: float | None = None,
+) -> float:
     """Seconds until the global backlog has room for `incoming` more tasks at the measured drain, jittered and
     bounded by retry_after_s (see the module's docstring for a pause in draining)."""
     uniform = rng.uniform if rng is not None else random.uniform
@@ -70,8 +75,14 @@ def global_retry_after_s(pending: int, incoming: int, drain: Drain, settings: Se
 class RetryAdvisor:
     """Answers the retry delay of each refusal; owns the cached reading of the global drain rate."""
 
-    def __init__(self, queues: QueueStore, settings: Settings, *, clock: Callable[[], float] = time.monotonic,
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        queues: QueueStore,
+        settings: Settings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
         self.queues = queues
         self.settings = settings
         self._clock = clock

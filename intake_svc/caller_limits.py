@@ -74,8 +74,9 @@ class CallerLimits:
         caller's quota as the limit, i.e. the time its excess takes at the measured drain rate (its own tasks
         drain no faster than that), jittered, at most retry_after_s."""
         limit = policy.max_pending if policy.max_pending is not None else self.settings.max_total_pending
-        return global_retry_after_s(open_tasks, incoming, await self.retry.drain(),
-                                    self.settings.replace(max_total_pending=limit))
+        return global_retry_after_s(
+            open_tasks, incoming, await self.retry.drain(), self.settings.replace(max_total_pending=limit)
+        )
 
 
 __all__ = ["CallerLimits", "permission_denied"]

@@ -51,15 +51,20 @@ class Conflict:
 
     @property
     def message(self) -> str:
-        return (f"idempotency_key {shown(self.key)} was used for task {self.task_id} with a different request "
-                "(type, priority, payload, ttl or max_attempts): nothing was changed; send the same request to get "
-                "that task, or use a new key")
+        return (
+            f"idempotency_key {shown(self.key)} was used for task {self.task_id} with a different request "
+            "(type, priority, payload, ttl or max_attempts): nothing was changed; send the same request to get "
+            "that task, or use a new key"
+        )
 
     def status(self, field: str) -> status_pb2.Status:
         """ALREADY_EXISTS with an ErrorInfo naming the first task and the field."""
         status = status_pb2.Status(code=code_pb2.ALREADY_EXISTS, message=self.message)
-        status.details.add().Pack(error_details_pb2.ErrorInfo(
-            reason=REASON, domain=DOMAIN, metadata={"task_id": str(self.task_id), "field": field}))
+        status.details.add().Pack(
+            error_details_pb2.ErrorInfo(
+                reason=REASON, domain=DOMAIN, metadata={"task_id": str(self.task_id), "field": field}
+            )
+        )
         return status
 
 

@@ -64,7 +64,10 @@ class DeviceOwners:
             SELECT * FROM claimed
             UNION ALL
             SELECT o.device, o.caller, o.version, o.since, o.assigned_by FROM device_owners o JOIN wanted USING (device)
-            """, devices, caller)
+            """,
+            devices,
+            caller,
+        )
         found = {r["device"]: _owner(r) for r in rows}
         # a claim that committed after this statement began is neither inserted nor seen: read it now
         late = [d for d in devices if d not in found]
@@ -75,7 +78,8 @@ class DeviceOwners:
     async def lookup(self, devices: list[str]) -> dict[str, Owner]:
         rows = await self.pool.fetch(
             "SELECT device, caller, version, since, assigned_by FROM device_owners WHERE device = ANY($1::text[])",
-            devices)
+            devices,
+        )
         return {r["device"]: _owner(r) for r in rows}
 
     async def assign(self, device: str, caller: str, assigned_by: str) -> tuple[Owner, str | None]:
@@ -90,7 +94,11 @@ class DeviceOwners:
                 ON CONFLICT (device) DO UPDATE SET caller = EXCLUDED.caller, since = EXCLUDED.since,
                     assigned_by = EXCLUDED.assigned_by, version = EXCLUDED.version
                 RETURNING device, caller, version, since, assigned_by
-                """, device, caller, assigned_by)
+                """,
+                device,
+                caller,
+                assigned_by,
+            )
         assert row is not None
         return _owner(row), previous
 
@@ -101,7 +109,10 @@ class DeviceOwners:
         """Re-assignments with a version above `version`, oldest first."""
         rows = await self.pool.fetch(
             "SELECT device, caller, version, since, assigned_by FROM device_owners WHERE version > $1 "
-            "ORDER BY version LIMIT $2", version, limit)
+            "ORDER BY version LIMIT $2",
+            version,
+            limit,
+        )
         return [_owner(r) for r in rows]
 
 

@@ -16,8 +16,7 @@ from sieve.observe import metrics
 from sieve.observe.rpc_metrics import code_name, wrap_handler
 
 _SUBMITS = ("/sieve.v1.IntakeService/Submit", "/sieve.v1.IntakeService/SubmitBatch")
-_REASONS = {"INVALID_ARGUMENT": "invalid_argument", "UNAUTHENTICATED": "unauthenticated",
-            "UNAVAILABLE": "unavailable"}
+_REASONS = {"INVALID_ARGUMENT": "invalid_argument", "UNAUTHENTICATED": "unauthenticated", "UNAVAILABLE": "unavailable"}
 
 
 _Req = TypeVar("_Req")

@@ -30,8 +30,13 @@ class IntakeApp:
     def __init__(self, settings: Settings, stores: Stores) -> None:
         tasks = TaskStore(stores.pool)
         self.servicer = IntakeServicer(tasks, QueueStore(stores.redis, settings), settings)
-        self.service = rpc.Service(name="sieve-intake", service_names=[SERVICE_NAME], register=self._register,
-                                   interceptors=[RejectionCounter()], audit=AuditLog(tasks.pool))
+        self.service = rpc.Service(
+            name="sieve-intake",
+            service_names=[SERVICE_NAME],
+            register=self._register,
+            interceptors=[RejectionCounter()],
+            audit=AuditLog(tasks.pool),
+        )
 
     def _register(self, server: grpc.aio.Server) -> None:
         intake_pb2_grpc.add_IntakeServiceServicer_to_server(self.servicer, server)

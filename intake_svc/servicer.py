@@ -41,8 +41,15 @@ log = logging.getLogger("sieve.intake")
 T = TypeVar("T")
 
 # a connection PostgreSQL terminated can surface as InternalClientError on its next use: transient too
-_UNAVAILABLE = (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.InternalClientError,
-                RedisConnectionError, RedisTimeoutError, RedisNotReady)
+_UNAVAILABLE = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    RedisConnectionError,
+    RedisTimeoutError,
+    RedisNotReady,
+)
 
 
 class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
@@ -62,8 +69,10 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
             await rpc.abort(context, rpc.invalid_argument(exc.field, exc.description))
         except _UNAVAILABLE as exc:
             log.warning("dependency unavailable: %s", exc)
-            await rpc.abort(context, rpc.plain_status(grpc.StatusCode.UNAVAILABLE,
-                                                      f"storage unavailable, retry: {type(exc).__name__}"))
+            await rpc.abort(
+                context,
+                rpc.plain_status(grpc.StatusCode.UNAVAILABLE, f"storage unavailable, retry: {type(exc).__name__}"),
+            )
         raise AssertionError("unreachable")
 
     async def _task(self, task_id: str, principal: Principal) -> types_pb2.Task | None:
@@ -76,8 +85,9 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
         return task_message(*found)
 
     # --- Submit --------------------------------------------------------------------------------------
-    async def Submit(self, request: intake_pb2.SubmitRequest,
-                     context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.SubmitResponse:
+    async def Submit(
+        self, request: intake_pb2.SubmitRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> intake_pb2.SubmitResponse:
         async def run() -> intake_pb2.SubmitResponse | Refused | Conflict:
             if not request.HasField("task"):
                 raise InvalidInput("task", "is required")
@@ -86,14 +96,18 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
             if isinstance(decision, Refused | Conflict):
                 return decision
             # a new task is answered from what was recorded; only an earlier one is read back
-            view = (await self._task(str(decision.task_id), current_principal.get()) if decision.deduplicated
-                    else new_task_message(task))
+            view = (
+                await self._task(str(decision.task_id), current_principal.get())
+                if decision.deduplicated
+                else new_task_message(task)
+            )
             return intake_pb2.SubmitResponse(task=view, deduplicated=decision.deduplicated)
 
         outcome = await self._guard(context, run)
         if isinstance(outcome, Refused) and outcome.code == grpc.StatusCode.PERMISSION_DENIED:
-            await rpc.abort(context, permission_denied(outcome.message, outcome.error_reason,
-                                                       **dict(outcome.error_metadata)))
+            await rpc.abort(
+                context, permission_denied(outcome.message, outcome.error_reason, **dict(outcome.error_metadata))
+            )
         if isinstance(outcome, Refused):
             await rpc.abort(context, rpc.resource_exhausted(outcome.message, outcome.retry_after_s))
         if isinstance(outcome, Conflict):
@@ -101,49 +115,65 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
         assert isinstance(outcome, intake_pb2.SubmitResponse)
         return outcome
 
-    async def SubmitBatch(self, request: intake_pb2.SubmitBatchRequest,
-                          context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.SubmitBatchResponse:
+    async def SubmitBatch(
+        self, request: intake_pb2.SubmitBatchRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> intake_pb2.SubmitBatchResponse:
         async def run() -> intake_pb2.SubmitBatchResponse:
             batch = validate_batch(request, current_principal.get().name, self.settings)
-            decisions = await self.submitter.submit(batch, current_principal.get(),
-                                                    [f"tasks[{i}]" for i in range(len(batch))])
+            decisions = await self.submitter.submit(
+                batch, current_principal.get(), [f"tasks[{i}]" for i in range(len(batch))]
+            )
             items = []
             stamps: dict[datetime, timestamp_pb2.Timestamp] = {}
             for task, decision in zip(batch, decisions, strict=True):
                 if isinstance(decision, Accepted) and not decision.deduplicated:
                     items.append(intake_pb2.SubmitBatchItem(task=new_task_message(task, stamps)))
                 elif isinstance(decision, Accepted):  # the earlier task: GetTask tells its state
-                    items.append(intake_pb2.SubmitBatchItem(
-                        task=types_pb2.Task(task_id=str(decision.task_id), device_id=task.device,
-                                            type=enum_value(types_pb2.TaskType, task.task_type),
-                                            priority=enum_value(types_pb2.Priority, task.priority)),
-                        deduplicated=True))
+                    items.append(
+                        intake_pb2.SubmitBatchItem(
+                            task=types_pb2.Task(
+                                task_id=str(decision.task_id),
+                                device_id=task.device,
+                                type=enum_value(types_pb2.TaskType, task.task_type),
+                                priority=enum_value(types_pb2.Priority, task.priority),
+                            ),
+                            deduplicated=True,
+                        )
+                    )
                 elif isinstance(decision, Conflict):
-                    items.append(intake_pb2.SubmitBatchItem(code=grpc.StatusCode.ALREADY_EXISTS.value[0],
-                                                            message=decision.message))
+                    items.append(
+                        intake_pb2.SubmitBatchItem(
+                            code=grpc.StatusCode.ALREADY_EXISTS.value[0], message=decision.message
+                        )
+                    )
                 elif decision.code == grpc.StatusCode.PERMISSION_DENIED:
                     items.append(intake_pb2.SubmitBatchItem(code=decision.code.value[0], message=decision.message))
                 else:
                     retry = duration_pb2.Duration()
                     retry.FromMilliseconds(math.ceil(decision.retry_after_s * 1000))
-                    items.append(intake_pb2.SubmitBatchItem(
-                        code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], message=decision.message,
-                        retry_after=retry))
+                    items.append(
+                        intake_pb2.SubmitBatchItem(
+                            code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+                            message=decision.message,
+                            retry_after=retry,
+                        )
+                    )
             return intake_pb2.SubmitBatchResponse(items=items)
 
         return await self._guard(context, run)
 
     # --- reading and cancelling ----------------------------------------------------------------------
-    async def GetTask(self, request: intake_pb2.GetTaskRequest,
-                      context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.GetTaskResponse:
+    async def GetTask(
+        self, request: intake_pb2.GetTaskRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> intake_pb2.GetTaskResponse:
         view = await self._guard(context, lambda: self._task(request.task_id, current_principal.get()))
         if view is None:
-            await rpc.abort(context, rpc.plain_status(grpc.StatusCode.NOT_FOUND,
-                                                      f"no task {request.task_id}"))
+            await rpc.abort(context, rpc.plain_status(grpc.StatusCode.NOT_FOUND, f"no task {request.task_id}"))
         return intake_pb2.GetTaskResponse(task=view)
 
-    async def CancelTask(self, request: intake_pb2.CancelTaskRequest,
-                         context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.CancelTaskResponse:
+    async def CancelTask(
+        self, request: intake_pb2.CancelTaskRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> intake_pb2.CancelTaskResponse:
         async def run() -> types_pb2.Task | None:
             task_id = parse_task_id(request.task_id)
             principal = current_principal.get()
@@ -159,34 +189,37 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
 
         view = await self._guard(context, run)
         if view is None:
-            await rpc.abort(context, rpc.plain_status(grpc.StatusCode.NOT_FOUND,
-                                                      f"no task {request.task_id}"))
+            await rpc.abort(context, rpc.plain_status(grpc.StatusCode.NOT_FOUND, f"no task {request.task_id}"))
         return intake_pb2.CancelTaskResponse(task=view)
 
     # --- device ownership (operators) ----------------------------------------------------------------
-    async def AssignDevice(self, request: intake_pb2.AssignDeviceRequest,
-                           context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.AssignDeviceResponse:
+    async def AssignDevice(
+        self, request: intake_pb2.AssignDeviceRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> intake_pb2.AssignDeviceResponse:
         async def run() -> intake_pb2.AssignDeviceResponse:
             device = _device(request.device_id)
             caller = request.caller.strip()
             if not caller or len(caller) > 128 or not caller.isprintable() or set("/:,") & set(caller):
                 raise InvalidInput("caller", "must be a credential name (1..128 printable characters, none of / : ,)")
             owner, previous = await self.submitter.ownership.assign(device, caller, current_principal.get().name)
-            log.info("device %s assigned to %s (was %s)", device, caller, previous or "nobody",
-                     extra={"device": device})
+            log.info(
+                "device %s assigned to %s (was %s)", device, caller, previous or "nobody", extra={"device": device}
+            )
             return intake_pb2.AssignDeviceResponse(owner=_owner_message(owner), previous_caller=previous or "")
 
         return await self._guard(context, run)
 
-    async def GetDeviceOwner(self, request: intake_pb2.GetDeviceOwnerRequest,
-                             context: grpc.aio.ServicerContext[Any, Any]) -> intake_pb2.GetDeviceOwnerResponse:
+    async def GetDeviceOwner(
+        self, request: intake_pb2.GetDeviceOwnerRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> intake_pb2.GetDeviceOwnerResponse:
         async def run() -> Owner | None:
             return await self.submitter.ownership.owner(_device(request.device_id))
 
         owner = await self._guard(context, run)
         if owner is None:
-            await rpc.abort(context, rpc.plain_status(grpc.StatusCode.NOT_FOUND,
-                                                      f"nobody owns device {request.device_id!r} yet"))
+            await rpc.abort(
+                context, rpc.plain_status(grpc.StatusCode.NOT_FOUND, f"nobody owns device {request.device_id!r} yet")
+            )
         assert owner is not None
         return intake_pb2.GetDeviceOwnerResponse(owner=_owner_message(owner))
 

@@ -36,8 +36,15 @@ log = logging.getLogger("sieve.intake.submission")
 
 
 def _entry(task: NewTask, enqueued_ms: int) -> Entry:
-    return Entry(str(task.task_id), task.task_type, task.priority, enqueued_ms,
-                 int(task.expires_at.timestamp() * 1000), trace=task.trace_context or "", caller=task.caller)
+    return Entry(
+        str(task.task_id),
+        task.task_type,
+        task.priority,
+        enqueued_ms,
+        int(task.expires_at.timestamp() * 1000),
+        trace=task.trace_context or "",
+        caller=task.caller,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +60,9 @@ class _Counters:
 class Submitter:
     """Admits, records and enqueues validated tasks; one instance per intake process."""
 
-    def __init__(self, tasks: TaskStore, queues: QueueStore, settings: Settings,
-                 ownership: Ownership | None = None) -> None:
+    def __init__(
+        self, tasks: TaskStore, queues: QueueStore, settings: Settings, ownership: Ownership | None = None
+    ) -> None:
         self.tasks = tasks
         self.queues = queues
         self.settings = settings
@@ -65,8 +73,14 @@ class Submitter:
         #: who owns which device
         self.ownership = ownership or Ownership(DeviceOwners(tasks.pool), settings.device_owner_refresh_s)
 
-    def _entitled(self, batch: list[NewTask], principal: Principal, policy: CallerPolicy, fields: Sequence[str],
-                  decisions: list[Decision | None]) -> list[int]:
+    def _entitled(
+        self,
+        batch: list[NewTask],
+        principal: Principal,
+        policy: CallerPolicy,
+        fields: Sequence[str],
+        decisions: list[Decision | None],
+    ) -> list[int]:
         """Refuses the tasks of a priority this caller is not entitled to; returns the others' indexes."""
         allowed: list[int] = []
         for i, t in enumerate(batch):
@@ -75,13 +89,18 @@ class Submitter:
                 continue
             field, priority = f"{fields[i]}.priority", types_pb2.Priority.Name(t.priority)
             decisions[i] = Refused(
-                "priority", f"{field}: {priority} is an entitlement caller {principal.name!r} does "
-                "not have", 0.0, grpc.StatusCode.PERMISSION_DENIED, "PRIORITY_NOT_ENTITLED",
-                (("field", field), ("priority", priority)))
+                "priority",
+                f"{field}: {priority} is an entitlement caller {principal.name!r} does not have",
+                0.0,
+                grpc.StatusCode.PERMISSION_DENIED,
+                "PRIORITY_NOT_ENTITLED",
+                (("field", field), ("priority", priority)),
+            )
         return allowed
 
-    async def _owned(self, batch: list[NewTask], principal: Principal, allowed: list[int],
-                     decisions: list[Decision | None]) -> list[int]:
+    async def _owned(
+        self, batch: list[NewTask], principal: Principal, allowed: list[int], decisions: list[Decision | None]
+    ) -> list[int]:
         """Refuses the tasks for devices another caller owns (claiming unowned ones); returns the others."""
         if not allowed or not self.limits.claims_devices(principal):
             return allowed
@@ -92,12 +111,19 @@ class Submitter:
             if owners[device] == principal.name:
                 mine.append(i)
             else:  # the device is named, its owner never is
-                decisions[i] = Refused("not_owner", f"device {device} belongs to another caller", 0.0,
-                                       grpc.StatusCode.PERMISSION_DENIED, "DEVICE_NOT_OWNED", (("device", device),))
+                decisions[i] = Refused(
+                    "not_owner",
+                    f"device {device} belongs to another caller",
+                    0.0,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    "DEVICE_NOT_OWNED",
+                    (("device", device),),
+                )
         return mine
 
-    async def submit(self, batch: list[NewTask], principal: Principal | None = None,
-                     fields: Sequence[str] | None = None) -> list[Decision]:
+    async def submit(
+        self, batch: list[NewTask], principal: Principal | None = None, fields: Sequence[str] | None = None
+    ) -> list[Decision]:
         """Decides every task of the batch, in order, for `principal` (default: the RPC's caller); `fields` name
         each task in refusals ("task", "tasks[3]"). Raises when PostgreSQL or Redis is unreachable (then nothing
         of the batch was accepted)."""
@@ -124,8 +150,14 @@ class Submitter:
                 await self._enqueue(batch, fresh, principal, quota, decisions)
         return count_decisions([d for d in decisions if d is not None])
 
-    async def _rate_limited(self, batch: list[NewTask], principal: Principal, policy: CallerPolicy,
-                            allowed: list[int], decisions: list[Decision | None]) -> tuple[list[int], _Counters]:
+    async def _rate_limited(
+        self,
+        batch: list[NewTask],
+        principal: Principal,
+        policy: CallerPolicy,
+        allowed: list[int],
+        decisions: list[Decision | None],
+    ) -> tuple[list[int], _Counters]:
         """Takes the caller's submit tokens and reads the admission counters in one round trip; refuses the tasks
         beyond the tokens granted. Returns the others' indexes and the counters."""
         devices = sorted({batch[i].device for i in allowed})
@@ -135,13 +167,23 @@ class Submitter:
         if take is not None:
             for i in allowed[granted:]:
                 decisions[i] = Refused(
-                    "caller_rate", f"caller {principal.name!r} is over its submit rate ({policy.rate_per_s:g} "
-                    f"tasks/s, burst {policy.burst}); retry in {wait_s:.3f}s", wait_s + 0.002)
+                    "caller_rate",
+                    f"caller {principal.name!r} is over its submit rate ({policy.rate_per_s:g} "
+                    f"tasks/s, burst {policy.burst}); retry in {wait_s:.3f}s",
+                    wait_s + 0.002,
+                )
             allowed = allowed[:granted]
         return allowed, _Counters(pending, backlogs, caller_open)
 
-    async def _within_limits(self, batch: list[NewTask], principal: Principal, candidates: list[int],
-                             counters: _Counters, quota: int, decisions: list[Decision | None]) -> list[int]:
+    async def _within_limits(
+        self,
+        batch: list[NewTask],
+        principal: Principal,
+        candidates: list[int],
+        counters: _Counters,
+        quota: int,
+        decisions: list[Decision | None],
+    ) -> list[int]:
         """The cheap check before anything is written: refuses every task when the global limit would be passed,
         then when the caller's quota would be (one answer for the whole batch), then the tasks of devices that
         would pass their own limit. Returns the indexes of the tasks admitted."""
@@ -167,8 +209,9 @@ class Submitter:
                 admitted.append(i)
         return admitted
 
-    async def _record(self, batch: list[NewTask], admitted: list[int],
-                      decisions: list[Decision | None]) -> dict[str, list[int]]:
+    async def _record(
+        self, batch: list[NewTask], admitted: list[int], decisions: list[Decision | None]
+    ) -> dict[str, list[int]]:
         """Writes the admitted tasks' rows; decides those whose idempotency key named an earlier task. Returns
         the indexes of the new rows by device (what is left to enqueue)."""
         recorded = await self.tasks.insert([batch[i] for i in admitted])
@@ -182,8 +225,14 @@ class Submitter:
                 decisions[i] = Accepted(rec.task_id, deduplicated=True)
         return fresh
 
-    async def _enqueue(self, batch: list[NewTask], fresh: dict[str, list[int]], principal: Principal, quota: int,
-                       decisions: list[Decision | None]) -> None:
+    async def _enqueue(
+        self,
+        batch: list[NewTask],
+        fresh: dict[str, list[int]],
+        principal: Principal,
+        quota: int,
+        decisions: list[Decision | None],
+    ) -> None:
         """Enqueues the new rows, one atomic admission + enqueue per device; withdraws the rows of devices whose
         enqueue was refused (a limit reached meanwhile), and all of them when the enqueue failed (re-raised)."""
         now_ms = int(time.time() * 1000)
@@ -207,21 +256,29 @@ class Submitter:
         if withdrawn:
             await self._withdraw(withdrawn)
 
-    async def _refusal(self, refusal: AdmissionRefused, task: NewTask, incoming: int,
-                       principal: Principal | None = None) -> Refused:
+    async def _refusal(
+        self, refusal: AdmissionRefused, task: NewTask, incoming: int, principal: Principal | None = None
+    ) -> Refused:
         if refusal.code is ScriptCode.CALLER_LIMIT:  # the caller's own quota: its devices are not overloaded
             policy = self.limits.policy_of(principal or current_principal.get())
             delay = await self.limits.quota_retry_after_s(refusal.caller_open, incoming, policy)
-            return Refused("caller_limit", f"caller {task.caller!r} is at its pending limit ({policy.max_pending} "
-                           f"tasks accepted and not final); retry in {delay:.1f}s", delay)
+            return Refused(
+                "caller_limit",
+                f"caller {task.caller!r} is at its pending limit ({policy.max_pending} "
+                f"tasks accepted and not final); retry in {delay:.1f}s",
+                delay,
+            )
         meta: dict[str, str] = {}
         if not refusal.is_global:
             await self.queues.mark_overloaded(task.device)
             meta = await self.queues.device_meta(task.device)
         delay = await self.retry.after_s(refusal, meta, incoming)
         reason = "global_limit" if refusal.is_global else "device_limit"
-        what = "Sieve is at its global pending limit" if refusal.is_global else (
-            f"device {task.device} is at its pending limit ({self.settings.max_per_device_pending})")
+        what = (
+            "Sieve is at its global pending limit"
+            if refusal.is_global
+            else (f"device {task.device} is at its pending limit ({self.settings.max_per_device_pending})")
+        )
         return Refused(reason, f"{what}; retry in {delay:.1f}s", delay)
 
     async def _withdraw(self, task_ids: list[uuid.UUID]) -> None:

@@ -43,16 +43,24 @@ def result_message(result: asyncpg.Record) -> types_pb2.DetectionResult:
     hits: list[dict[str, Any]] = result["hits"]
     return types_pb2.DetectionResult(
         verdict=_verdict(result["verdict"]),
-        hits=[types_pb2.Hit(word=h["word"], category=h["category"], severity=h["severity"], start=h["start"],
-                            end=h["end"], matched_text=h["matched_text"]) for h in hits],
+        hits=[
+            types_pb2.Hit(
+                word=h["word"],
+                category=h["category"],
+                severity=h["severity"],
+                start=h["start"],
+                end=h["end"],
+                matched_text=h["matched_text"],
+            )
+            for h in hits
+        ],
         text=result["text"],
         worker_id=result["worker_id"],
         created_at=_ts(result["created_at"]),
     )
 
 
-def new_task_message(task: NewTask, stamps: dict[datetime, timestamp_pb2.Timestamp] | None = None
-                     ) -> types_pb2.Task:
+def new_task_message(task: NewTask, stamps: dict[datetime, timestamp_pb2.Timestamp] | None = None) -> types_pb2.Task:
     """The message of a task just accepted, built from what was recorded (no read back).
 
     `stamps` caches converted times across one batch, whose tasks share their creation (and mostly their
@@ -61,12 +69,20 @@ def new_task_message(task: NewTask, stamps: dict[datetime, timestamp_pb2.Timesta
     created = stamps.get(task.created_at) or stamps.setdefault(task.created_at, _stamp(task.created_at))
     expires = stamps.get(task.expires_at) or stamps.setdefault(task.expires_at, _stamp(task.expires_at))
     return types_pb2.Task(
-        task_id=str(task.task_id), device_id=task.device, type=enum_value(types_pb2.TaskType, task.task_type),
+        task_id=str(task.task_id),
+        device_id=task.device,
+        type=enum_value(types_pb2.TaskType, task.task_type),
         priority=enum_value(types_pb2.Priority, task.priority),
-        status=types_pb2.TASK_STATUS_PENDING, attempts=0, created_at=created, updated_at=created,
+        status=types_pb2.TASK_STATUS_PENDING,
+        attempts=0,
+        created_at=created,
+        updated_at=created,
         expires_at=expires,
-        history=[types_pb2.StatusChange(status=types_pb2.TASK_STATUS_PENDING, at=created,
-                                        detail=f"accepted from {task.caller}")],
+        history=[
+            types_pb2.StatusChange(
+                status=types_pb2.TASK_STATUS_PENDING, at=created, detail=f"accepted from {task.caller}"
+            )
+        ],
         idempotency_key=task.idempotency_key or "",
         max_attempts=task.max_attempts or 0,
     )
@@ -135,8 +151,9 @@ class _AttemptLog:
         """An entry written before leases were in the history: an ASSIGNED opens an attempt, the RUNNING right
         after it and the next final status belong to it."""
         if status == "ASSIGNED":
-            self.attempts.append(types_pb2.TaskAttempt(attempt=int(h.get("attempt") or 0),
-                                                       worker_id=str(h.get("detail") or "")))
+            self.attempts.append(
+                types_pb2.TaskAttempt(attempt=int(h.get("attempt") or 0), worker_id=str(h.get("detail") or ""))
+            )
             self.legacy = len(self.attempts) - 1
             _set_ts(self.attempts[self.legacy].assigned_at, h.get("at"))
         elif status == "RUNNING" and self.previous == "ASSIGNED" and self.legacy is not None:
@@ -171,8 +188,9 @@ def _get(row: asyncpg.Record, column: str) -> Any:
 
 def task_message(row: asyncpg.Record, result: asyncpg.Record | None = None) -> types_pb2.Task:
     history = [
-        types_pb2.StatusChange(status=_status(h["status"]), at=_ts(h["at"]), attempt=h.get("attempt", 0),
-                               detail=h.get("detail") or "")
+        types_pb2.StatusChange(
+            status=_status(h["status"]), at=_ts(h["at"]), attempt=h.get("attempt", 0), detail=h.get("detail") or ""
+        )
         for h in row["history"]
     ]
     task = types_pb2.Task(

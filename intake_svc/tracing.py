@@ -49,9 +49,13 @@ def stamp_trace(batch: list[NewTask]) -> list[NewTask]:
         if t.trace_context:
             stamped.append(t)
             continue
-        span = tracer.start_span("submit task", context=otel_context.Context(), kind=trace.SpanKind.INTERNAL,
-                                 links=accepted_by, attributes={"task.id": str(t.task_id), "device": t.device,
-                                                                "task.type": enum_name(TaskType, t.task_type)})
+        span = tracer.start_span(
+            "submit task",
+            context=otel_context.Context(),
+            kind=trace.SpanKind.INTERNAL,
+            links=accepted_by,
+            attributes={"task.id": str(t.task_id), "device": t.device, "task.type": enum_name(TaskType, t.task_type)},
+        )
         span.end()
         stamped.append(dataclasses.replace(t, trace_context=telemetry.traceparent_of(span)))
     return stamped

@@ -40,8 +40,14 @@ def looks_like_image(data: bytes) -> bool:
     return len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP"
 
 
-def validate_spec(spec: intake_pb2.TaskSpec, field: str, caller: str, settings: Settings,
-                  now: datetime | None = None, trace_context: str | None = None) -> NewTask:
+def validate_spec(
+    spec: intake_pb2.TaskSpec,
+    field: str,
+    caller: str,
+    settings: Settings,
+    now: datetime | None = None,
+    trace_context: str | None = None,
+) -> NewTask:
     """Turns one TaskSpec into a NewTask, or raises InvalidInput naming `field`.<name>.
 
     The checks run in a fixed order (device, type, priority, payload, idempotency key, ttl, max_attempts), so
@@ -61,13 +67,29 @@ def validate_spec(spec: intake_pb2.TaskSpec, field: str, caller: str, settings: 
 
     digest = None
     if key is not None:  # only a keyed task is compared with an earlier one
-        digest = fingerprint(spec.type, priority, requested_ttl_ms, spec.WhichOneof("payload") or "",
-                             payload.content(), spec.max_attempts)
+        digest = fingerprint(
+            spec.type,
+            priority,
+            requested_ttl_ms,
+            spec.WhichOneof("payload") or "",
+            payload.content(),
+            spec.max_attempts,
+        )
 
     return NewTask(
-        task_id=uuid7_at(now), device=device, task_type=spec.type, priority=priority, caller=caller,
-        created_at=now, expires_at=now + timedelta(seconds=ttl_s), text=payload.text, image=payload.image,
-        image_url=payload.url, idempotency_key=key, trace_context=trace_context, fingerprint=digest,
+        task_id=uuid7_at(now),
+        device=device,
+        task_type=spec.type,
+        priority=priority,
+        caller=caller,
+        created_at=now,
+        expires_at=now + timedelta(seconds=ttl_s),
+        text=payload.text,
+        image=payload.image,
+        image_url=payload.url,
+        idempotency_key=key,
+        trace_context=trace_context,
+        fingerprint=digest,
         max_attempts=spec.max_attempts or None,
     )
 
@@ -159,8 +181,7 @@ def _image_url(spec: intake_pb2.TaskSpec, field: str, settings: Settings) -> str
 def _idempotency_key(spec: intake_pb2.TaskSpec, field: str) -> str | None:
     key = spec.idempotency_key or None
     if key is not None and (len(key) > MAX_IDEMPOTENCY_KEY or not key.isprintable()):
-        raise InvalidInput(f"{field}.idempotency_key",
-                           f"must be printable, at most {MAX_IDEMPOTENCY_KEY} characters")
+        raise InvalidInput(f"{field}.idempotency_key", f"must be printable, at most {MAX_IDEMPOTENCY_KEY} characters")
     return key
 
 
@@ -177,15 +198,17 @@ def _ttl(spec: intake_pb2.TaskSpec, field: str, settings: Settings) -> tuple[flo
     return ttl_s, requested_ttl_ms
 
 
-def validate_batch(request: intake_pb2.SubmitBatchRequest, caller: str, settings: Settings,
-                   trace_context: str | None = None) -> list[NewTask]:
+def validate_batch(
+    request: intake_pb2.SubmitBatchRequest, caller: str, settings: Settings, trace_context: str | None = None
+) -> list[NewTask]:
     if not request.tasks:
         raise InvalidInput("tasks", "is empty")
     if len(request.tasks) > MAX_BATCH:
         raise InvalidInput("tasks", f"has more than {MAX_BATCH} items")
     now = datetime.now(UTC)
-    return [validate_spec(spec, f"tasks[{i}]", caller, settings, now, trace_context)
-            for i, spec in enumerate(request.tasks)]
+    return [
+        validate_spec(spec, f"tasks[{i}]", caller, settings, now, trace_context) for i, spec in enumerate(request.tasks)
+    ]
 
 
 def parse_task_id(raw: str, field: str = "task_id") -> uuid.UUID:

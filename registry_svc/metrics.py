@@ -17,8 +17,12 @@ from sieve.redis.worker_records import WorkerRecords
 from sieve.v1 import types_pb2
 
 #: (resource label, WorkerRecord attribute)
-_READINGS = (("cpu", "cpu_percent"), ("memory", "memory_percent"), ("gpu_memory", "gpu_memory_percent"),
-             ("gpu_util", "gpu_util_percent"))
+_READINGS = (
+    ("cpu", "cpu_percent"),
+    ("memory", "memory_percent"),
+    ("gpu_memory", "gpu_memory_percent"),
+    ("gpu_util", "gpu_util_percent"),
+)
 
 
 class RegistryCollector(ScrapeCollector):

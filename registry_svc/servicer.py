@@ -33,8 +33,14 @@ MAX_TASK_TYPES = 16
 MAX_GPU_NAMES = 64
 MAX_GPU_NAME_CHARS = 256
 MAX_SCOPE_CHARS = 200
-_PERCENT_FIELDS = ("cpu_percent", "memory_percent", "gpu_memory_percent", "gpu_util_percent", "cpu_own_percent",
-                   "gpu_memory_own_percent")
+_PERCENT_FIELDS = (
+    "cpu_percent",
+    "memory_percent",
+    "gpu_memory_percent",
+    "gpu_util_percent",
+    "cpu_own_percent",
+    "gpu_memory_own_percent",
+)
 #: the largest plausible value of each count and size a worker reports (anything above is a broken sampler)
 _LIMITS = {
     "gpu_count": 1024,
@@ -129,8 +135,12 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
         """A worker credential speaks only for the worker ids it names (see `Principal.may_act_as_worker`)."""
         principal = current_principal.get()
         if not principal.may_act_as_worker(worker_id):
-            await abort(context, plain_status(grpc.StatusCode.PERMISSION_DENIED,
-                                              f"credential {principal.name!r} may not act as this worker id"))
+            await abort(
+                context,
+                plain_status(
+                    grpc.StatusCode.PERMISSION_DENIED, f"credential {principal.name!r} may not act as this worker id"
+                ),
+            )
 
     async def Register(
         self, request: registry_pb2.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -140,9 +150,12 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
             await abort(context, problem)
         await self._as_worker(context, request.worker_id)
         record = await self._store(context, lambda: self.records.save(request))
-        log.info("worker %s registered (%s)", request.worker_id,
-                 "available" if record.available else "; ".join(record.unavailable_reasons),
-                 extra={"worker_id": request.worker_id})
+        log.info(
+            "worker %s registered (%s)",
+            request.worker_id,
+            "available" if record.available else "; ".join(record.unavailable_reasons),
+            extra={"worker_id": request.worker_id},
+        )
         return registry_pb2.RegisterResponse(
             heartbeat_interval_s=max(1, int(self._settings.heartbeat_interval_s)),
             worker_ttl_s=max(1, math.ceil(self._settings.worker_ttl_s)),
@@ -158,9 +171,13 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
         resources = request.resources if request.HasField("resources") else None
         alive = await self._store(context, lambda: self.records.heartbeat(request.worker_id, resources))
         if not alive:
-            await abort(context, plain_status(
-                grpc.StatusCode.NOT_FOUND,
-                f"worker {request.worker_id!r} is not registered (or its record expired); register again"))
+            await abort(
+                context,
+                plain_status(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"worker {request.worker_id!r} is not registered (or its record expired); register again",
+                ),
+            )
         if resources is None:
             record = await self._store(context, lambda: self.records.get(request.worker_id))
             return registry_pb2.HeartbeatResponse(available=record is not None and record.available)
@@ -173,7 +190,8 @@ class RegistryServicer(registry_pb2_grpc.RegistryServiceServicer):
         if task_type != types_pb2.TASK_TYPE_UNSPECIFIED and task_type not in KNOWN_TASK_TYPES:
             await abort(context, invalid_argument("task_type", f"{task_type} is not a known task type"))
         records = await self._store(
-            context, lambda: self.records.list(request.task_type or None, request.available_only))
+            context, lambda: self.records.list(request.task_type or None, request.available_only)
+        )
         return registry_pb2.ListWorkersResponse(workers=[r.to_proto() for r in records])
 
 

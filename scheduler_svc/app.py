@@ -35,9 +35,19 @@ class SchedulerApp:
     loop, the wake-up listener and housekeeping run as its background loops), `before_serving` rebuilds Redis when
     it lost its memory, `drain` is the orderly stop (see the module)."""
 
-    def __init__(self, settings: Settings, queues: QueueStore, board: Board, dispatcher: Dispatcher,
-                 housekeeping: Housekeeping, servicer: SchedulerServicer, streams: PullStreams, rebuilder: Rebuilder,
-                 metrics: SchedulerCollector, audit: AuditLog) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        queues: QueueStore,
+        board: Board,
+        dispatcher: Dispatcher,
+        housekeeping: Housekeeping,
+        servicer: SchedulerServicer,
+        streams: PullStreams,
+        rebuilder: Rebuilder,
+        metrics: SchedulerCollector,
+        audit: AuditLog,
+    ) -> None:
         self.settings = settings
         self.queues = queues
         self.board = board

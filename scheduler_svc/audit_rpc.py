@@ -25,8 +25,11 @@ from sieve.v1 import scheduler_pb2
 
 log = logging.getLogger("sieve.scheduler.audit")
 
-_KIND_NAMES = {scheduler_pb2.AUDIT_KIND_OPERATOR: "operator", scheduler_pb2.AUDIT_KIND_REFUSED: "refused",
-               scheduler_pb2.AUDIT_KIND_CROSS_TENANT: "cross_tenant"}
+_KIND_NAMES = {
+    scheduler_pb2.AUDIT_KIND_OPERATOR: "operator",
+    scheduler_pb2.AUDIT_KIND_REFUSED: "refused",
+    scheduler_pb2.AUDIT_KIND_CROSS_TENANT: "cross_tenant",
+}
 _KIND_VALUES = {name: value for value, name in _KIND_NAMES.items()}
 _MAX_FILTER_CHARS = 256
 
@@ -37,17 +40,28 @@ def to_proto(event: AuditEvent) -> scheduler_pb2.AuditEvent:
     duration = duration_pb2.Duration()
     duration.FromMicroseconds(int(event.duration_ms * 1000))
     return scheduler_pb2.AuditEvent(
-        id=event.id, at=at, kind=_KIND_VALUES.get(event.kind, scheduler_pb2.AUDIT_KIND_UNSPECIFIED),
-        principal=event.principal, roles=list(event.roles), method=event.method, target=event.target,
-        tenant=event.tenant or "", peer=event.peer, outcome=event.outcome, detail=event.detail, duration=duration)
+        id=event.id,
+        at=at,
+        kind=_KIND_VALUES.get(event.kind, scheduler_pb2.AUDIT_KIND_UNSPECIFIED),
+        principal=event.principal,
+        roles=list(event.roles),
+        method=event.method,
+        target=event.target,
+        tenant=event.tenant or "",
+        peer=event.peer,
+        outcome=event.outcome,
+        detail=event.detail,
+        duration=duration,
+    )
 
 
 async def _invalid(context: grpc.aio.ServicerContext[Any, Any], field: str, description: str) -> None:
     await rpc.abort(context, rpc.invalid_argument(field, description))
 
 
-async def list_audit_events(request: scheduler_pb2.ListAuditEventsRequest,
-                            context: grpc.aio.ServicerContext[Any, Any]) -> scheduler_pb2.ListAuditEventsResponse:
+async def list_audit_events(
+    request: scheduler_pb2.ListAuditEventsRequest, context: grpc.aio.ServicerContext[Any, Any]
+) -> scheduler_pb2.ListAuditEventsResponse:
     """Validates the request, reads one page of the audit log, answers it with the next page's token."""
     if request.limit > MAX_LIMIT:
         await _invalid(context, "limit", f"must be at most {MAX_LIMIT}")
@@ -65,12 +79,20 @@ async def list_audit_events(request: scheduler_pb2.ListAuditEventsRequest,
             await _invalid(context, "before", "is not a valid time")
     sink = current_sink()
     if not isinstance(sink, AuditLog):
-        await rpc.abort(context, rpc.plain_status(grpc.StatusCode.FAILED_PRECONDITION,
-                                                  "this server keeps no audit log in PostgreSQL"))
+        await rpc.abort(
+            context,
+            rpc.plain_status(grpc.StatusCode.FAILED_PRECONDITION, "this server keeps no audit log in PostgreSQL"),
+        )
     assert isinstance(sink, AuditLog)
-    query = AuditQuery(limit=request.limit, principal=request.principal, method=request.method,
-                       kind=_KIND_NAMES.get(request.kind, ""), outcome=request.outcome.upper(), before=before,
-                       page_token=request.page_token)
+    query = AuditQuery(
+        limit=request.limit,
+        principal=request.principal,
+        method=request.method,
+        kind=_KIND_NAMES.get(request.kind, ""),
+        outcome=request.outcome.upper(),
+        before=before,
+        page_token=request.page_token,
+    )
     try:
         events, token = await sink.list(query)
     except BadPageToken:
@@ -81,5 +103,6 @@ async def list_audit_events(request: scheduler_pb2.ListAuditEventsRequest,
         await rpc.abort(context, rpc.plain_status(grpc.StatusCode.UNAVAILABLE, "audit log unavailable, retry"))
         raise
     return scheduler_pb2.ListAuditEventsResponse(events=[to_proto(e) for e in events], next_page_token=token)
+
 
 __all__ = ["list_audit_events", "to_proto"]

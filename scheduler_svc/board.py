@@ -113,8 +113,13 @@ class Board:
             if chosen is None:
                 unplaced[r.otherwise.value].append(entry)
                 continue
-            chosen.take(entry.task_id, mac, entry.attempt, self.token(entry.task_id, entry.attempt, chosen.worker_id),
-                        Handed(time.monotonic(), entry.task_type, entry.failures))
+            chosen.take(
+                entry.task_id,
+                mac,
+                entry.attempt,
+                self.token(entry.task_id, entry.attempt, chosen.worker_id),
+                Handed(time.monotonic(), entry.task_type, entry.failures),
+            )
             placed[chosen].append(entry)
             if r.reason:
                 notes[r.reason].append(entry.task_id)
@@ -128,15 +133,22 @@ class Board:
         now = datetime.now(UTC)
         batch = scheduler_pb2.AssignmentBatch()
         for e in entries:
-            a = batch.assignments.add(task_id=e.task_id, device_id=mac, type=e.task_type, priority=e.priority,
-                                      attempt=e.failures + 1, lease_token=session.tokens[e.task_id],
-                                      traceparent=e.trace)
+            a = batch.assignments.add(
+                task_id=e.task_id,
+                device_id=mac,
+                type=e.task_type,
+                priority=e.priority,
+                attempt=e.failures + 1,
+                lease_token=session.tokens[e.task_id],
+                traceparent=e.trace,
+            )
             a.assigned_at.FromDatetime(now)
             a.enqueued_at.FromMilliseconds(e.enqueued_ms)
         session.send(scheduler_pb2.PullResponse(batch=batch))
         if self.lifecycle is not None:
-            self.lifecycle.assigned([HandOut(uuid.UUID(e.task_id), e.attempt, e.failures + 1, session.worker_id, now)
-                                     for e in entries])
+            self.lifecycle.assigned(
+                [HandOut(uuid.UUID(e.task_id), e.attempt, e.failures + 1, session.worker_id, now) for e in entries]
+            )
 
     def holder(self, task_id: str) -> Session | None:
         """The session of this replica that holds `task_id`, if any."""
@@ -148,8 +160,9 @@ class Board:
         session.adopt(task_id, mac, lease, token, handed)
         self.changed.set()
 
-    def timed_out(self, timeout_s: Callable[[str], float], grace_s: float,
-                  now: float | None = None) -> list[tuple[Session, str]]:
+    def timed_out(
+        self, timeout_s: Callable[[str], float], grace_s: float, now: float | None = None
+    ) -> list[tuple[Session, str]]:
         """Hand-outs held longer than their type's execution timeout plus `grace_s`."""
         now = time.monotonic() if now is None else now
         limits: dict[int, float] = {}

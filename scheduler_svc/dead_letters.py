@@ -66,17 +66,24 @@ class Filter:
         return not (self.task_id or self.device or self.task_type or self.error_contains)
 
     def matches(self, record: dict[str, Any]) -> bool:
-        return ((not self.task_id or record["task_id"] == self.task_id)
-                and (not self.device or record["device"] == self.device)
-                and (not self.task_type or record["task_type"] == self.task_type)
-                and (not self.error_contains or self.error_contains in record.get("error", "")))
+        return (
+            (not self.task_id or record["task_id"] == self.task_id)
+            and (not self.device or record["device"] == self.device)
+            and (not self.task_type or record["task_type"] == self.task_type)
+            and (not self.error_contains or self.error_contains in record.get("error", ""))
+        )
 
 
 def to_proto(record: dict[str, Any]) -> scheduler_pb2.DeadLetter:
     letter = scheduler_pb2.DeadLetter(
-        task_id=record["task_id"], device_id=record["device"], type=record["task_type"],
-        priority=record["priority"], error=record.get("error", ""), attempts=record.get("attempts", 0),
-        requeue_count=record.get("requeue_count", 0))
+        task_id=record["task_id"],
+        device_id=record["device"],
+        type=record["task_type"],
+        priority=record["priority"],
+        error=record.get("error", ""),
+        attempts=record.get("attempts", 0),
+        requeue_count=record.get("requeue_count", 0),
+    )
     letter.enqueued_at.FromMilliseconds(int(record.get("enqueued_ms", 0)))
     letter.dead_at.FromMilliseconds(int(record.get("dead_ms", 0)))
     return letter
@@ -107,14 +114,23 @@ class DeadLetters:
         if not matching:
             return []
         ids = list(dict.fromkeys(uuid.UUID(rec["task_id"]) for _, rec in matching))
-        revived = await self.tasks.revive(ids, "requeued from the dead letters by an operator",
-                                          self.queues.settings.task_ttl_s)
+        revived = await self.tasks.revive(
+            ids, "requeued from the dead letters by an operator", self.queues.settings.task_ttl_s
+        )
         now = now_ms()
         groups: dict[str, list[Entry]] = {}
         for row in revived:
-            groups.setdefault(row["device"], []).append(Entry(
-                str(row["id"]), type_value(row["type"]), row["priority"], int(now),
-                int(row["expires_at"].timestamp() * 1000), attempt=row["lease"], caller=row["caller"]))
+            groups.setdefault(row["device"], []).append(
+                Entry(
+                    str(row["id"]),
+                    type_value(row["type"]),
+                    row["priority"],
+                    int(now),
+                    int(row["expires_at"].timestamp() * 1000),
+                    attempt=row["lease"],
+                    caller=row["caller"],
+                )
+            )
         if groups:
             await self.queues.enqueue_many(groups, now=now, admit=False)
         await self.letters.remove([raw for raw, _ in matching])

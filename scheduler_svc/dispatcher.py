@@ -40,8 +40,15 @@ class Dispatcher:
     what becomes of those no worker takes (they wait their turn, wait out a delay with the rest of their type, or
     are dead-lettered, as routing says). Counts what it handed out and publishes the rate (`drain`)."""
 
-    def __init__(self, queues: QueueStore, wake_ups: WakeUps, outcomes: Outcomes, board: Board, router: Router,
-                 settings: Settings) -> None:
+    def __init__(
+        self,
+        queues: QueueStore,
+        wake_ups: WakeUps,
+        outcomes: Outcomes,
+        board: Board,
+        router: Router,
+        settings: Settings,
+    ) -> None:
         self.wake_ups = wake_ups
         self.router = router
         self.queues = queues
@@ -117,9 +124,15 @@ class Dispatcher:
         carry = self._carry(rank, now)
         # under starvation the device just served sits out the next claim: service spreads over the waiting devices
         claim_ns = self.observer.claim_started()
-        popped, next_rank = await self.queues.pop_and_rank(mac, uuid.uuid4().hex, size, self.router.allowed_types(),
-                                                           exclude=mac if rank.starving else None,
-                                                           carry_ms=carry, now=now)
+        popped, next_rank = await self.queues.pop_and_rank(
+            mac,
+            uuid.uuid4().hex,
+            size,
+            self.router.allowed_types(),
+            exclude=mac if rank.starving else None,
+            carry_ms=carry,
+            now=now,
+        )
         if not popped.ready:  # another replica took it first
             return next_rank if next_rank.mac else None
         if popped.expired:
@@ -148,13 +161,15 @@ class Dispatcher:
             await self.outcomes.noted(task_ids, reason)
         waiting = placement.unplaced.get(Action.WAIT.value, [])
         if waiting:
-            await self.queues.requeue(mac, [(e.task_id, e.attempt) for e in waiting], count_attempt=False,
-                                      reason="no worker had room")
+            await self.queues.requeue(
+                mac, [(e.task_id, e.attempt) for e in waiting], count_attempt=False, reason="no worker had room"
+            )
         doomed = placement.unplaced.get(Action.DEAD_LETTER.value, [])
         if doomed:
             reason = self.router.route(doomed[0].task_type).reason
-            result = await self.queues.requeue(mac, [(e.task_id, e.attempt) for e in doomed], count_attempt=True,
-                                               reason=reason, max_attempts=0)
+            result = await self.queues.requeue(
+                mac, [(e.task_id, e.attempt) for e in doomed], count_attempt=True, reason=reason, max_attempts=0
+            )
             await self.outcomes.dead_lettered(result.dead_letters)
         deferred = placement.unplaced.get(Action.DEFER.value, [])
         if token is not None:
@@ -163,8 +178,9 @@ class Dispatcher:
                 return True
             await self.queues.release(mac, token)
         elif deferred:  # cannot happen on the main path: popping stops before types nobody may run
-            await self.queues.requeue(mac, [(e.task_id, e.attempt) for e in deferred], count_attempt=False,
-                                      reason="no worker takes its type")
+            await self.queues.requeue(
+                mac, [(e.task_id, e.attempt) for e in deferred], count_attempt=False, reason="no worker takes its type"
+            )
         return False
 
     def _carry(self, rank: Rank, now: float) -> float:
@@ -206,7 +222,8 @@ class Dispatcher:
         reason = "; ".join(dict.fromkeys(self.router.route(t).reason for t in types))
         deferred = await self.queues.defer_types(mac, token, [e.task_id for e in entries], types, reason)
         until_s = max(0.0, deferred.earliest_due_ms - now_ms()) / 1000
-        log.info("device %s: %d tasks wait %.0fs: %s", mac, len(deferred.waiting), until_s, reason,
-                 extra={"device": mac})
+        log.info(
+            "device %s: %d tasks wait %.0fs: %s", mac, len(deferred.waiting), until_s, reason, extra={"device": mac}
+        )
         await self.outcomes.noted(deferred.waiting, f"waits {until_s:.0f}s (its type only): {reason}")
         await self.outcomes.dead_lettered(deferred.dead_letters)

@@ -59,8 +59,14 @@ class _Window:
 class DrainMeter:
     """Owns this replica's dispatch-rate windows and its entry in the shared drain record."""
 
-    def __init__(self, queues: QueueStore, dispatched: Callable[[], int], *, replica: str | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        queues: QueueStore,
+        dispatched: Callable[[], int],
+        *,
+        replica: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.queues = queues
         self.dispatched = dispatched
         self.replica = replica or uuid.uuid4().hex[:12]

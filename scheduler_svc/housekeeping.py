@@ -197,13 +197,24 @@ class Housekeeping:
             mac, lease = held
             type_name = enum_label(TaskType, handed.task_type)
             limit_s = s.timeout_of(type_name)
-            delay_s = compute_backoff(handed.failures + 1, base_s=s.retry_backoff_base_s, max_s=s.retry_backoff_max_s,
-                                      jitter=False)
-            log.warning("task %s ran past its execution timeout (%.0fs) on worker %s: taken back", task_id, limit_s,
-                        session.worker_id, extra={"task_id": task_id, "worker": session.worker_id})
-            await self.returns.put_back(mac, [Returned(task_id, lease, session.worker_id)], counted=True,
-                                        reason=f"execution timed out: ran longer than {limit_s:g}s",
-                                        retry_at_ms=now + delay_s * 1000, now=now)
+            delay_s = compute_backoff(
+                handed.failures + 1, base_s=s.retry_backoff_base_s, max_s=s.retry_backoff_max_s, jitter=False
+            )
+            log.warning(
+                "task %s ran past its execution timeout (%.0fs) on worker %s: taken back",
+                task_id,
+                limit_s,
+                session.worker_id,
+                extra={"task_id": task_id, "worker": session.worker_id},
+            )
+            await self.returns.put_back(
+                mac,
+                [Returned(task_id, lease, session.worker_id)],
+                counted=True,
+                reason=f"execution timed out: ran longer than {limit_s:g}s",
+                retry_at_ms=now + delay_s * 1000,
+                now=now,
+            )
             self.execution_timeouts[type_name] = self.execution_timeouts.get(type_name, 0) + 1
             count += 1
         if count:
@@ -216,8 +227,9 @@ class Housekeeping:
         reconnect_s = s.worker_reconnect_max_s + 1.0
         if time.monotonic() - self._started < reconnect_s:  # their workers may be re-announcing here now
             return 0
-        silent_enough_s = max(s.scheduler_dead_after_s, 2 * s.housekeeping_interval_s + ALIVE_EVERY_S + 1.0,
-                              reconnect_s)
+        silent_enough_s = max(
+            s.scheduler_dead_after_s, 2 * s.housekeeping_interval_s + ALIVE_EVERY_S + 1.0, reconnect_s
+        )
         count = 0
         for replica, raw in (await self.state.replicas()).items():
             if replica == self.replica:
@@ -233,8 +245,12 @@ class Housekeeping:
                 continue
             bound = alive_ms + (s.lease_ttl_s + ALIVE_EVERY_S + 0.5) * 1000
             put_back = await self._put_back_leases_until(bound, replica)
-            log.warning("scheduler replica %s is gone (silent for %.1fs): %d of its leases put back", replica,
-                        (now - alive_ms) / 1000, put_back)
+            log.warning(
+                "scheduler replica %s is gone (silent for %.1fs): %d of its leases put back",
+                replica,
+                (now - alive_ms) / 1000,
+                put_back,
+            )
             count += put_back
         self.orphans_put_back += count
         if count:
@@ -256,8 +272,9 @@ class Housekeeping:
             for task_id, fact in facts.items():
                 by_device.setdefault(fact.mac, []).append(Returned(task_id, fact.entry.attempt))
             for mac, items in by_device.items():
-                result = await self.returns.put_back(mac, items, counted=False,
-                                                     reason=f"scheduler restart: replica {replica} is gone")
+                result = await self.returns.put_back(
+                    mac, items, counted=False, reason=f"scheduler restart: replica {replica} is gone"
+                )
                 count += result.requeued + len(result.dead_letters)
             if len(ids) < ORPHAN_PAGE:
                 break
@@ -275,8 +292,9 @@ class Housekeeping:
         count = 0
         for task_id, mac in await self.tasks.expired_pending():
             if await self.queues.remove_queued(mac, str(task_id)) is not None:
-                await self.tasks.transition([task_id], "EXPIRED", "TTL passed while queued", error="expired",
-                                            only_from=("PENDING",))
+                await self.tasks.transition(
+                    [task_id], "EXPIRED", "TTL passed while queued", error="expired", only_from=("PENDING",)
+                )
                 count += 1
         self.expired_swept += count
         if count:
@@ -295,8 +313,12 @@ class Housekeeping:
                 continue
             since = self._missing_since.setdefault(session, now)
             if now - since > self.settings.worker_ttl_s:
-                log.warning("worker %s has no registration for %.0fs: ending its stream", session.worker_id,
-                            now - since, extra={"worker": session.worker_id})
+                log.warning(
+                    "worker %s has no registration for %.0fs: ending its stream",
+                    session.worker_id,
+                    now - since,
+                    extra={"worker": session.worker_id},
+                )
                 self._missing_since.pop(session, None)
                 await self.hooks.end_session(session, "worker gone: its registration expired")
         for session in list(self._missing_since):

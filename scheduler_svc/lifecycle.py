@@ -93,9 +93,9 @@ class LifecycleWriter:
             assigned, self._assigned = self._assigned, []
             put_back, self._put_back = self._put_back, []
             for i in range(0, len(assigned), GROUP_ROWS):
-                await self._write("ASSIGNED", self.tasks.assigned, assigned[i: i + GROUP_ROWS])
+                await self._write("ASSIGNED", self.tasks.assigned, assigned[i : i + GROUP_ROWS])
             for i in range(0, len(put_back), GROUP_ROWS):
-                await self._write("put-back", self.tasks.put_back, put_back[i: i + GROUP_ROWS])
+                await self._write("put-back", self.tasks.put_back, put_back[i : i + GROUP_ROWS])
         self._idle.set()
 
     async def _write(self, kind: str, write: Any, group: list[Any]) -> None:
@@ -166,9 +166,17 @@ class Returns:
         cap = self.settings.max_attempts
         return {str(t): min(cap, n) for t, n in found.items() if n < cap}
 
-    async def put_back(self, mac: str, items: list[Returned], *, counted: bool, reason: str,
-                       detail: str | None = None, retry_at_ms: float | None = None,
-                       now: float | None = None) -> Requeued:
+    async def put_back(
+        self,
+        mac: str,
+        items: list[Returned],
+        *,
+        counted: bool,
+        reason: str,
+        detail: str | None = None,
+        retry_at_ms: float | None = None,
+        now: float | None = None,
+    ) -> Requeued:
         """Requeues one device's hand-outs (after `retry_at_ms` when it is in the future), dead-letters counted
         ones at their limit (`reason` is the dead letter's error), and records the others PENDING with `detail`
         (default: the reason) in their history. Returns what Redis did."""
@@ -181,16 +189,28 @@ class Returns:
             groups[limits.get(item.task_id)].append(item)
         requeued, dead, taken = 0, [], []
         for limit, group in groups.items():
-            result = await self.queues.requeue(mac, [(i.task_id, i.lease) for i in group], count_attempt=counted,
-                                               reason=reason, retry_at_ms=retry_at_ms, max_attempts=limit, now=now)
+            result = await self.queues.requeue(
+                mac,
+                [(i.task_id, i.lease) for i in group],
+                count_attempt=counted,
+                reason=reason,
+                retry_at_ms=retry_at_ms,
+                max_attempts=limit,
+                now=now,
+            )
             requeued += result.requeued
             dead += result.dead_letters
             taken += result.put_back
         await self.outcomes.dead_lettered(dead)
-        retry_at = (datetime.fromtimestamp(retry_at_ms / 1000, UTC)
-                    if retry_at_ms is not None and retry_at_ms > now else None)
+        retry_at = (
+            datetime.fromtimestamp(retry_at_ms / 1000, UTC) if retry_at_ms is not None and retry_at_ms > now else None
+        )
         mine = set(taken)  # only what this call took back is recorded (another replica may have raced it)
-        self.outcomes.lifecycle.put_back([
-            PutBack(uuid.UUID(i.task_id), i.lease, i.worker_id, detail or reason, counted, retry_at)
-            for i in items if i.lease is not None and i.task_id in mine])
+        self.outcomes.lifecycle.put_back(
+            [
+                PutBack(uuid.UUID(i.task_id), i.lease, i.worker_id, detail or reason, counted, retry_at)
+                for i in items
+                if i.lease is not None and i.task_id in mine
+            ]
+        )
         return Requeued(requeued, dead, taken)

@@ -29,9 +29,18 @@ class SchedulerCollector(ScrapeCollector):
     """One replica's metrics: the counters its parts keep (read from memory) and, at each scrape, the gauges of
     Redis and the PENDING counts of PostgreSQL."""
 
-    def __init__(self, *, board: Board, dispatcher: Dispatcher, streams: PullStreams,
-                 housekeeping: Housekeeping, outcomes: Outcomes, state: SchedulerState, queues: QueueStore,
-                 tasks: TaskStore) -> None:
+    def __init__(
+        self,
+        *,
+        board: Board,
+        dispatcher: Dispatcher,
+        streams: PullStreams,
+        housekeeping: Housekeeping,
+        outcomes: Outcomes,
+        state: SchedulerState,
+        queues: QueueStore,
+        tasks: TaskStore,
+    ) -> None:
         super().__init__()
         self.board = board
         self.dispatcher = dispatcher

@@ -31,14 +31,14 @@ class Outcomes:
 
     async def expired(self, entries: list[Entry]) -> None:
         self.expired_count += len(entries)
-        await self._transition([e.task_id for e in entries], "EXPIRED", "TTL passed before it was handed out",
-                               error="expired")
+        await self._transition(
+            [e.task_id for e in entries], "EXPIRED", "TTL passed before it was handed out", error="expired"
+        )
 
     async def dead_lettered(self, records: list[dict[str, Any]]) -> None:
         self.dead_letter_count += len(records)
         for record in records:
-            await self._transition([record["task_id"]], "DEAD_LETTERED", record["error"],
-                                   error=record["error"])
+            await self._transition([record["task_id"]], "DEAD_LETTERED", record["error"], error=record["error"])
 
     async def noted(self, task_ids: list[str], detail: str) -> None:
         if not task_ids:

@@ -56,8 +56,12 @@ class Rebuilder:
             generation = uuid.uuid4().hex
             await self.queues.mark_rebuilt(generation)
             self.rebuilds += 1
-            log.warning("Redis rebuilt from PostgreSQL: %d unfinished tasks queued, %d dead letters, "
-                        "generation %s", queued, dead, generation)
+            log.warning(
+                "Redis rebuilt from PostgreSQL: %d unfinished tasks queued, %d dead letters, generation %s",
+                queued,
+                dead,
+                generation,
+            )
             return True
         finally:
             await self.state.drop_rebuild_lock(token)
@@ -67,17 +71,38 @@ class Rebuilder:
         async for rows in self.tasks.open_tasks():
             groups: dict[str, list[Entry]] = defaultdict(list)
             for r in rows:
-                groups[r["device"]].append(Entry(
-                    str(r["id"]), type_value(r["type"]), r["priority"], _ms(r["enqueued_at"]), _ms(r["expires_at"]),
-                    attempt=r["lease"], failures=max(0, r["attempts"] - 1), trace=r["trace_context"] or "",
-                    caller=r["caller"]))
+                groups[r["device"]].append(
+                    Entry(
+                        str(r["id"]),
+                        type_value(r["type"]),
+                        r["priority"],
+                        _ms(r["enqueued_at"]),
+                        _ms(r["expires_at"]),
+                        attempt=r["lease"],
+                        failures=max(0, r["attempts"] - 1),
+                        trace=r["trace_context"] or "",
+                        caller=r["caller"],
+                    )
+                )
             await self.queues.enqueue_many(dict(groups), admit=False, rebuilding=True)
             queued += len(rows)
         dead = await self.tasks.recent_dead_letters(self.queues.settings.dead_letter_keep)
         if dead:
             now = now_ms()
-            await self.letters.append([{
-                "task_id": str(r["id"]), "device": r["device"], "task_type": type_value(r["type"]),
-                "priority": r["priority"], "error": r["error"] or "", "attempts": r["attempts"], "requeue_count": 0,
-                "enqueued_ms": _ms(r["enqueued_at"]), "dead_ms": _ms(r["updated_at"]) or int(now)} for r in dead])
+            await self.letters.append(
+                [
+                    {
+                        "task_id": str(r["id"]),
+                        "device": r["device"],
+                        "task_type": type_value(r["type"]),
+                        "priority": r["priority"],
+                        "error": r["error"] or "",
+                        "attempts": r["attempts"],
+                        "requeue_count": 0,
+                        "enqueued_ms": _ms(r["enqueued_at"]),
+                        "dead_ms": _ms(r["updated_at"]) or int(now),
+                    }
+                    for r in dead
+                ]
+            )
         return queued, len(dead)

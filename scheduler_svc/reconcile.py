@@ -188,11 +188,17 @@ class Reconciler:
             metrics.RECONCILED.labels(kind).inc(n)
         summary = ", ".join(f"{kind} {n}" for kind, n in sorted(report.found.items())) or "nothing wrong"
         level = logging.WARNING if report.wrong else logging.DEBUG
-        log.log(level, "reconcile pass: %d open tasks checked in %d pages, %.1f ms: %s%s", report.checked,
-                report.pages, report.seconds * 1000, summary, f" (stopped: {report.stopped})" if report.stopped else "")
+        log.log(
+            level,
+            "reconcile pass: %d open tasks checked in %d pages, %.1f ms: %s%s",
+            report.checked,
+            report.pages,
+            report.seconds * 1000,
+            summary,
+            f" (stopped: {report.stopped})" if report.stopped else "",
+        )
 
-    async def _page(self, rows: list[asyncpg.Record], generation: str, delayed: set[str],
-                    report: PassReport) -> None:
+    async def _page(self, rows: list[asyncpg.Record], generation: str, delayed: set[str], report: PassReport) -> None:
         by_device: dict[str, list[str]] = defaultdict(list)
         by_id: dict[str, asyncpg.Record] = {}
         for r in rows:
@@ -208,8 +214,13 @@ class Reconciler:
             unleased += loc.unleased
             if loc.duplicated:
                 report.found["duplicate"] += len(loc.duplicated)
-                log.warning("device %s: %d tasks are in Redis twice (e.g. %s)", mac, len(loc.duplicated),
-                            loc.duplicated[0], extra={"device": mac})
+                log.warning(
+                    "device %s: %d tasks are in Redis twice (e.g. %s)",
+                    mac,
+                    len(loc.duplicated),
+                    loc.duplicated[0],
+                    extra={"device": mac},
+                )
         if unleased:
             added = await self.queues.give_lease_deadlines(unleased)
             if added:
@@ -219,8 +230,9 @@ class Reconciler:
             await self._requeue(candidates, by_id, generation, report)
         await self._repair([mac for mac, loc in located.items() if loc.problem], report)
 
-    async def _requeue(self, candidates: dict[str, list[str]], by_id: dict[str, asyncpg.Record], generation: str,
-                       report: PassReport) -> None:
+    async def _requeue(
+        self, candidates: dict[str, list[str]], by_id: dict[str, asyncpg.Record], generation: str, report: PassReport
+    ) -> None:
         """Confirms the candidates with an exact look and queues again those found nowhere, under the rebuild lock
         and in the generation the pass began in."""
         lock = uuid.uuid4().hex
@@ -249,10 +261,17 @@ class Reconciler:
                 elif _ms(r["expires_at"]) <= now:
                     expired.append(r)
                 else:
-                    entry = Entry(str(r["id"]), type_value(r["type"]), r["priority"], _ms(r["enqueued_at"]),
-                                  _ms(r["expires_at"]), attempt=r["lease"] + self.settings.reconcile_fence_step,
-                                  failures=max(0, r["attempts"] - 1), trace=r["trace_context"] or "",
-                                  caller=r["caller"] or "")
+                    entry = Entry(
+                        str(r["id"]),
+                        type_value(r["type"]),
+                        r["priority"],
+                        _ms(r["enqueued_at"]),
+                        _ms(r["expires_at"]),
+                        attempt=r["lease"] + self.settings.reconcile_fence_step,
+                        failures=max(0, r["attempts"] - 1),
+                        trace=r["trace_context"] or "",
+                        caller=r["caller"] or "",
+                    )
                     groups[r["device"]].append(entry)
                     queued.append((r["device"], entry))
             if groups:
@@ -269,29 +288,48 @@ class Reconciler:
             await self.state.keep_turn(Turn.REBUILD, lock, 0)
         await self._record_found(queued, dead, expired, report)
 
-    async def _record_found(self, queued: list[tuple[str, Entry]], dead: list[tuple[asyncpg.Record, dict[str, Any]]],
-                            expired: list[asyncpg.Record], report: PassReport) -> None:
+    async def _record_found(
+        self,
+        queued: list[tuple[str, Entry]],
+        dead: list[tuple[asyncpg.Record, dict[str, Any]]],
+        expired: list[asyncpg.Record],
+        report: PassReport,
+    ) -> None:
         if queued:
             report.found["requeued"] += len(queued)
-            log.warning("reconciliation re-queued %d tasks not found in Redis, of %d devices (e.g. task %s of %s)",
-                        len(queued), len({mac for mac, _ in queued}), queued[0][1].task_id, queued[0][0])
+            log.warning(
+                "reconciliation re-queued %d tasks not found in Redis, of %d devices (e.g. task %s of %s)",
+                len(queued),
+                len({mac for mac, _ in queued}),
+                queued[0][1].task_id,
+                queued[0][0],
+            )
         for r, record in dead:
             error = str(record.get("error") or "dead-lettered")
-            await self.tasks.transition([r["id"]], "DEAD_LETTERED", f"{error} (recorded by reconciliation)",
-                                                 error=error)
+            await self.tasks.transition(
+                [r["id"]], "DEAD_LETTERED", f"{error} (recorded by reconciliation)", error=error
+            )
         if dead:
             report.found["dead_lettered"] += len(dead)
             log.warning("%d dead-lettered tasks were still open in PostgreSQL: recorded", len(dead))
         if expired:
-            await self.tasks.transition([r["id"] for r in expired], "EXPIRED",
-                                        "TTL passed while not found in Redis (reconciliation)", error="expired")
+            await self.tasks.transition(
+                [r["id"] for r in expired],
+                "EXPIRED",
+                "TTL passed while not found in Redis (reconciliation)",
+                error="expired",
+            )
             report.found["expired"] += len(expired)
             log.warning("%d expired tasks not found in Redis: recorded EXPIRED", len(expired))
 
     async def _note(self, entries: list[Entry]) -> None:
         try:
-            await self.tasks.note_each([(uuid.UUID(e.task_id), "re-queued by reconciliation: not found in Redis "
-                                         f"(lease {e.attempt})") for e in entries])
+            await self.tasks.note_each(
+                [
+                    (uuid.UUID(e.task_id), f"re-queued by reconciliation: not found in Redis (lease {e.attempt})")
+                    for e in entries
+                ]
+            )
         except Exception:  # the re-queue matters more than its note
             log.exception("could not note the re-queue of %d tasks", len(entries))
 
@@ -300,5 +338,11 @@ class Reconciler:
             return
         for mac, (problem, queued, backlog) in (await self.queues.repair_devices(macs)).items():
             report.found["device"] += 1
-            log.warning("device %s: %s (queues hold %d, its backlog said %d): mended", mac, problem, queued, backlog,
-                        extra={"device": mac})
+            log.warning(
+                "device %s: %s (queues hold %d, its backlog said %d): mended",
+                mac,
+                problem,
+                queued,
+                backlog,
+                extra={"device": mac},
+            )

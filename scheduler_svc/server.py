@@ -47,15 +47,30 @@ async def build(settings: Settings, stores: Stores) -> SchedulerApp:
     streams = PullStreams(queues, board, outcomes, records)
     servicer = SchedulerServicer(streams, board, watermark, DeadLetters(queues, tasks))
     rebuilder = Rebuilder(queues, tasks)
-    hooks = ReplicaHooks(replica=dispatcher.drain.replica, wake=dispatcher.wake.set, observe_workers=router.observe,
-                         end_session=streams.end_session, rebuild=rebuilder.ensure,
-                         publish_watermark=watermark.publish_record)
-    housekeeping = Housekeeping(HousekeepingStores(queues, state, tasks, records), board, Returns(queues, outcomes),
-                                hooks)
-    collector = SchedulerCollector(board=board, dispatcher=dispatcher, streams=streams, housekeeping=housekeeping,
-                                   outcomes=outcomes, state=state, queues=queues, tasks=tasks)
-    return SchedulerApp(settings, queues, board, dispatcher, housekeeping, servicer, streams, rebuilder, collector,
-                        AuditLog(tasks.pool))
+    hooks = ReplicaHooks(
+        replica=dispatcher.drain.replica,
+        wake=dispatcher.wake.set,
+        observe_workers=router.observe,
+        end_session=streams.end_session,
+        rebuild=rebuilder.ensure,
+        publish_watermark=watermark.publish_record,
+    )
+    housekeeping = Housekeeping(
+        HousekeepingStores(queues, state, tasks, records), board, Returns(queues, outcomes), hooks
+    )
+    collector = SchedulerCollector(
+        board=board,
+        dispatcher=dispatcher,
+        streams=streams,
+        housekeeping=housekeeping,
+        outcomes=outcomes,
+        state=state,
+        queues=queues,
+        tasks=tasks,
+    )
+    return SchedulerApp(
+        settings, queues, board, dispatcher, housekeeping, servicer, streams, rebuilder, collector, AuditLog(tasks.pool)
+    )
 
 
 async def main() -> None:

@@ -57,15 +57,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         """New streams are refused (UNAVAILABLE: the worker reconnects elsewhere) from now on."""
         self._accepting = False
 
-    async def Pull(self, request_iterator: AsyncIterator[scheduler_pb2.PullRequest],
-                   context: Context) -> AsyncIterator[scheduler_pb2.PullResponse]:
+    async def Pull(
+        self, request_iterator: AsyncIterator[scheduler_pb2.PullRequest], context: Context
+    ) -> AsyncIterator[scheduler_pb2.PullResponse]:
         if not self._accepting:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "scheduler is shutting down; reconnect")
         principal = current_principal.get()
         first = await self._first_message(context)
         if not principal.may_act_as_worker(first.hello.worker_id):
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                                f"credential {principal.name!r} may not act as this worker id")
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED, f"credential {principal.name!r} may not act as this worker id"
+            )
         assert self.board.signer is not None
         await self.board.signer.ensure()
         session = self.board.open(first.hello, anonymous=principal.anonymous)
@@ -89,8 +91,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 if closing:
                     break
             if revoked.is_set():  # what it held goes back (before the stream ends); it gets nothing more
-                log.warning("worker %s: credential revoked, stream ended", session.worker_id,
-                            extra={"worker": session.worker_id})
+                log.warning(
+                    "worker %s: credential revoked, stream ended",
+                    session.worker_id,
+                    extra={"worker": session.worker_id},
+                )
                 await self.streams.end_session(session, "worker gone: its credential was revoked")
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, "the credential of this stream was revoked")
         finally:
@@ -137,13 +142,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         finally:
             session.end_stream()
 
-    async def GetWatermark(self, request: scheduler_pb2.GetWatermarkRequest,
-                           context: Context) -> scheduler_pb2.GetWatermarkResponse:
+    async def GetWatermark(
+        self, request: scheduler_pb2.GetWatermarkRequest, context: Context
+    ) -> scheduler_pb2.GetWatermarkResponse:
         return await self.watermark.read()
 
     # --- dead letters ----------------------------------------------------------------------------
-    async def _filter(self, f: scheduler_pb2.DeadLetterFilter, context: Context,
-                      *, everything: bool | None = None) -> Filter:
+    async def _filter(
+        self, f: scheduler_pb2.DeadLetterFilter, context: Context, *, everything: bool | None = None
+    ) -> Filter:
         """The request's filter; with `everything` given, an empty filter needs it to be true."""
         try:
             flt = Filter.from_proto(f)
@@ -154,21 +161,25 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             await rpc.abort(context, rpc.invalid_argument(exc.field, exc.description))
             raise
 
-    async def ListDeadLetters(self, request: scheduler_pb2.ListDeadLettersRequest,
-                              context: Context) -> scheduler_pb2.ListDeadLettersResponse:
+    async def ListDeadLetters(
+        self, request: scheduler_pb2.ListDeadLettersRequest, context: Context
+    ) -> scheduler_pb2.ListDeadLettersResponse:
         records, total = await self.dead_letters.page(await self._filter(request.filter, context), request.limit)
         return scheduler_pb2.ListDeadLettersResponse(dead_letters=[to_proto(r) for r in records], total=total)
 
-    async def RequeueDeadLetters(self, request: scheduler_pb2.RequeueDeadLettersRequest,
-                                 context: Context) -> scheduler_pb2.RequeueDeadLettersResponse:
+    async def RequeueDeadLetters(
+        self, request: scheduler_pb2.RequeueDeadLettersRequest, context: Context
+    ) -> scheduler_pb2.RequeueDeadLettersResponse:
         flt = await self._filter(request.filter, context, everything=request.all)
         return scheduler_pb2.RequeueDeadLettersResponse(task_ids=await self.dead_letters.requeue(flt))
 
-    async def PurgeDeadLetters(self, request: scheduler_pb2.PurgeDeadLettersRequest,
-                               context: Context) -> scheduler_pb2.PurgeDeadLettersResponse:
+    async def PurgeDeadLetters(
+        self, request: scheduler_pb2.PurgeDeadLettersRequest, context: Context
+    ) -> scheduler_pb2.PurgeDeadLettersResponse:
         purged = await self.dead_letters.purge(await self._filter(request.filter, context, everything=request.all))
         return scheduler_pb2.PurgeDeadLettersResponse(purged=purged)
 
-    async def ListAuditEvents(self, request: scheduler_pb2.ListAuditEventsRequest,
-                              context: Context) -> scheduler_pb2.ListAuditEventsResponse:
+    async def ListAuditEvents(
+        self, request: scheduler_pb2.ListAuditEventsRequest, context: Context
+    ) -> scheduler_pb2.ListAuditEventsResponse:
         return await list_audit_events(request, context)

@@ -114,8 +114,13 @@ class PullStreams:
             if request.hello.worker_id and request.hello.worker_id != session.worker_id:
                 raise InvalidInput("hello.worker_id", "a stream keeps the worker id of its first hello")
             if hello_problem(request.hello) is None and self.board.update(session, request.hello):
-                log.info("worker %s now: gpu=%s, task types %s", session.worker_id, session.gpu,
-                         sorted(session.task_types), extra={"worker": session.worker_id})
+                log.info(
+                    "worker %s now: gpu=%s, task types %s",
+                    session.worker_id,
+                    session.gpu,
+                    sorted(session.task_types),
+                    extra={"worker": session.worker_id},
+                )
             session.cap_credits(await self._credit_cap(session))  # it may have registered again
         if request.acks:
             await self._ack(session, list(request.acks)[:MAX_SETTLEMENTS])
@@ -178,8 +183,11 @@ class PullStreams:
         mine = [a for a in acks if self.board.holds(session, a.task_id, a.lease_token)]
         if len(mine) < len(acks):
             self.fencing_refusals += len(acks) - len(mine)
-            log.info("%d acks refused: not a lease of this stream", len(acks) - len(mine),
-                     extra={"worker": session.worker_id})
+            log.info(
+                "%d acks refused: not a lease of this stream",
+                len(acks) - len(mine),
+                extra={"worker": session.worker_id},
+            )
         if not mine:
             return
         try:
@@ -188,6 +196,7 @@ class PullStreams:
             log.warning("acks of %d tasks not verified (%s): put back", len(mine), exc)
             await self._put_back(session, [(a, "ack not verified: PostgreSQL unavailable", False) for a in mine])
             return
+
         # an open task whose recorded lease is newer than this hand-out's was overtaken (the worker's start was
         # refused): this ack settles only its own stale lease; the newer hand-out goes on untouched
         def settled(ack: scheduler_pb2.Ack) -> bool:
@@ -202,13 +211,20 @@ class PullStreams:
             stale = results.count(False)
             if stale:
                 self.fencing_refusals += stale
-                log.info("%d acks refused: stale lease (the task was handed out again)", stale,
-                         extra={"worker": session.worker_id})
+                log.info(
+                    "%d acks refused: stale lease (the task was handed out again)",
+                    stale,
+                    extra={"worker": session.worker_id},
+                )
             self.board.forget(session, [a.task_id for a in proven])
         if unproven:
             self.unproven_acks += len(unproven)
-            log.warning("worker %s acked %d tasks without a stored result: put back", session.worker_id,
-                        len(unproven), extra={"worker": session.worker_id})
+            log.warning(
+                "worker %s acked %d tasks without a stored result: put back",
+                session.worker_id,
+                len(unproven),
+                extra={"worker": session.worker_id},
+            )
             await self._put_back(session, [(a, "acked without a stored result", True) for a in unproven])
 
     def _sift(self, session: Session, items: Sequence[S]) -> list[S]:
@@ -229,9 +245,14 @@ class PullStreams:
         return kept
 
     async def _put_back(self, session: Session, items: list[tuple[scheduler_pb2.Ack, str, bool]]) -> None:
-        await self._nack(session, [scheduler_pb2.Nack(task_id=a.task_id, lease_token=a.lease_token, reason=reason,
-                                                      count_attempt=counts) for a, reason, counts in items],
-                         nacked=False)
+        await self._nack(
+            session,
+            [
+                scheduler_pb2.Nack(task_id=a.task_id, lease_token=a.lease_token, reason=reason, count_attempt=counts)
+                for a, reason, counts in items
+            ],
+            nacked=False,
+        )
 
     async def _nack(self, session: Session, nacks: list[scheduler_pb2.Nack], *, nacked: bool = True) -> None:
         """Nacked tasks go back after their retry delay: the worker's (capped), or for a counted failure the
@@ -244,8 +265,9 @@ class PullStreams:
         s = self.queues.settings
         for n in nacks:
             handed = session.handed.get(n.task_id)
-            held = self.board.release(session, n.task_id) if self.board.holds(
-                session, n.task_id, n.lease_token) else None
+            held = (
+                self.board.release(session, n.task_id) if self.board.holds(session, n.task_id, n.lease_token) else None
+            )
             if held is None:
                 self.fencing_refusals += 1
                 continue
@@ -254,15 +276,22 @@ class PullStreams:
             delay_s = min(max(0.0, delay_s), s.defer_backoff_max_s)
             if n.count_attempt and not delay_s:
                 failures = handed.failures if handed is not None else 0
-                delay_s = compute_backoff(failures + 1, base_s=s.retry_backoff_base_s, max_s=s.retry_backoff_max_s,
-                                          jitter=False)
+                delay_s = compute_backoff(
+                    failures + 1, base_s=s.retry_backoff_base_s, max_s=s.retry_backoff_max_s, jitter=False
+                )
             reason = storable((n.reason or "nacked")[:MAX_REASON_CHARS])
             key = (mac, n.count_attempt, round(now + delay_s * 1000, 1), reason)
             by_key[key].append(Returned(n.task_id, lease, session.worker_id))
         for (mac, counts, retry_at, reason), items in by_key.items():
-            await self.returns.put_back(mac, items, counted=counts, reason=reason,
-                                        detail=f"nacked: {reason}" if nacked else reason,
-                                        retry_at_ms=retry_at if retry_at > now else None, now=now)
+            await self.returns.put_back(
+                mac,
+                items,
+                counted=counts,
+                reason=reason,
+                detail=f"nacked: {reason}" if nacked else reason,
+                retry_at_ms=retry_at if retry_at > now else None,
+                now=now,
+            )
 
     async def end_session(self, session: Session, reason: str, *, count_attempt: bool = True) -> None:
         """Closes a session and puts back what it held."""
@@ -274,11 +303,17 @@ class PullStreams:
             return
         held = self.board.close(session)
         for mac, leases in held.items():
-            await self.returns.put_back(mac, [Returned(t, a, session.worker_id) for t, a in leases],
-                                        counted=count_attempt, reason=reason)
+            await self.returns.put_back(
+                mac, [Returned(t, a, session.worker_id) for t, a in leases], counted=count_attempt, reason=reason
+            )
         if held:
-            log.info("worker %s: %d held tasks put back (%s)", session.worker_id,
-                     sum(len(v) for v in held.values()), reason, extra={"worker": session.worker_id})
+            log.info(
+                "worker %s: %d held tasks put back (%s)",
+                session.worker_id,
+                sum(len(v) for v in held.values()),
+                reason,
+                extra={"worker": session.worker_id},
+            )
             await self.outcomes.lifecycle.flush()
 
     # --- leases re-announced by a reconnecting worker ----------------------------------------------
@@ -289,8 +324,9 @@ class PullStreams:
             await self._adopt(session, first)
         except Exception as exc:  # Redis away: the claims wait, and are looked at again
             log.warning("worker %s: re-announced leases not checked yet: %s", session.worker_id, exc)
-            self._adopting[session] = asyncio.create_task(self._adopt_later(session),
-                                                          context=telemetry.detached_context())
+            self._adopting[session] = asyncio.create_task(
+                self._adopt_later(session), context=telemetry.detached_context()
+            )
 
     async def _adopt(self, session: Session, first: scheduler_pb2.PullRequest) -> None:
         """Takes the leases the first hello re-announces into this stream where they check out (see the module);
@@ -310,21 +346,32 @@ class PullStreams:
             session.claim(held.task_id, held.lease_token, now_s - age_s)
         self.reconnect_leases["refused"] += refused
         if refused:
-            log.warning("worker %s re-announced %d leases with tokens that are not its own: refused", session.worker_id,
-                        refused, extra={"worker": session.worker_id})
+            log.warning(
+                "worker %s re-announced %d leases with tokens that are not its own: refused",
+                session.worker_id,
+                refused,
+                extra={"worker": session.worker_id},
+            )
         adopted = await self._try_claims(session, settle=False)
         # the acks and nacks of the same message are for these leases: count them as settled by the reconnect
         for kind, items in (("acked", first.acks), ("nacked", first.nacks)):
             self.reconnect_leases[kind] += sum(1 for i in items if i.task_id in session.held)
-        log.info("worker %s reconnected: %d re-announced leases adopted, %d settlements with them, %d waiting, "
-                 "%d already gone, %d refused", session.worker_id, adopted,
-                 sum(1 for i in first.acks if i.task_id in session.held)
-                 + sum(1 for i in first.nacks if i.task_id in session.held), len(session.claims),
-                 sum(1 for h in first.hello.held if h.task_id in session.gone), refused,
-                 extra={"worker": session.worker_id})
+        log.info(
+            "worker %s reconnected: %d re-announced leases adopted, %d settlements with them, %d waiting, "
+            "%d already gone, %d refused",
+            session.worker_id,
+            adopted,
+            sum(1 for i in first.acks if i.task_id in session.held)
+            + sum(1 for i in first.nacks if i.task_id in session.held),
+            len(session.claims),
+            sum(1 for h in first.hello.held if h.task_id in session.gone),
+            refused,
+            extra={"worker": session.worker_id},
+        )
         if session.claims:
-            self._adopting[session] = asyncio.create_task(self._adopt_later(session),
-                                                          context=telemetry.detached_context())
+            self._adopting[session] = asyncio.create_task(
+                self._adopt_later(session), context=telemetry.detached_context()
+            )
 
     async def _try_claims(self, session: Session, *, settle: bool = True) -> int:
         """Adopts the session's claims that check out now; drops those whose lease is gone or held here by another
@@ -346,8 +393,14 @@ class PullStreams:
                 continue
             if fact.deadline_ms > fresh_after:  # renewed lately: its holder may be alive; look again later
                 continue
-            self.board.adopt(session, task_id, fact.mac, fact.entry.attempt, claim.token,
-                             Handed(claim.assigned_at, fact.entry.task_type, fact.entry.failures))
+            self.board.adopt(
+                session,
+                task_id,
+                fact.mac,
+                fact.entry.attempt,
+                claim.token,
+                Handed(claim.assigned_at, fact.entry.task_type, fact.entry.failures),
+            )
             adopted.append(task_id)
             if claim.settlement is not None:
                 settlements.append(claim.settlement)
@@ -358,8 +411,9 @@ class PullStreams:
             await self._settle_adopted(session, settlements)
         return len(adopted)
 
-    def _standing(self, session: Session, task_id: str, fact: LeaseFact | None,
-                  holder: Session | None) -> LeaseFact | None:
+    def _standing(
+        self, session: Session, task_id: str, fact: LeaseFact | None, holder: Session | None
+    ) -> LeaseFact | None:
         """The lease of a claim that may still be adopted (in Redis under the claimed lease number, held by no stream
         here), or None: a claim that does not stand is dropped (and counted)."""
         claim = session.claims[task_id]
@@ -400,8 +454,12 @@ class PullStreams:
                 log.info("worker %s: re-announced leases not checked: %s", session.worker_id, exc)
                 continue
             if adopted:
-                log.info("worker %s: %d more re-announced leases adopted", session.worker_id, adopted,
-                         extra={"worker": session.worker_id})
+                log.info(
+                    "worker %s: %d more re-announced leases adopted",
+                    session.worker_id,
+                    adopted,
+                    extra={"worker": session.worker_id},
+                )
         self._adopting.pop(session, None)
 
 

@@ -34,8 +34,13 @@ MAX_OPEN = 10_000
 
 
 def task_attributes(entry: Entry, device: str) -> dict[str, str | int]:
-    return {"task.id": entry.task_id, "device": device, "task.type": enum_name(TaskType, entry.task_type),
-            "task.priority": enum_label(Priority, entry.priority), "attempt": entry.attempt}
+    return {
+        "task.id": entry.task_id,
+        "device": device,
+        "task.type": enum_name(TaskType, entry.task_type),
+        "task.priority": enum_label(Priority, entry.priority),
+        "attempt": entry.attempt,
+    }
 
 
 class DispatchObserver:
@@ -67,11 +72,16 @@ class DispatchObserver:
         out: list[Entry] = []
         for e in entries:
             attributes = task_attributes(e, device)
-            claim = tracer.start_span("claim", context=telemetry.context_from(e.trace), start_time=started_ns,
-                                      attributes={**attributes, "claim.starving": starving})
+            claim = tracer.start_span(
+                "claim",
+                context=telemetry.context_from(e.trace),
+                start_time=started_ns,
+                attributes={**attributes, "claim.starving": starving},
+            )
             claim.end(end_time=now_ns)
-            assign = tracer.start_span("assign", context=trace.set_span_in_context(claim), start_time=now_ns,
-                                       attributes=attributes)
+            assign = tracer.start_span(
+                "assign", context=trace.set_span_in_context(claim), start_time=now_ns, attributes=attributes
+            )
             self._assigning[e.task_id] = assign
             out.append(dataclasses.replace(e, trace=telemetry.traceparent_of(assign)))
         return out
@@ -87,9 +97,17 @@ class DispatchObserver:
             span = self._assigning.pop(e.task_id, None)
             if debug:
                 with trace.use_span(span, end_on_exit=False) if span is not None else contextlib.nullcontext():
-                    log.debug("task %s assigned to %s", e.task_id, session.worker_id,
-                              extra={"task_id": e.task_id, "device": device, "attempt": e.attempt,
-                                     "worker_id": session.worker_id})
+                    log.debug(
+                        "task %s assigned to %s",
+                        e.task_id,
+                        session.worker_id,
+                        extra={
+                            "task_id": e.task_id,
+                            "device": device,
+                            "attempt": e.attempt,
+                            "worker_id": session.worker_id,
+                        },
+                    )
             if span is not None:
                 span.set_attribute("worker.id", session.worker_id)
                 span.end()

@@ -21,8 +21,9 @@ LISTED_DEVICES = 1000
 class Watermark:
     """Reads the fleet's load for GetWatermark and publishes the watermark record (see the module)."""
 
-    def __init__(self, state: SchedulerState, queues: QueueStore, settings: Settings,
-                 live_workers: Callable[[], Awaitable[int]]) -> None:
+    def __init__(
+        self, state: SchedulerState, queues: QueueStore, settings: Settings, live_workers: Callable[[], Awaitable[int]]
+    ) -> None:
         self.state = state
         self.queues = queues
         self.settings = settings
@@ -32,9 +33,14 @@ class Watermark:
         gauges = await self.state.gauges(listed=LISTED_DEVICES)
         rank = await self.queues.rank()
         out = scheduler_pb2.GetWatermarkResponse(
-            total_pending=gauges.pending, active_devices=gauges.devices, live_workers=await self.live_workers(),
-            overloaded_devices=sorted(gauges.overloaded_devices), backoff_devices=gauges.backoff_devices,
-            dead_letters=gauges.dead_letters, leased=gauges.leased)
+            total_pending=gauges.pending,
+            active_devices=gauges.devices,
+            live_workers=await self.live_workers(),
+            overloaded_devices=sorted(gauges.overloaded_devices),
+            backoff_devices=gauges.backoff_devices,
+            dead_letters=gauges.dead_letters,
+            leased=gauges.leased,
+        )
         out.at.FromDatetime(datetime.now(UTC))
         out.oldest_wait.FromMilliseconds(int(rank.longest_wait_ms or 0))
         return out

@@ -104,8 +104,7 @@ def _entry_name(item: str) -> tuple[str, str]:
     if not sep:
         raise PolicyError(f"{SETTING}: entry {item[:40]!r} is not name:key=value,...")
     if not name or len(name) > 128 or not name.isprintable() or _NAME_FORBIDDEN & set(name):
-        raise PolicyError(f"{SETTING}: bad caller name {name[:40]!r} (1..128 printable characters, "
-                          "none of / : , ; #)")
+        raise PolicyError(f"{SETTING}: bad caller name {name[:40]!r} (1..128 printable characters, none of / : , ; #)")
     return name, body
 
 
@@ -165,8 +164,9 @@ class CallerPolicies:
     def __init__(self, settings: CallerSettings) -> None:
         self.overrides = parse_policies(settings.caller_policies)
         rate = settings.caller_submit_rate_per_s
-        self.client_base = CallerPolicy(default_max_pending(settings), rate if rate > 0 else None,
-                                        settings.caller_submit_burst, frozenset())
+        self.client_base = CallerPolicy(
+            default_max_pending(settings), rate if rate > 0 else None, settings.caller_submit_burst, frozenset()
+        )
         self.operator_base = CallerPolicy(None, None, settings.caller_submit_burst, ENTITLED)
 
     def policy(self, name: str, *, operator: bool) -> CallerPolicy:
@@ -180,5 +180,12 @@ class CallerPolicies:
         return replace(policy, priorities=ENTITLED) if operator else policy
 
 
-__all__ = ["ENTITLED", "CallerPolicies", "CallerPolicy", "CallerSettings", "PolicyError", "default_max_pending",
-           "parse_policies"]
+__all__ = [
+    "ENTITLED",
+    "CallerPolicies",
+    "CallerPolicy",
+    "CallerSettings",
+    "PolicyError",
+    "default_max_pending",
+    "parse_policies",
+]

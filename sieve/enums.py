@@ -25,7 +25,7 @@ _E = TypeVar("_E", bound=int)
 
 @functools.cache
 def _prefix(descriptor: EnumDescriptor) -> str:
-    """"TaskType" -> "TASK_TYPE_"."""
+    """ "TaskType" -> "TASK_TYPE_"."""
     return re.sub(r"(?<!^)(?=[A-Z])", "_", descriptor.name).upper() + "_"
 
 

@@ -48,8 +48,9 @@ class AdmissionRefused(SieveError):
         self.pending = pending
         #: the caller's open tasks (for a CALLER_LIMIT refusal)
         self.caller_open = caller_open
-        scope = {ScriptCode.GLOBAL_LIMIT: "global pending limit",
-                 ScriptCode.CALLER_LIMIT: "caller pending limit"}.get(code, "device pending limit")
+        scope = {ScriptCode.GLOBAL_LIMIT: "global pending limit", ScriptCode.CALLER_LIMIT: "caller pending limit"}.get(
+            code, "device pending limit"
+        )
         super().__init__(f"{scope} reached (device backlog {backlog}, global pending {pending})")
 
     @property

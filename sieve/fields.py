@@ -39,8 +39,9 @@ def shown(value: str, limit: int = SHOWN_CHARS) -> str:
     return repr(value[:limit]) + f"... ({len(value)} characters)"
 
 
-def text_problem(value: str, *, max_chars: int | None = None, max_bytes: int | None = None,
-                 printable: bool = False) -> str | None:
+def text_problem(
+    value: str, *, max_chars: int | None = None, max_bytes: int | None = None, printable: bool = False
+) -> str | None:
     """What is wrong with a string that is to be stored (None: nothing).
 
     `max_chars` / `max_bytes` cap its length (in characters / UTF-8 bytes); `printable` refuses control

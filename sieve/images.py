@@ -81,8 +81,10 @@ def inspect_image(data: bytes, *, require_complete: bool = False) -> ImageInfo:
 def check_pixels(info: ImageInfo, max_pixels: int) -> None:
     """ImageError when the image has more than `max_pixels` pixels."""
     if info.pixels > max_pixels:
-        raise ImageError(f"{info.format.upper()} image is {info.width}x{info.height} = {info.pixels} pixels, "
-                         f"more than the limit of {max_pixels}")
+        raise ImageError(
+            f"{info.format.upper()} image is {info.width}x{info.height} = {info.pixels} pixels, "
+            f"more than the limit of {max_pixels}"
+        )
 
 
 # --- formats ---------------------------------------------------------------------------------------
@@ -109,8 +111,9 @@ def _jpeg_marker(data: bytes, pos: int, size: tuple[int, int] | None) -> tuple[i
     """(the marker at `pos`, after its fill bytes; the position after it). `size`: the frame's, once read."""
     n = len(data)
     if pos >= n:
-        raise ImageError("JPEG header is truncated (no frame header)" if size is None
-                         else "JPEG is truncated (no scan)")
+        raise ImageError(
+            "JPEG header is truncated (no frame header)" if size is None else "JPEG is truncated (no scan)"
+        )
     if data[pos] != 0xFF:
         raise ImageError(f"JPEG header is corrupt (no marker at byte {pos})")
     while pos < n and data[pos] == 0xFF:  # fill bytes
@@ -164,8 +167,9 @@ def _webp(data: bytes, require_complete: bool) -> tuple[int, int]:
         return int.from_bytes(data[24:27], "little") + 1, int.from_bytes(data[27:30], "little") + 1
     if chunk == b"VP8 ":
         if data[23:26] != b"\x9d\x01\x2a":
-            raise ImageError("WebP header is corrupt (no VP8 start code)" if len(data) >= 26
-                             else "WebP header is truncated (VP8)")
+            raise ImageError(
+                "WebP header is corrupt (no VP8 start code)" if len(data) >= 26 else "WebP header is truncated (VP8)"
+            )
         w, h = struct.unpack_from("<HH", data, 26)
         return w & 0x3FFF, h & 0x3FFF
     if chunk == b"VP8L":

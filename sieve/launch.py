@@ -49,9 +49,11 @@ class Server:
 
 
 #: the servers in start order
-SERVERS = (Server("registry", "registry_svc", "registry_addr"),
-           Server("scheduler", "scheduler_svc", "scheduler_addr"),
-           Server("intake", "intake_svc", "intake_addr"))
+SERVERS = (
+    Server("registry", "registry_svc", "registry_addr"),
+    Server("scheduler", "scheduler_svc", "scheduler_addr"),
+    Server("intake", "intake_svc", "intake_addr"),
+)
 WORKER_MODULE = "worker_svc"
 #: the roles in stop order (by module): workers first, the registry last
 STOP_ORDER = (WORKER_MODULE, "intake_svc", "scheduler_svc", "registry_svc")
@@ -80,12 +82,16 @@ def address_in_use(address: str) -> bool:
 
 def tls_env(certs: DevCerts) -> dict[str, str]:
     """The variables that make a service serve TLS with `certs` (and trust their CA as a client)."""
-    return {"SIEVE_TLS_CERT_FILE": str(certs.server_cert), "SIEVE_TLS_KEY_FILE": str(certs.server_key),
-            "SIEVE_TLS_CA_FILE": str(certs.ca)}
+    return {
+        "SIEVE_TLS_CERT_FILE": str(certs.server_cert),
+        "SIEVE_TLS_KEY_FILE": str(certs.server_key),
+        "SIEVE_TLS_CA_FILE": str(certs.ca),
+    }
 
 
-def worker_env(worker_id: str, health_addr: str, metrics_addr: str | None = None,
-               token: str | None = None) -> dict[str, str]:
+def worker_env(
+    worker_id: str, health_addr: str, metrics_addr: str | None = None, token: str | None = None
+) -> dict[str, str]:
     """The variables that make one worker process: its id, health address, metrics address and token."""
     env = {"SIEVE_WORKER_ID": worker_id, "SIEVE_WORKER_HEALTH_ADDR": health_addr}
     if metrics_addr is not None:
@@ -112,9 +118,15 @@ class ServiceProcess:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_file = open(self.log_path, "wb")  # noqa: SIM115  (closed in close_log)
-        self.proc = subprocess.Popen([sys.executable, "-m", self.module], cwd=self.cwd, env=self.env,
-                                     stdin=subprocess.DEVNULL, stdout=self.log_file, stderr=subprocess.STDOUT,
-                                     start_new_session=self.own_session)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", self.module],
+            cwd=self.cwd,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=self.own_session,
+        )
 
     def exited(self) -> int | None:
         """Its exit code, None while it runs (or before it started)."""
@@ -147,15 +159,22 @@ async def serving(address: str, settings: Settings, timeout_s: float = 1.0) -> b
     async with rpc.channel(address, settings) as channel:
         try:
             stub = health_pb2_grpc.HealthStub(channel)
-            reply = await stub.Check(health_pb2.HealthCheckRequest(service=""),  # type: ignore[attr-defined]
-                                     timeout=timeout_s)
+            reply = await stub.Check(  # type: ignore[attr-defined]  # grpc-stubs' HealthStub declares no methods
+                health_pb2.HealthCheckRequest(service=""),
+                timeout=timeout_s,
+            )
         except grpc.aio.AioRpcError:
             return False
     return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
-async def wait_serving(process: ServiceProcess, address: str, settings: Settings,
-                       timeout_s: float = READY_TIMEOUT_S, interval_s: float = POLL_S) -> None:
+async def wait_serving(
+    process: ServiceProcess,
+    address: str,
+    settings: Settings,
+    timeout_s: float = READY_TIMEOUT_S,
+    interval_s: float = POLL_S,
+) -> None:
     """Waits until `process` answers SERVING on grpc.health.v1 at `address`; StartupError when it exits first
     or does not within `timeout_s`."""
     loop = asyncio.get_running_loop()
@@ -168,12 +187,18 @@ async def wait_serving(process: ServiceProcess, address: str, settings: Settings
             return
         if loop.time() > deadline:
             raise StartupError(
-                f"{process.name} did not answer gRPC health SERVING on {address} within {timeout_s:.0f}s")
+                f"{process.name} did not answer gRPC health SERVING on {address} within {timeout_s:.0f}s"
+            )
         await asyncio.sleep(interval_s)
 
 
-async def wait_registered(process: ServiceProcess, worker_id: str, settings: Settings,
-                          timeout_s: float = READY_TIMEOUT_S, interval_s: float = POLL_S) -> bool:
+async def wait_registered(
+    process: ServiceProcess,
+    worker_id: str,
+    settings: Settings,
+    timeout_s: float = READY_TIMEOUT_S,
+    interval_s: float = POLL_S,
+) -> bool:
     """Waits until the registry at `settings.registry_addr` lists `worker_id` (`settings` carry a token that may
     list workers); False, at once, when that registry has no ListWorkers. StartupError when the worker exits
     first or is not listed within `timeout_s`."""
@@ -209,25 +234,45 @@ class Services:
 
     def start(self, name: str, module: str, **extra_env: str) -> ServiceProcess:
         """Starts `python -m module` as process `name`, with the shared environment and `extra_env`."""
-        process = ServiceProcess(name, module, {**self.env, **extra_env}, self.log_dir / f"{name}.log", self.cwd,
-                                 self.own_session)
+        process = ServiceProcess(
+            name, module, {**self.env, **extra_env}, self.log_dir / f"{name}.log", self.cwd, self.own_session
+        )
         self.processes[name] = process
         process.start()
         return process
 
-    def start_worker(self, worker_id: str, health_addr: str, metrics_addr: str | None = None,
-                     token: str | None = None, **extra_env: str) -> ServiceProcess:
+    def start_worker(
+        self,
+        worker_id: str,
+        health_addr: str,
+        metrics_addr: str | None = None,
+        token: str | None = None,
+        **extra_env: str,
+    ) -> ServiceProcess:
         """Starts a worker process named after its id (not waited for)."""
-        return self.start(worker_id, WORKER_MODULE,
-                          **{**worker_env(worker_id, health_addr, metrics_addr, token), **extra_env})
+        return self.start(
+            worker_id, WORKER_MODULE, **{**worker_env(worker_id, health_addr, metrics_addr, token), **extra_env}
+        )
 
-    async def wait_serving(self, name: str, address: str, settings: Settings, timeout_s: float = READY_TIMEOUT_S,
-                           interval_s: float = POLL_S) -> None:
+    async def wait_serving(
+        self,
+        name: str,
+        address: str,
+        settings: Settings,
+        timeout_s: float = READY_TIMEOUT_S,
+        interval_s: float = POLL_S,
+    ) -> None:
         await wait_serving(self.processes[name], address, settings, timeout_s, interval_s)
 
-    async def start_servers(self, settings: Settings, *, env_of: Mapping[str, Mapping[str, str]] | None = None,
-                            announce: Callable[[Server, str], None] | None = None,
-                            timeout_s: float = READY_TIMEOUT_S, interval_s: float = POLL_S) -> None:
+    async def start_servers(
+        self,
+        settings: Settings,
+        *,
+        env_of: Mapping[str, Mapping[str, str]] | None = None,
+        announce: Callable[[Server, str], None] | None = None,
+        timeout_s: float = READY_TIMEOUT_S,
+        interval_s: float = POLL_S,
+    ) -> None:
         """Registry, scheduler and intake at the addresses `settings` name, each started once the one before
         serves; `env_of` adds variables to some (by name), `announce(server, address)` runs before each start."""
         for server in SERVERS:
@@ -256,8 +301,9 @@ class Services:
             process.close_log()
 
 
-def _stop_together(group: list[ServiceProcess], timeout_s: float,
-                   report: Callable[[Stopped], None] | None) -> list[Stopped]:
+def _stop_together(
+    group: list[ServiceProcess], timeout_s: float, report: Callable[[Stopped], None] | None
+) -> list[Stopped]:
     """SIGTERM to every process of `group` at once, then each waited for until one deadline, killed after it."""
     for process in group:
         if process.proc is not None and process.proc.poll() is None:

@@ -250,23 +250,34 @@ class Settings:
 
     def validate(self) -> None:
         """Rejects settings that cannot work together, naming the variable."""
-        positive = ("max_total_pending", "max_per_device_pending", "batch_size", "min_batch_size",
-                    "max_attempts", "dead_letter_keep", "default_weight")
+        positive = (
+            "max_total_pending",
+            "max_per_device_pending",
+            "batch_size",
+            "min_batch_size",
+            "max_attempts",
+            "dead_letter_keep",
+            "default_weight",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise SettingsError(f"{ENV_PREFIX}{name.upper()} must be at least 1")
         self._validate_tenants()
         if self.reconcile_interval_s < 0 or self.reconcile_grace_s < 0:
-            raise SettingsError("SIEVE_RECONCILE_INTERVAL_S and SIEVE_RECONCILE_GRACE_S must be 0 (derived from "
-                                "SIEVE_LEASE_TTL_S) or more")
+            raise SettingsError(
+                "SIEVE_RECONCILE_INTERVAL_S and SIEVE_RECONCILE_GRACE_S must be 0 (derived from "
+                "SIEVE_LEASE_TTL_S) or more"
+            )
         if self.reconcile_page_rows < 1 or self.reconcile_fence_step < 1:
             raise SettingsError("SIEVE_RECONCILE_PAGE_ROWS and SIEVE_RECONCILE_FENCE_STEP must be at least 1")
         self._validate_execution()
         if self.min_batch_size > self.batch_size:
             raise SettingsError("SIEVE_MIN_BATCH_SIZE must not exceed SIEVE_BATCH_SIZE")
         if self.retention_days < 0 or self.retention_ahead_days < 1 or self.retention_check_interval_s <= 0:
-            raise SettingsError("SIEVE_RETENTION_DAYS must be at least 0, SIEVE_RETENTION_AHEAD_DAYS at least 1 "
-                                "and SIEVE_RETENTION_CHECK_INTERVAL_S positive")
+            raise SettingsError(
+                "SIEVE_RETENTION_DAYS must be at least 0, SIEVE_RETENTION_AHEAD_DAYS at least 1 "
+                "and SIEVE_RETENTION_CHECK_INTERVAL_S positive"
+            )
         if self.no_gpu_strategy not in ("defer", "cpu", "dead_letter"):
             raise SettingsError("SIEVE_NO_GPU_STRATEGY must be defer, cpu or dead_letter")
         self.weights_by_device  # noqa: B018  (parses and validates)
@@ -285,8 +296,9 @@ class Settings:
             raise SettingsError("SIEVE_TLS_CLIENT_AUTH needs SIEVE_TLS_CA_FILE and a server certificate")
         for hook in ("fixed_resources", "ocr_fault"):
             if getattr(self, hook) and not self.test_hooks:
-                raise SettingsError(f"{ENV_PREFIX}{hook.upper()} is a test-only hook: it needs "
-                                    f"{ENV_PREFIX}TEST_HOOKS=true")
+                raise SettingsError(
+                    f"{ENV_PREFIX}{hook.upper()} is a test-only hook: it needs {ENV_PREFIX}TEST_HOOKS=true"
+                )
 
     def _validate_execution(self) -> None:
         for name in ("text_timeout_s", "ocr_timeout_s", "worker_reconnect_max_s", "scheduler_dead_after_s"):

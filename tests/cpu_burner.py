@@ -11,10 +11,12 @@ import subprocess
 import sys
 
 _BURN = "import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass\n"
-_LAUNCH = ("import subprocess, sys\n"
-           "p = subprocess.Popen([sys.executable, '-c', {burn!r}], start_new_session=True,\n"
-           "                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-           "print(p.pid)\n")
+_LAUNCH = (
+    "import subprocess, sys\n"
+    "p = subprocess.Popen([sys.executable, '-c', {burn!r}], start_new_session=True,\n"
+    "                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+    "print(p.pid)\n"
+)
 
 
 def launcher_code(seconds: float) -> str:
@@ -24,8 +26,9 @@ def launcher_code(seconds: float) -> str:
 
 def start_detached_burner(seconds: float = 30.0) -> int:
     """Starts a detached process that burns one core for at most `seconds`; returns its pid."""
-    done = subprocess.run([sys.executable, "-c", launcher_code(seconds)], capture_output=True, text=True,
-                          check=True, timeout=30)
+    done = subprocess.run(
+        [sys.executable, "-c", launcher_code(seconds)], capture_output=True, text=True, check=True, timeout=30
+    )
     return int(done.stdout.strip())
 
 

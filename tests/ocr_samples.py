@@ -43,8 +43,13 @@ class Sample:
         return "\n".join(self.lines)
 
 
-def _s(*lines: str, words: tuple[str, ...] = (), fmt: str = "PNG", bg: tuple[int, int, int] = (255, 255, 255),
-       ink: tuple[int, int, int] = (20, 20, 20)) -> Sample:
+def _s(
+    *lines: str,
+    words: tuple[str, ...] = (),
+    fmt: str = "PNG",
+    bg: tuple[int, int, int] = (255, 255, 255),
+    ink: tuple[int, int, int] = (20, 20, 20),
+) -> Sample:
     return Sample(tuple(lines), frozenset(words), fmt, bg, ink)
 
 
@@ -80,8 +85,9 @@ def find_cjk_font() -> str | None:
             return path
     if shutil.which("fc-match"):
         try:
-            out = subprocess.run(["fc-match", "-f", "%{file}", ":lang=zh-cn"], capture_output=True, text=True,
-                                 timeout=10, check=False).stdout.strip()
+            out = subprocess.run(
+                ["fc-match", "-f", "%{file}", ":lang=zh-cn"], capture_output=True, text=True, timeout=10, check=False
+            ).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             out = ""
         if out and Path(out).is_file() and any(k in out.lower() for k in ("cjk", "wqy", "hei", "song", "ming")):

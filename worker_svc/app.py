@@ -55,29 +55,46 @@ class WorkerApp:
         self.runner = BatchRunner(TaskStore(pool), self.lexicon, self.worker_id, settings, ocr=self.ocr)
         self.sampler = ResourceSampler(settings)
         self.concurrency = settings.worker_concurrency or DEFAULT_TEXT_CONCURRENCY
-        self.puller = Puller(settings, self.worker_id, self.task_types, self.sampler.gpu_present,
-                             self.concurrency, ObservedRunner(self.runner, self.worker_id),
-                             Pressure(self.sampler, settings))
+        self.puller = Puller(
+            settings,
+            self.worker_id,
+            self.task_types,
+            self.sampler.gpu_present,
+            self.concurrency,
+            ObservedRunner(self.runner, self.worker_id),
+            Pressure(self.sampler, settings),
+        )
         self.puller.holds = self.runner.holds  # a hung OCR thread keeps its slot until it returns
-        self.registry = RegistryClient(settings, self.sampler, self.task_types, lambda: self.puller.in_use,
-                                       gpu_available=self._ocr_gpu if self.ocr else None,
-                                       concurrency=lambda: self.puller.concurrency)
+        self.registry = RegistryClient(
+            settings,
+            self.sampler,
+            self.task_types,
+            lambda: self.puller.in_use,
+            gpu_available=self._ocr_gpu if self.ocr else None,
+            concurrency=lambda: self.puller.concurrency,
+        )
         self.stop_event = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
         self._pulling: asyncio.Task[None] | None = None
-        self.service = rpc.Service(name="sieve-worker", service_names=[], register=lambda server: None,
-                                   before_stop=self.drain)
+        self.service = rpc.Service(
+            name="sieve-worker", service_names=[], register=lambda server: None, before_stop=self.drain
+        )
 
     async def start(self) -> None:
         await self.lexicon.start()
         if self.ocr is not None:
             await self._start_ocr(self.ocr)
-        self._background = [asyncio.create_task(c) for c in
-                            (self.runner.starts.run(), self.runner.results.run(), self.lexicon.watch(),
-                             self.registry.run(self.stop_event))]
+        self._background = [
+            asyncio.create_task(c)
+            for c in (
+                self.runner.starts.run(),
+                self.runner.results.run(),
+                self.lexicon.watch(),
+                self.registry.run(self.stop_event),
+            )
+        ]
         self._pulling = asyncio.create_task(self.puller.run(self.stop_event))
-        log.info("worker %s ready: types %s, %d slots", self.worker_id, self.settings.worker_types,
-                 self.concurrency)
+        log.info("worker %s ready: types %s, %d slots", self.worker_id, self.settings.worker_types, self.concurrency)
 
     async def _start_ocr(self, ocr: OcrRuntime) -> None:
         """Loads the engine (off the event loop); its mode sets the GPU flag and the default slots."""

@@ -52,12 +52,23 @@ def detect_text(task: Started, matcher: Matcher, worker_id: str) -> Outcome:
     match_ms = (time.perf_counter() - began) * 1000
     hits = [asdict(h) for h in result.hits]
     return Outcome(
-        task_id=task.task_id, attempt=task.attempt, worker_id=worker_id, verdict=result.verdict.name,
-        hits_json=json.dumps(hits, ensure_ascii=False), text=task.text,
+        task_id=task.task_id,
+        attempt=task.attempt,
+        worker_id=worker_id,
+        verdict=result.verdict.name,
+        hits_json=json.dumps(hits, ensure_ascii=False),
+        text=task.text,
         details_json=json.dumps({"timings_ms": {"match": round(match_ms, 3)}}),
     )
 
 
 def failed(task: Started, worker_id: str, error: str) -> Outcome:
-    return Outcome(task_id=task.task_id, attempt=task.attempt, worker_id=worker_id, verdict=None,
-                   hits_json="[]", text="", error=error)
+    return Outcome(
+        task_id=task.task_id,
+        attempt=task.attempt,
+        worker_id=worker_id,
+        verdict=None,
+        hits_json="[]",
+        text="",
+        error=error,
+    )

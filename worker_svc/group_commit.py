@@ -34,8 +34,14 @@ class GroupCommit(Generic[T, R]):
     Owns the waiting items and their futures, and the writer loop (`run`) that takes up to `max_items` at a
     time; a group that cannot be written within `max_attempts` fails its callers with GroupWriteError."""
 
-    def __init__(self, name: str, write: Callable[[Sequence[T]], Awaitable[Sequence[R]]], *,
-                 max_items: int = 500, max_attempts: int = MAX_WRITE_ATTEMPTS) -> None:
+    def __init__(
+        self,
+        name: str,
+        write: Callable[[Sequence[T]], Awaitable[Sequence[R]]],
+        *,
+        max_items: int = 500,
+        max_attempts: int = MAX_WRITE_ATTEMPTS,
+    ) -> None:
         self.name = name
         self._write = write
         self.max_items = max_items
@@ -79,8 +85,9 @@ class GroupCommit(Generic[T, R]):
                 raise
             except Exception as exc:
                 if backoff.failures + 1 >= self.max_attempts:
-                    log.error("%s: giving up on %d rows after %d tries: %s", self.name, len(group),
-                              self.max_attempts, exc)
+                    log.error(
+                        "%s: giving up on %d rows after %d tries: %s", self.name, len(group), self.max_attempts, exc
+                    )
                     for _, future in group:
                         if not future.done():
                             future.set_exception(GroupWriteError(str(exc)))

@@ -23,14 +23,16 @@ POLL_S = 5.0
 async def seed_default_lexicon(pool: asyncpg.Pool, settings: Settings) -> int:
     """Loads the shipped lexicon into an empty table (once, even with many workers starting)."""
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock($1)",
-                           zlib.crc32(f"sieve-lexicon:{settings.database_schema}".encode()))
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock($1)", zlib.crc32(f"sieve-lexicon:{settings.database_schema}".encode())
+        )
         if await conn.fetchval("SELECT EXISTS (SELECT 1 FROM lexicon)"):
             return 0
         entries = load_lexicon_file()
         await conn.executemany(
             "INSERT INTO lexicon (word, category, severity) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-            [(e.word, e.category, e.severity) for e in entries])
+            [(e.word, e.category, e.severity) for e in entries],
+        )
         log.info("loaded the default lexicon: %d words", len(entries))
         return len(entries)
 

@@ -46,10 +46,16 @@ class WorkerCollector(ScrapeCollector):
         pressure = puller.pressure
         readings = pressure.last or self.worker.registry.last_resources
         if readings is not None:
-            yield m.WORKER_RESOURCES.family([
-                (("cpu",), readings.cpu_percent), (("cpu_own",), readings.cpu_own_percent),
-                (("memory",), readings.memory_percent), (("gpu_memory",), readings.gpu_memory_percent),
-                (("gpu_memory_own",), readings.gpu_memory_own_percent), (("gpu_util",), readings.gpu_util_percent)])
+            yield m.WORKER_RESOURCES.family(
+                [
+                    (("cpu",), readings.cpu_percent),
+                    (("cpu_own",), readings.cpu_own_percent),
+                    (("memory",), readings.memory_percent),
+                    (("gpu_memory",), readings.gpu_memory_percent),
+                    (("gpu_memory_own",), readings.gpu_memory_own_percent),
+                    (("gpu_util",), readings.gpu_util_percent),
+                ]
+            )
         held = set(pressure.held_resources())
         yield m.WORKER_OVER_WATERMARK.family(1 if held else 0)
         yield m.WORKER_HELD_BACK.family([((r,), 1 if r in held else 0) for r in WATERMARK_RESOURCES])

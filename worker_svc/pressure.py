@@ -52,8 +52,14 @@ class Pressure:
     """Owns this worker's hold-back state: which resources hold it back (with hysteresis), since when, the
     time held back so far per resource, and the retry delay of tasks it puts back."""
 
-    def __init__(self, sampler: ResourceSampler, settings: Settings, *,
-                 clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        sampler: ResourceSampler,
+        settings: Settings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
         self.sampler = sampler
         self.settings = settings
         self._clock = clock
@@ -127,13 +133,20 @@ class Pressure:
         if not before:
             self.held_since = now
             self.episodes += 1
-            log.warning("holding back (no new work): %s", "; ".join(reasons),
-                        extra={"held_back": sorted(over), "readings_scope": readings.scope})
+            log.warning(
+                "holding back (no new work): %s",
+                "; ".join(reasons),
+                extra={"held_back": sorted(over), "readings_scope": readings.scope},
+            )
         elif not over:
             held_s = now - (self.held_since or now)
             self.held_since = None
-            log.warning("taking work again after %.1fs held back (%s)", held_s, ", ".join(sorted(before)),
-                        extra={"held_back_s": round(held_s, 3)})
+            log.warning(
+                "taking work again after %.1fs held back (%s)",
+                held_s,
+                ", ".join(sorted(before)),
+                extra={"held_back_s": round(held_s, 3)},
+            )
         else:
             log.info("still holding back, now for: %s", "; ".join(reasons), extra={"held_back": sorted(over)})
 

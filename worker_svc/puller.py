@@ -68,8 +68,10 @@ class SlotHolds:
     def __len__(self) -> int:
         return sum(1 for f in self._futures.values() if not f.done())
 
-BatchRunner = Callable[[list[scheduler_pb2.Assignment]], Awaitable[tuple[list[scheduler_pb2.Ack],
-                                                                          list[scheduler_pb2.Nack]]]]
+
+BatchRunner = Callable[
+    [list[scheduler_pb2.Assignment]], Awaitable[tuple[list[scheduler_pb2.Ack], list[scheduler_pb2.Nack]]]
+]
 
 
 class Puller:
@@ -79,8 +81,16 @@ class Puller:
     drains), the stream's outbox, the assignments not settled yet and the settlements a broken stream may not
     have delivered (re-announced in the next hello); `run` keeps a stream open until it is told to stop."""
 
-    def __init__(self, settings: Settings, worker_id: str, task_types: list[int], gpu: bool,
-                 concurrency: int, run_batch: BatchRunner, pressure: Pressure) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        worker_id: str,
+        task_types: list[int],
+        gpu: bool,
+        concurrency: int,
+        run_batch: BatchRunner,
+        pressure: Pressure,
+    ) -> None:
         self.settings = settings
         self.worker_id = worker_id
         self.task_types = task_types
@@ -149,8 +159,11 @@ class Puller:
         return request
 
     def _hello(self) -> scheduler_pb2.WorkerHello:
-        return scheduler_pb2.WorkerHello(worker_id=self.worker_id, gpu=self.gpu,
-                                         task_types=[enum_value(types_pb2.TaskType, t) for t in self.task_types])
+        return scheduler_pb2.WorkerHello(
+            worker_id=self.worker_id,
+            gpu=self.gpu,
+            task_types=[enum_value(types_pb2.TaskType, t) for t in self.task_types],
+        )
 
     def _first_request(self) -> scheduler_pb2.PullRequest:
         """The hello of a new stream; after a broken one it re-announces the leases still held (running ones and
@@ -171,8 +184,12 @@ class Puller:
         if request.hello.held:
             self.reconnects += 1
             self.reannounced += len(request.hello.held)
-            log.info("re-announcing %d leases (%d running, %d acks and nacks owed)", len(request.hello.held),
-                     len(running), len(owed))
+            log.info(
+                "re-announcing %d leases (%d running, %d acks and nacks owed)",
+                len(request.hello.held),
+                len(running),
+                len(owed),
+            )
         return request
 
     def _note_sent(self, request: scheduler_pb2.PullRequest) -> None:
@@ -296,12 +313,23 @@ class Puller:
             else:
                 acks, nacks = await self.run_batch(assignments)
         except Exception as exc:  # each task's attempt counts: it may be what broke the batch
-            log.exception("batch of %d failed", len(assignments),
-                          extra={"task_ids": [a.task_id for a in assignments], "worker_id": self.worker_id})
-            acks, nacks = [], [scheduler_pb2.Nack(task_id=a.task_id, lease_token=a.lease_token,
-                                                  reason=f"worker error: {type(exc).__name__}: {exc}"[:500],
-                                                  count_attempt=True)
-                               for a in assignments]
+            log.exception(
+                "batch of %d failed",
+                len(assignments),
+                extra={"task_ids": [a.task_id for a in assignments], "worker_id": self.worker_id},
+            )
+            acks, nacks = (
+                [],
+                [
+                    scheduler_pb2.Nack(
+                        task_id=a.task_id,
+                        lease_token=a.lease_token,
+                        reason=f"worker error: {type(exc).__name__}: {exc}"[:500],
+                        count_attempt=True,
+                    )
+                    for a in assignments
+                ],
+            )
             for a in assignments:
                 metrics.TASK_NACKS.labels(enum_label(types_pb2.TaskType, a.type), "batch_error").inc()
         lingering = self.holds.take(a.task_id for a in assignments) if self.holds is not None else []
@@ -317,10 +345,13 @@ class Puller:
         self.in_use -= 1
 
     @staticmethod
-    def _pressure_nack(assignment: scheduler_pb2.Assignment, reasons: list[str],
-                       retry_s: float) -> scheduler_pb2.Nack:
-        nack = scheduler_pb2.Nack(task_id=assignment.task_id, lease_token=assignment.lease_token,
-                                  reason="worker over watermark: " + "; ".join(reasons), count_attempt=False)
+    def _pressure_nack(assignment: scheduler_pb2.Assignment, reasons: list[str], retry_s: float) -> scheduler_pb2.Nack:
+        nack = scheduler_pb2.Nack(
+            task_id=assignment.task_id,
+            lease_token=assignment.lease_token,
+            reason="worker over watermark: " + "; ".join(reasons),
+            count_attempt=False,
+        )
         nack.retry_after.FromMilliseconds(int(retry_s * 1000))
         return nack
 

@@ -81,11 +81,15 @@ class RegistryClient:
     def _channel(self) -> grpc.aio.Channel:
         # Reconnect attempts follow our own cap, not gRPC's default of up to 120 s, so that a registry
         # that comes back is reached well within the worker TTL.
-        return rpc.channel(self._settings.registry_addr, self._settings, extra_options=[
-            ("grpc.initial_reconnect_backoff_ms", int(BACKOFF_INITIAL_S * 1000)),
-            ("grpc.min_reconnect_backoff_ms", int(BACKOFF_INITIAL_S * 1000)),
-            ("grpc.max_reconnect_backoff_ms", int(BACKOFF_MAX_S * 1000)),
-        ])
+        return rpc.channel(
+            self._settings.registry_addr,
+            self._settings,
+            extra_options=[
+                ("grpc.initial_reconnect_backoff_ms", int(BACKOFF_INITIAL_S * 1000)),
+                ("grpc.min_reconnect_backoff_ms", int(BACKOFF_INITIAL_S * 1000)),
+                ("grpc.max_reconnect_backoff_ms", int(BACKOFF_MAX_S * 1000)),
+            ],
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Registers and heartbeats until `stop` is set; never raises for a failed call."""
@@ -100,18 +104,25 @@ class RegistryClient:
                     delay = self._interval_s
                 except grpc.aio.AioRpcError as err:
                     if err.code() == grpc.StatusCode.NOT_FOUND:
-                        log.warning("registry forgot worker %s; registering again", self.worker_id,
-                                    extra={"worker_id": self.worker_id})
+                        log.warning(
+                            "registry forgot worker %s; registering again",
+                            self.worker_id,
+                            extra={"worker_id": self.worker_id},
+                        )
                         self.registered = False
                         delay = 0.0
                     else:
                         delay = backoff.next()
-                        log.warning("registry call failed: %s %s; retrying in %.2fs", err.code().name,
-                                    err.details(), delay, extra={"worker_id": self.worker_id})
+                        log.warning(
+                            "registry call failed: %s %s; retrying in %.2fs",
+                            err.code().name,
+                            err.details(),
+                            delay,
+                            extra={"worker_id": self.worker_id},
+                        )
                 except Exception:  # e.g. a bad fixed-resources file: keep the worker alive
                     delay = backoff.next()
-                    log.exception("heartbeat failed; retrying in %.2fs", delay,
-                                  extra={"worker_id": self.worker_id})
+                    log.exception("heartbeat failed; retrying in %.2fs", delay, extra={"worker_id": self.worker_id})
                 if delay > 0:
                     await self._sleep(stop, delay)
         finally:
@@ -142,10 +153,14 @@ class RegistryClient:
         self.last_resources = resources
         if not self.registered:
             answer = await stub.Register(
-                registry_pb2.RegisterRequest(worker_id=self.worker_id, hostname=self.hostname, pid=self.pid,
-                                             task_types=[enum_value(types_pb2.TaskType, t) for t in self._task_types],
-                                             resources=resources,
-                                             concurrency=self._concurrency()),
+                registry_pb2.RegisterRequest(
+                    worker_id=self.worker_id,
+                    hostname=self.hostname,
+                    pid=self.pid,
+                    task_types=[enum_value(types_pb2.TaskType, t) for t in self._task_types],
+                    resources=resources,
+                    concurrency=self._concurrency(),
+                ),
                 timeout=RPC_TIMEOUT_S,
             )
             self.registered = True
@@ -154,8 +169,7 @@ class RegistryClient:
             self._interval_s = self._settings.heartbeat_interval_s
             if answer.heartbeat_interval_s:
                 self._interval_s = min(self._interval_s, float(answer.heartbeat_interval_s))
-            log.info("registered worker %s with the registry", self.worker_id,
-                     extra={"worker_id": self.worker_id})
+            log.info("registered worker %s with the registry", self.worker_id, extra={"worker_id": self.worker_id})
             return
         reply = await stub.Heartbeat(
             registry_pb2.HeartbeatRequest(worker_id=self.worker_id, resources=resources),

@@ -86,8 +86,9 @@ def parse_fixed_resources(text: str) -> dict[str, float]:
         if not sep or not key or not raw:
             raise ValueError(f"{FIXED_RESOURCES_VAR}: entry {item!r} is not name=percent")
         if key not in FIXED_KEYS:
-            raise ValueError(f"{FIXED_RESOURCES_VAR}: unknown reading {key!r} (expected one of "
-                             f"{', '.join(FIXED_KEYS)})")
+            raise ValueError(
+                f"{FIXED_RESOURCES_VAR}: unknown reading {key!r} (expected one of {', '.join(FIXED_KEYS)})"
+            )
         if key in fixed:
             raise ValueError(f"{FIXED_RESOURCES_VAR}: {key} is given twice")
         try:
@@ -180,7 +181,7 @@ def _own_dir(mount: _Mount, path: str) -> Path:
     or a bind-mounted subtree the path may lie above what the mount shows; then the mount's root is ours."""
     relative = path
     if mount.root != "/" and (path == mount.root or path.startswith(mount.root.rstrip("/") + "/")):
-        relative = path[len(mount.root.rstrip("/")):]
+        relative = path[len(mount.root.rstrip("/")) :]
     candidate = mount.point / relative.lstrip("/")
     return candidate if candidate.is_dir() else mount.point
 
@@ -277,8 +278,9 @@ def _tightest(chain: list[Path], read: Callable[[Path], Any]) -> tuple[Path, Any
     return min(found, key=lambda dv: dv[1]) if found else None
 
 
-def detect_cgroups(fs_root: Path = Path("/"), *, host_cores: int | None = None,
-                   host_memory_bytes: int | None = None) -> Cgroups:
+def detect_cgroups(
+    fs_root: Path = Path("/"), *, host_cores: int | None = None, host_memory_bytes: int | None = None
+) -> Cgroups:
     """The CPU and memory limits of this process's cgroups, read under `fs_root` (a test passes a directory
     laid out as /proc/self and /sys/fs/cgroup are). A limit no tighter than the host's cores / memory is no
     limit. Never raises: what cannot be read is no limit."""
@@ -315,8 +317,9 @@ def _own_cgroups(text: str) -> tuple[str | None, dict[str, str]]:
     return v2_path, v1_paths
 
 
-def _v2_limits(mounts: list[_Mount], path: str | None, cores: int,
-               memory_total: int) -> tuple[CgroupCpu | None, CgroupMemory | None]:
+def _v2_limits(
+    mounts: list[_Mount], path: str | None, cores: int, memory_total: int
+) -> tuple[CgroupCpu | None, CgroupMemory | None]:
     """The tightest CPU and memory limits on the way up from cgroup v2 `path`, where its mount has the controller
     and the limit is tighter than the host's."""
     cpu: CgroupCpu | None = None
@@ -444,8 +447,11 @@ class _HostCpu:
         self._all = len(self.cpus) >= (psutil.cpu_count(logical=True) or 1)
 
     def read(self) -> tuple[float, float]:
-        rows = [psutil.cpu_times()] if self._all else [
-            t for i, t in enumerate(psutil.cpu_times(percpu=True)) if i in self.cpus]
+        rows = (
+            [psutil.cpu_times()]
+            if self._all
+            else [t for i, t in enumerate(psutil.cpu_times(percpu=True)) if i in self.cpus]
+        )
         busy = total = 0.0
         for t in rows:
             # as psutil.cpu_percent counts them: guest time is already in user time; iowait is idle
@@ -541,8 +547,10 @@ class _Gpus:
         except pynvml.NVMLError as exc:
             log.warning("GPU readings failed (%s); reporting no GPU for this sample", exc)
             return []
-        return [GpuReading(int(m.total), int(m.used), self._own_bytes(h, pids), float(u))
-                for h, m, u in zip(self._handles, memories, utils, strict=True)]
+        return [
+            GpuReading(int(m.total), int(m.used), self._own_bytes(h, pids), float(u))
+            for h, m, u in zip(self._handles, memories, utils, strict=True)
+        ]
 
     def close(self) -> None:
         if self._nvml is not None:
@@ -566,8 +574,9 @@ class ResourceSampler:
     computed from. `fs_root` and `clock` are for tests (a directory of cgroup files, a controllable clock).
     """
 
-    def __init__(self, settings: Settings, *, fs_root: Path = Path("/"),
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, settings: Settings, *, fs_root: Path = Path("/"), clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._settings = settings
         self._clock = clock
         self._fixed_source = settings.fixed_resources.strip()
@@ -590,8 +599,10 @@ class ResourceSampler:
     def scope(self) -> str:
         """Where CPU and memory are read: "cpu=cgroup v2,memory=host" and the like."""
         cpu, memory = self.cgroups.cpu, self.cgroups.memory
-        return (f"cpu={f'cgroup v{cpu.version}' if cpu else 'host'},"
-                f"memory={f'cgroup v{memory.version}' if memory else 'host'}")
+        return (
+            f"cpu={f'cgroup v{cpu.version}' if cpu else 'host'},"
+            f"memory={f'cgroup v{memory.version}' if memory else 'host'}"
+        )
 
     def _fixed(self) -> Mapping[str, float]:
         source = self._fixed_source
@@ -659,8 +670,13 @@ class ResourceSampler:
     def sample(self, active_tasks: int) -> registry_pb2.Resources:
         """Fresh readings (CPU over the last CPU_WINDOW_S), with fixed readings applied."""
         cpu, own = self.cpu_percent()
-        out = registry_pb2.Resources(cpu_count=self._cpu_count, cpu_percent=cpu, cpu_own_percent=own,
-                                     active_tasks=max(0, active_tasks), scope=self.scope)
+        out = registry_pb2.Resources(
+            cpu_count=self._cpu_count,
+            cpu_percent=cpu,
+            cpu_own_percent=own,
+            active_tasks=max(0, active_tasks),
+            scope=self.scope,
+        )
         self._memory(out)
         fill_gpus(out, self._gpus.names, self._gpus.read(self._tree.pids()) if self._gpus.names else [])
         fixed = self._fixed()
@@ -686,5 +702,15 @@ class ResourceSampler:
         self._gpus.close()
 
 
-__all__ = ["FIXED_KEYS", "CgroupCpu", "CgroupMemory", "Cgroups", "GpuReading", "ResourceSampler",
-           "detect_cgroups", "fill_gpus", "over_watermark", "parse_fixed_resources"]
+__all__ = [
+    "FIXED_KEYS",
+    "CgroupCpu",
+    "CgroupMemory",
+    "Cgroups",
+    "GpuReading",
+    "ResourceSampler",
+    "detect_cgroups",
+    "fill_gpus",
+    "over_watermark",
+    "parse_fixed_resources",
+]

@@ -62,8 +62,9 @@ class BatchRunner:
     the OCR pipeline's timeouts and the `SlotHolds` of abandoned inferences, and the counts the metrics read
     (skipped, refused, abandoned)."""
 
-    def __init__(self, tasks: TaskStore, lexicon: Lexicon, worker_id: str, settings: Settings,
-                 ocr: OcrRuntime | None = None) -> None:
+    def __init__(
+        self, tasks: TaskStore, lexicon: Lexicon, worker_id: str, settings: Settings, ocr: OcrRuntime | None = None
+    ) -> None:
         self.tasks = tasks
         self.settings = settings
         self.lexicon = lexicon
@@ -73,9 +74,11 @@ class BatchRunner:
         self.payloads = PayloadStore(tasks.pool)
         self.drop_images = settings.ocr_payload_retention == RETENTION_DELETE
         self.starts: GroupCommit[Attempt, Started | None] = GroupCommit(
-            "start", self._start, max_items=settings.result_flush_rows)
+            "start", self._start, max_items=settings.result_flush_rows
+        )
         self.results: GroupCommit[Outcome, bool] = GroupCommit(
-            "results", self._finish, max_items=settings.result_flush_rows)
+            "results", self._finish, max_items=settings.result_flush_rows
+        )
         self.skipped = 0
         self.refused = 0
         #: tasks abandoned past their execution timeout
@@ -91,11 +94,14 @@ class BatchRunner:
         stored = await self.tasks.finish(outcomes)
         return [o.task_id in stored for o in outcomes]
 
-    async def __call__(self, assignments: list[scheduler_pb2.Assignment]
-                       ) -> tuple[list[scheduler_pb2.Ack], list[scheduler_pb2.Nack]]:
+    async def __call__(
+        self, assignments: list[scheduler_pb2.Assignment]
+    ) -> tuple[list[scheduler_pb2.Ack], list[scheduler_pb2.Nack]]:
         # the lease token is the fencing token of this hand-out; attempt is the one that counts
-        attempts = [(uuid.UUID(a.task_id), lease_number(a.lease_token), a.attempt, a.assigned_at.ToDatetime(UTC))
-                    for a in assignments]
+        attempts = [
+            (uuid.UUID(a.task_id), lease_number(a.lease_token), a.attempt, a.assigned_at.ToDatetime(UTC))
+            for a in assignments
+        ]
         try:
             started = [s for s in await self.starts.submit(attempts) if s is not None]
         except GroupWriteError as exc:  # a PostgreSQL write that failed: transient, counted
@@ -116,8 +122,11 @@ class BatchRunner:
         refused = stored.count(False)
         if refused:
             self.refused += refused
-            log.info("%d results refused: their task was cancelled, finished, or handed out again since", refused,
-                     extra={"refused": refused})
+            log.info(
+                "%d results refused: their task was cancelled, finished, or handed out again since",
+                refused,
+                extra={"refused": refused},
+            )
         if stored:
             tracing.stored(stored)
         if self.drop_images and stored:
@@ -126,8 +135,11 @@ class BatchRunner:
         by_id = {str(uuid.UUID(a.task_id)): a for a in assignments}
         nacks = [self._nack(by_id[task_id], retry) for task_id, retry in retries.items() if task_id in by_id]
         handed_back = {n.task_id for n in nacks}
-        acks = [scheduler_pb2.Ack(task_id=a.task_id, lease_token=a.lease_token) for a in assignments
-                if a.task_id not in handed_back]
+        acks = [
+            scheduler_pb2.Ack(task_id=a.task_id, lease_token=a.lease_token)
+            for a in assignments
+            if a.task_id not in handed_back
+        ]
         return acks, nacks
 
     async def detect_all(self, started: Sequence[Started]) -> list[Outcome | Retry]:
@@ -139,8 +151,9 @@ class BatchRunner:
         matcher = self.lexicon.matcher
         images = [i for i, t in enumerate(started) if t.task_type == "OCR_IMAGE"]
         running = asyncio.gather(*(self._ocr(started[i], ocr, matcher) for i in images))
-        outcomes: list[Outcome | Retry | None] = [None if t.task_type == "OCR_IMAGE" else self.detect(t)
-                                                  for t in started]
+        outcomes: list[Outcome | Retry | None] = [
+            None if t.task_type == "OCR_IMAGE" else self.detect(t) for t in started
+        ]
         for i, outcome in zip(images, await running, strict=True):
             outcomes[i] = outcome
         return [o for o in outcomes if o is not None]
@@ -160,19 +173,33 @@ class BatchRunner:
             self.abandoned += 1
             if progress.lingering is not None:
                 self.holds.hold(task_id, progress.lingering)
-            log.warning("task %s abandoned after %gs (%s)%s", task_id, limit_s, progress.stage,
-                        "; its inference thread still runs and keeps its slot" if progress.lingering else "",
-                        extra={"task_id": task_id})
+            log.warning(
+                "task %s abandoned after %gs (%s)%s",
+                task_id,
+                limit_s,
+                progress.stage,
+                "; its inference thread still runs and keeps its slot" if progress.lingering else "",
+                extra={"task_id": task_id},
+            )
             if progress.stage == "queued":  # it waited for the engine all along: not its fault
-                return Retry(task_id, f"waited longer than {limit_s:g}s for the OCR engine", ENGINE_BUSY,
-                             counted=False, retry_after_s=ENGINE_BUSY_RETRY_S)
+                return Retry(
+                    task_id,
+                    f"waited longer than {limit_s:g}s for the OCR engine",
+                    ENGINE_BUSY,
+                    counted=False,
+                    retry_after_s=ENGINE_BUSY_RETRY_S,
+                )
             return Retry(task_id, f"execution timed out: ran longer than {limit_s:g}s ({progress.stage})", TIMEOUT)
 
-    async def _drop_images(self, started: Sequence[Started], outcomes: Sequence[Outcome],
-                           stored: Sequence[bool]) -> None:
+    async def _drop_images(
+        self, started: Sequence[Started], outcomes: Sequence[Outcome], stored: Sequence[bool]
+    ) -> None:
         """Retention "delete": image bytes of the tasks whose results were just stored are removed."""
-        ids = [task.task_id for task, outcome, ok in zip(started, outcomes, stored, strict=True)
-               if ok and task.image is not None and outcome.verdict is not None]
+        ids = [
+            task.task_id
+            for task, outcome, ok in zip(started, outcomes, stored, strict=True)
+            if ok and task.image is not None and outcome.verdict is not None
+        ]
         if not ids:
             return
         try:
@@ -189,8 +216,9 @@ class BatchRunner:
     def _nack(a: scheduler_pb2.Assignment, retry: Retry) -> scheduler_pb2.Nack:
         """The nack of a task to hand back (kind and reason counted in sieve_task_nacks)."""
         metrics.TASK_NACKS.labels(enum_label(types_pb2.TaskType, a.type), retry.kind).inc()
-        nack = scheduler_pb2.Nack(task_id=a.task_id, lease_token=a.lease_token, reason=retry.reason[:500],
-                                  count_attempt=retry.counted)
+        nack = scheduler_pb2.Nack(
+            task_id=a.task_id, lease_token=a.lease_token, reason=retry.reason[:500], count_attempt=retry.counted
+        )
         if retry.retry_after_s is not None:
             nack.retry_after.FromMilliseconds(int(retry.retry_after_s * 1000))
         return nack

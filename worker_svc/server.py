@@ -35,8 +35,10 @@ async def main() -> None:
     setup_logging("sieve-worker", settings.log_level)
     # a worker's credential is the token it calls the scheduler and registry with: none, no start
     if not settings.allow_anonymous and not client_token(settings.auth_token, settings.auth_token_file):
-        raise AuthError("sieve-worker: no credential to call the scheduler and registry with (SIEVE_AUTH_TOKEN or "
-                        "SIEVE_AUTH_TOKEN_FILE); set SIEVE_ALLOW_ANONYMOUS=true to run without authentication")
+        raise AuthError(
+            "sieve-worker: no credential to call the scheduler and registry with (SIEVE_AUTH_TOKEN or "
+            "SIEVE_AUTH_TOKEN_FILE); set SIEVE_ALLOW_ANONYMOUS=true to run without authentication"
+        )
     setup_telemetry("sieve-worker", settings)
     start_metrics_server(settings.worker_metrics_addr)
 

@@ -87,10 +87,18 @@ class BatchTrace:
             tracer = telemetry.tracer()
             for a in assignments:
                 self.runs[a.task_id] = tracer.start_span(
-                    "run", context=telemetry.context_from(a.traceparent), start_time=self.began_ns,
-                    attributes={"task.id": a.task_id, "device": a.device_id, "task.type": enum_label(TaskType, a.type),
-                                "task.priority": enum_label(Priority, a.priority), "attempt": a.attempt,
-                                "worker.id": worker_id})
+                    "run",
+                    context=telemetry.context_from(a.traceparent),
+                    start_time=self.began_ns,
+                    attributes={
+                        "task.id": a.task_id,
+                        "device": a.device_id,
+                        "task.type": enum_label(TaskType, a.type),
+                        "task.priority": enum_label(Priority, a.priority),
+                        "attempt": a.attempt,
+                        "worker.id": worker_id,
+                    },
+                )
 
     def finish(self, acks: Acks, nacks: Nacks) -> None:
         done_ns = time.time_ns()
@@ -125,8 +133,9 @@ class BatchTrace:
                 span.end(end_time=done_ns)
             self.runs.clear()
 
-    def _debug(self, acks: Acks, by_id: dict[str, scheduler_pb2.Assignment],
-               results: dict[str, tuple[Outcome, bool]]) -> None:
+    def _debug(
+        self, acks: Acks, by_id: dict[str, scheduler_pb2.Assignment], results: dict[str, tuple[Outcome, bool]]
+    ) -> None:
         """One debug line per acked task, in the task's trace."""
         for ack in acks:
             a = by_id.get(ack.task_id)
@@ -134,9 +143,17 @@ class BatchTrace:
             verdict = "skipped" if outcome is None else (outcome[0].verdict or "failed") if outcome[1] else "refused"
             span = self.runs.get(ack.task_id)
             with trace.use_span(span, end_on_exit=False) if span is not None else contextlib.nullcontext():
-                log.debug("task %s done: %s", ack.task_id, verdict,
-                          extra={"task_id": ack.task_id, "device": a.device_id if a else "",
-                                 "attempt": a.attempt if a else 0, "worker_id": self.worker_id})
+                log.debug(
+                    "task %s done: %s",
+                    ack.task_id,
+                    verdict,
+                    extra={
+                        "task_id": ack.task_id,
+                        "device": a.device_id if a else "",
+                        "attempt": a.attempt if a else 0,
+                        "worker_id": self.worker_id,
+                    },
+                )
 
     def failed(self, exc: BaseException) -> None:
         """The runner raised: the Puller nacks the whole batch."""
@@ -148,8 +165,12 @@ class BatchTrace:
 
     def _nacked(self, nack: scheduler_pb2.Nack, assignment: scheduler_pb2.Assignment | None) -> None:
         span = self.runs.pop(nack.task_id, None)
-        extra = {"task_id": nack.task_id, "device": assignment.device_id if assignment else "",
-                 "attempt": assignment.attempt if assignment else 0, "worker_id": self.worker_id}
+        extra = {
+            "task_id": nack.task_id,
+            "device": assignment.device_id if assignment else "",
+            "attempt": assignment.attempt if assignment else 0,
+            "worker_id": self.worker_id,
+        }
         with trace.use_span(span, end_on_exit=False) if span is not None else contextlib.nullcontext():
             log.warning("task %s handed back: %s", nack.task_id, nack.reason, extra=extra)
         if span is not None:
@@ -157,8 +178,14 @@ class BatchTrace:
             span.set_status(Status(StatusCode.ERROR, nack.reason))
             span.end()
 
-    def _spans(self, run: trace.Span, task: Started | None, results: dict[str, tuple[Outcome, bool]],
-               ack: scheduler_pb2.Ack, done_ns: int) -> None:
+    def _spans(
+        self,
+        run: trace.Span,
+        task: Started | None,
+        results: dict[str, tuple[Outcome, bool]],
+        ack: scheduler_pb2.Ack,
+        done_ns: int,
+    ) -> None:
         tracer = telemetry.tracer()
         parent = trace.set_span_in_context(run)
 
@@ -179,8 +206,12 @@ class BatchTrace:
             outcome = results.get(task.task_id.hex)
             if outcome is not None and self.stored_ns:
                 result, ok = outcome
-                child("result write", detect_end, self.stored_ns,
-                      {"result.stored": ok, "result.verdict": result.verdict or "", "result.error": result.error or ""})
+                child(
+                    "result write",
+                    detect_end,
+                    self.stored_ns,
+                    {"result.stored": ok, "result.verdict": result.verdict or "", "result.error": result.error or ""},
+                )
                 if result.verdict is None:
                     run.set_status(Status(StatusCode.ERROR, result.error or "failed"))
         child("ack", self.stored_ns or done_ns, done_ns, {"lease_token": ack.lease_token})

@@ -55,8 +55,9 @@ class SchemaNotReady(ConnectionError):
     store that does not answer yet."""
 
 
-async def create_pool(settings: Settings, *, attempts: int = 30, delay_s: float = 0.5,
-                      migrate_first: bool | None = None) -> asyncpg.Pool:
+async def create_pool(
+    settings: Settings, *, attempts: int = 30, delay_s: float = 0.5, migrate_first: bool | None = None
+) -> asyncpg.Pool:
     """Connects (retrying while PostgreSQL starts), applies migrations or checks they are applied, returns the
     pool. `migrate_first` None follows `settings.db_migrate_on_start`; False neither migrates nor checks."""
     migrate_now = settings.db_migrate_on_start if migrate_first is None else migrate_first
@@ -69,8 +70,10 @@ async def create_pool(settings: Settings, *, attempts: int = 30, delay_s: float 
                 settings.database_url,
                 min_size=settings.db_pool_min,
                 max_size=settings.db_pool_max,
-                server_settings={"search_path": settings.database_schema,
-                                 "application_name": f"sieve:{settings.database_schema}"[:63]},
+                server_settings={
+                    "search_path": settings.database_schema,
+                    "application_name": f"sieve:{settings.database_schema}"[:63],
+                },
                 init=_init_connection,
                 reset=_keep_session,
             )
@@ -108,15 +111,20 @@ async def check_migrated(pool: asyncpg.Pool, schema: str) -> None:
     try:
         done = await applied_migrations(pool, schema)
     except asyncpg.InsufficientPrivilegeError as exc:
-        raise SchemaNotReady(f"schema {schema}: this role may not read schema_migrations ({exc}); grant it with "
-                             "`python -m sieve.db.migrate --grant SERVICE=ROLE`") from None
+        raise SchemaNotReady(
+            f"schema {schema}: this role may not read schema_migrations ({exc}); grant it with "
+            "`python -m sieve.db.migrate --grant SERVICE=ROLE`"
+        ) from None
     if done is None:
-        raise SchemaNotReady(f"schema {schema} is not migrated (no schema_migrations table): run "
-                             "`python -m sieve.db.migrate` with the owner role, or set SIEVE_DB_MIGRATE_ON_START=true")
+        raise SchemaNotReady(
+            f"schema {schema} is not migrated (no schema_migrations table): run "
+            "`python -m sieve.db.migrate` with the owner role, or set SIEVE_DB_MIGRATE_ON_START=true"
+        )
     missing = [p.stem for p in migration_files() if p.stem not in done]
     if missing:
-        raise SchemaNotReady(f"schema {schema} lacks migrations {missing}: run `python -m sieve.db.migrate` "
-                             "with the owner role")
+        raise SchemaNotReady(
+            f"schema {schema} lacks migrations {missing}: run `python -m sieve.db.migrate` with the owner role"
+        )
 
 
 async def apply_migrations(settings: Settings) -> list[str]:
@@ -134,7 +142,8 @@ async def apply_migrations(settings: Settings) -> list[str]:
             await conn.execute(f"SET LOCAL search_path TO {_quote_ident(schema)}")
             await conn.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations "
-                "(version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())")
+                "(version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
             done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
             for path in migration_files():
                 if path.stem in done:

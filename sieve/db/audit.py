@@ -77,7 +77,6 @@ def decode_page_token(token: str) -> tuple[datetime, int]:
         raise BadPageToken(token[:40]) from None
 
 
-
 class AuditLog:
     """Writes audit events and lists them, through one asyncpg pool on the service's schema."""
 
@@ -98,10 +97,18 @@ class AuditLog:
                         $8::text[], $9::text[], $10::text[], $11::real[])
                  AS u(at, kind, principal, roles, method, target, tenant, peer, outcome, detail, duration_ms)
             """,
-            [e.at for e in events], [e.kind for e in events], [e.principal for e in events],
-            [",".join(e.roles) for e in events], [e.method for e in events], [e.target for e in events],
-            [e.tenant for e in events], [e.peer for e in events], [e.outcome for e in events],
-            [e.detail for e in events], [e.duration_ms for e in events])
+            [e.at for e in events],
+            [e.kind for e in events],
+            [e.principal for e in events],
+            [",".join(e.roles) for e in events],
+            [e.method for e in events],
+            [e.target for e in events],
+            [e.tenant for e in events],
+            [e.peer for e in events],
+            [e.outcome for e in events],
+            [e.detail for e in events],
+            [e.duration_ms for e in events],
+        )
 
     async def list(self, query: AuditQuery) -> tuple[list[AuditEvent], str]:
         """Events matching `query`, newest first, and the token of the next page ('' when this is the last)."""
@@ -125,12 +132,33 @@ class AuditLog:
             ORDER BY at DESC, id DESC
             LIMIT $9
             """,
-            query.principal or None, method_exact, _like_escape(method_short), query.kind or None,
-            query.outcome or None, query.before, after_at, after_id, limit + 1)
-        events = [AuditEvent(kind=r["kind"], principal=r["principal"], roles=tuple(r["roles"]), method=r["method"],
-                             outcome=r["outcome"], at=r["at"], target=r["target"], tenant=r["tenant"],
-                             peer=r["peer"], detail=r["detail"], duration_ms=r["duration_ms"], id=r["id"])
-                  for r in rows[:limit]]
+            query.principal or None,
+            method_exact,
+            _like_escape(method_short),
+            query.kind or None,
+            query.outcome or None,
+            query.before,
+            after_at,
+            after_id,
+            limit + 1,
+        )
+        events = [
+            AuditEvent(
+                kind=r["kind"],
+                principal=r["principal"],
+                roles=tuple(r["roles"]),
+                method=r["method"],
+                outcome=r["outcome"],
+                at=r["at"],
+                target=r["target"],
+                tenant=r["tenant"],
+                peer=r["peer"],
+                detail=r["detail"],
+                duration_ms=r["duration_ms"],
+                id=r["id"],
+            )
+            for r in rows[:limit]
+        ]
         token = encode_page_token(events[-1].at, events[-1].id) if len(rows) > limit else ""
         return events, token
 
@@ -141,5 +169,14 @@ def _like_escape(text: str | None) -> str | None:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-__all__ = ["DEFAULT_LIMIT", "KINDS", "MAX_LIMIT", "AuditEvent", "AuditLog", "AuditQuery", "BadPageToken",
-           "decode_page_token", "encode_page_token"]
+__all__ = [
+    "DEFAULT_LIMIT",
+    "KINDS",
+    "MAX_LIMIT",
+    "AuditEvent",
+    "AuditLog",
+    "AuditQuery",
+    "BadPageToken",
+    "decode_page_token",
+    "encode_page_token",
+]

@@ -87,8 +87,11 @@ def grant_statements(schema: str, service: str, role: str, existing: set[str] | 
 
 async def relations(conn: asyncpg.Connection, schema: str) -> set[str]:
     """Names of the tables (plain and partitioned) and sequences of `schema`."""
-    rows = await conn.fetch("SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                            "WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'S')", schema)
+    rows = await conn.fetch(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'S')",
+        schema,
+    )
     return {r["relname"] for r in rows}
 
 
@@ -146,8 +149,13 @@ async def _connectable(settings: Settings, attempts: int, delay_s: float) -> Non
 
 async def run(argv: Sequence[str] | None = None, settings: Settings | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sieve.db.migrate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--grant", action="append", default=[], metavar="SERVICE=ROLE",
-                        help=f"after migrating, grant ROLE what SERVICE needs ({', '.join(SERVICE_GRANTS)})")
+    parser.add_argument(
+        "--grant",
+        action="append",
+        default=[],
+        metavar="SERVICE=ROLE",
+        help=f"after migrating, grant ROLE what SERVICE needs ({', '.join(SERVICE_GRANTS)})",
+    )
     parser.add_argument("--check", action="store_true", help="apply nothing; exit 1 when migrations are pending")
     parser.add_argument("--print-grants", action="store_true", help="print the GRANT statements and exit")
     parser.add_argument("--wait-s", type=float, default=60.0, help="how long to wait for PostgreSQL to answer")
@@ -167,8 +175,10 @@ async def run(argv: Sequence[str] | None = None, settings: Settings | None = Non
             return 1 if missing else 0
         applied = await apply_migrations(settings)
         await apply_grants(settings, grants)
-        print(f"schema {settings.database_schema}: applied {applied or 'nothing'}"
-              + (f"; granted {', '.join(f'{s}={r}' for s, r in grants.items())}" if grants else ""))
+        print(
+            f"schema {settings.database_schema}: applied {applied or 'nothing'}"
+            + (f"; granted {', '.join(f'{s}={r}' for s, r in grants.items())}" if grants else "")
+        )
         return 0
     except (SettingsError, ValueError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         print(f"sieve.db.migrate: {type(exc).__name__}: {exc}", file=sys.stderr)

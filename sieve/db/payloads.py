@@ -36,5 +36,6 @@ class PayloadStore:
               AND t.status = 'SUCCEEDED' AND t.payload_bytes IS NOT NULL
             RETURNING t.id
             """,
-            list(task_ids))
+            list(task_ids),
+        )
         return len(rows)

@@ -92,8 +92,9 @@ class RetentionReport:
 class Retention:
     """Owns the day partitions of `tasks` and `results` and the deletion of what is past retention."""
 
-    def __init__(self, pool: asyncpg.Pool, settings: Settings, *, batch: int = 5000,
-                 lock_timeout_s: float = 0.5) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, settings: Settings, *, batch: int = 5000, lock_timeout_s: float = 0.5
+    ) -> None:
         self.pool = pool
         self.retention_days = settings.retention_days
         self.ahead_days = settings.retention_ahead_days
@@ -126,8 +127,11 @@ class Retention:
         except asyncio.CancelledError:
             raise
         except asyncpg.InsufficientPrivilegeError as exc:
-            log.warning("retention needs the schema owner's rights (%s): run `python -m sieve.db.retention` with "
-                        "the owner role", exc)
+            log.warning(
+                "retention needs the schema owner's rights (%s): run `python -m sieve.db.retention` with "
+                "the owner role",
+                exc,
+            )
         except Exception:
             log.exception("retention run failed")
 
@@ -149,9 +153,16 @@ class Retention:
             finally:
                 await conn.execute("SELECT pg_advisory_unlock($1)", self._lock_key)
         if report.created or report.dropped or report.purged_default or report.moved:
-            log.info("retention: made %s, dropped %s, kept %s, moved %d, deleted %d from the default partition, "
-                     "%d idempotency keys", [str(d) for d in report.created], [str(d) for d in report.dropped],
-                     [str(d) for d in report.kept], report.moved, report.purged_default, report.purged_keys)
+            log.info(
+                "retention: made %s, dropped %s, kept %s, moved %d, deleted %d from the default partition, "
+                "%d idempotency keys",
+                [str(d) for d in report.created],
+                [str(d) for d in report.dropped],
+                [str(d) for d in report.kept],
+                report.moved,
+                report.purged_default,
+                report.purged_keys,
+            )
         return report
 
     async def day_partitions(self) -> list[date]:
@@ -163,7 +174,8 @@ class Retention:
     async def _days(self, conn: _Connection) -> list[date]:
         rows = await conn.fetch(
             "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-            "WHERE i.inhparent = 'tasks'::regclass")
+            "WHERE i.inhparent = 'tasks'::regclass"
+        )
         days = []
         for r in rows:
             found = _DAY_PARTITION.match(r["relname"])
@@ -208,7 +220,10 @@ class Retention:
                 await conn.execute(f"CREATE TABLE {name} (LIKE {table} INCLUDING ALL EXCLUDING INDEXES)")
                 stray = await conn.fetchval(
                     f"WITH m AS (DELETE FROM {default} WHERE {column} >= $1 AND {column} < $2 RETURNING *), "
-                    f"i AS (INSERT INTO {name} SELECT * FROM m RETURNING 1) SELECT count(*) FROM i", lo, hi)
+                    f"i AS (INSERT INTO {name} SELECT * FROM m RETURNING 1) SELECT count(*) FROM i",
+                    lo,
+                    hi,
+                )
                 await conn.execute(f"ALTER TABLE {table} ATTACH PARTITION {name} FOR VALUES FROM ('{lo}') TO ('{hi}')")
                 if table == "tasks":
                     moved = stray
@@ -245,13 +260,15 @@ class Retention:
         name = partition_name("tasks", day)
         busy = await conn.fetchval(
             f"SELECT EXISTS (SELECT 1 FROM {name} WHERE status <> ALL($1::text[]) OR updated_at >= $2)",
-            list(FINAL_STATUSES), cutoff)
+            list(FINAL_STATUSES),
+            cutoff,
+        )
         if busy:
-            still_open = await conn.fetchval(f"SELECT count(*) FROM {name} WHERE status = ANY($1::text[])",
-                                             list(OPEN_STATUSES))
+            still_open = await conn.fetchval(
+                f"SELECT count(*) FROM {name} WHERE status = ANY($1::text[])", list(OPEN_STATUSES)
+            )
             if still_open:
-                log.info("partition %s is past retention but %d of its tasks are still open: kept", name,
-                         still_open)
+                log.info("partition %s is past retention but %d of its tasks are still open: kept", name, still_open)
         return not busy
 
     async def _drop_day(self, conn: _Connection, day: date) -> bool:
@@ -291,7 +308,11 @@ class Retention:
                 SELECT (SELECT id FROM chosen ORDER BY id DESC LIMIT 1) AS last, (SELECT count(*) FROM chosen) AS seen,
                        (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM keys_gone) AS keys
                 """,
-                last, self.batch, list(FINAL_STATUSES), cutoff)
+                last,
+                self.batch,
+                list(FINAL_STATUSES),
+                cutoff,
+            )
             assert row is not None  # a SELECT of scalar subqueries answers exactly one row
             report.purged_default += row["deleted"]
             report.purged_keys += row["keys"]
@@ -320,7 +341,11 @@ class Retention:
                 SELECT (SELECT task_id FROM chosen ORDER BY task_id DESC LIMIT 1) AS last,
                        (SELECT count(*) FROM chosen) AS seen, (SELECT count(*) FROM gone) AS deleted
                 """,
-                last, hi, self.batch, first)
+                last,
+                hi,
+                self.batch,
+                first,
+            )
             assert row is not None  # a SELECT of scalar subqueries answers exactly one row
             total += row["deleted"]
             if row["seen"] < self.batch:

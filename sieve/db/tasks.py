@@ -176,11 +176,20 @@ class TaskStore:
             ORDER BY u.n
             RETURNING id
             """,
-            [t.task_id for t in tasks], [t.device for t in tasks], [enum_name(TaskType, t.task_type) for t in tasks],
-            [t.priority for t in tasks], [t.caller for t in tasks], [t.idempotency_key for t in tasks],
-            [t.text for t in tasks], [t.image for t in tasks], [t.image_url for t in tasks],
-            [t.created_at for t in tasks], [t.expires_at for t in tasks], [t.trace_context for t in tasks],
-            [t.fingerprint for t in tasks], [t.max_attempts for t in tasks],
+            [t.task_id for t in tasks],
+            [t.device for t in tasks],
+            [enum_name(TaskType, t.task_type) for t in tasks],
+            [t.priority for t in tasks],
+            [t.caller for t in tasks],
+            [t.idempotency_key for t in tasks],
+            [t.text for t in tasks],
+            [t.image for t in tasks],
+            [t.image_url for t in tasks],
+            [t.created_at for t in tasks],
+            [t.expires_at for t in tasks],
+            [t.trace_context for t in tasks],
+            [t.fingerprint for t in tasks],
+            [t.max_attempts for t in tasks],
         )
         created = {r["id"] for r in rows}
         repeated = [t for t in tasks if t.task_id not in created]
@@ -192,7 +201,10 @@ class TaskStore:
                 JOIN idempotency_keys k ON k.caller = u.caller AND k.device = u.device AND k.key = u.key
                 JOIN tasks t ON t.id = k.task_id
                 """,
-                [t.caller for t in repeated], [t.device for t in repeated], [t.idempotency_key for t in repeated])
+                [t.caller for t in repeated],
+                [t.device for t in repeated],
+                [t.idempotency_key for t in repeated],
+            )
             earlier = {(r["caller"], r["device"], r["idempotency_key"]): r for r in found}
         out: list[Recorded] = []
         for t in tasks:
@@ -206,7 +218,10 @@ class TaskStore:
                 await self.pool.execute(
                     "DELETE FROM idempotency_keys k WHERE caller = $1 AND device = $2 AND key = $3 "
                     "AND NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = k.task_id)",
-                    t.caller, t.device, t.idempotency_key)
+                    t.caller,
+                    t.device,
+                    t.idempotency_key,
+                )
                 again = await self.insert([t])
                 out.append(again[0])
             else:
@@ -227,7 +242,8 @@ class TaskStore:
             DELETE FROM idempotency_keys k USING gone g
             WHERE k.caller = g.caller AND k.device = g.device AND k.key = g.idempotency_key AND k.task_id = g.id
             """,
-            list(task_ids))
+            list(task_ids),
+        )
 
     # --- reading ----------------------------------------------------------------------------------
     async def get(self, task_id: uuid.UUID) -> tuple[asyncpg.Record, asyncpg.Record | None] | None:
@@ -240,8 +256,8 @@ class TaskStore:
     async def max_attempts_of(self, task_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, int]:
         """The tasks' own limits of counted attempts (TaskSpec.max_attempts), for those that have one."""
         rows = await self.pool.fetch(
-            "SELECT id, max_attempts FROM tasks WHERE id = ANY($1::uuid[]) AND max_attempts IS NOT NULL",
-            list(task_ids))
+            "SELECT id, max_attempts FROM tasks WHERE id = ANY($1::uuid[]) AND max_attempts IS NOT NULL", list(task_ids)
+        )
         return {r["id"]: r["max_attempts"] for r in rows}
 
     async def unfinished(self, task_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, int]:
@@ -249,19 +265,29 @@ class TaskStore:
         acks are checked against it)."""
         rows = await self.pool.fetch(
             "SELECT id, lease FROM tasks WHERE id = ANY($1::uuid[]) AND status = ANY($2::text[])",
-            list(task_ids), list(OPEN_STATUSES))
+            list(task_ids),
+            list(OPEN_STATUSES),
+        )
         return {r["id"]: int(r["lease"] or 0) for r in rows}
 
     async def pending_by_class(self) -> list[tuple[int, str, int]]:
         """(priority, type, count) of PENDING tasks (metrics; the partial index on PENDING keeps it cheap)."""
         rows = await self.pool.fetch(
-            "SELECT priority, type, count(*) AS n FROM tasks WHERE status = 'PENDING' GROUP BY priority, type")
+            "SELECT priority, type, count(*) AS n FROM tasks WHERE status = 'PENDING' GROUP BY priority, type"
+        )
         return [(r["priority"], r["type"], r["n"]) for r in rows]
 
     # --- status changes -----------------------------------------------------------------------------
-    async def transition(self, task_ids: Sequence[uuid.UUID], status: str, detail: str,
-                         *, error: str | None = None, only_from: Sequence[str] = OPEN_STATUSES,
-                         conn: Any = None) -> list[uuid.UUID]:
+    async def transition(
+        self,
+        task_ids: Sequence[uuid.UUID],
+        status: str,
+        detail: str,
+        *,
+        error: str | None = None,
+        only_from: Sequence[str] = OPEN_STATUSES,
+        conn: Any = None,
+    ) -> list[uuid.UUID]:
         """Moves open tasks to `status`, appending to their history; returns those that moved."""
         rows = await (conn or self.pool).fetch(
             """
@@ -271,7 +297,12 @@ class TaskStore:
             WHERE id = ANY($1::uuid[]) AND status = ANY($5::text[])
             RETURNING id
             """,
-            list(task_ids), status, detail, error, list(only_from))
+            list(task_ids),
+            status,
+            detail,
+            error,
+            list(only_from),
+        )
         return [r["id"] for r in rows]
 
     async def note(self, task_ids: Sequence[uuid.UUID], detail: str) -> None:
@@ -281,13 +312,18 @@ class TaskStore:
             UPDATE tasks SET history = history || jsonb_build_array(jsonb_build_object(
                        'status', status, 'at', now(), 'attempt', attempts, 'detail', $2::text))
             WHERE id = ANY($1::uuid[]) AND status = ANY($3::text[])
-            """, list(task_ids), detail, list(OPEN_STATUSES))
+            """,
+            list(task_ids),
+            detail,
+            list(OPEN_STATUSES),
+        )
 
     async def expired_pending(self, limit: int = 1000) -> list[tuple[uuid.UUID, str]]:
         """PENDING tasks whose TTL has passed, oldest first: (task id, device)."""
         rows = await self.pool.fetch(
-            "SELECT id, device FROM tasks WHERE status = 'PENDING' AND expires_at < now() "
-            "ORDER BY expires_at LIMIT $1", limit)
+            "SELECT id, device FROM tasks WHERE status = 'PENDING' AND expires_at < now() ORDER BY expires_at LIMIT $1",
+            limit,
+        )
         return [(r["id"], r["device"]) for r in rows]
 
     async def revive(self, task_ids: Sequence[uuid.UUID], detail: str, ttl_s: float) -> list[asyncpg.Record]:
@@ -302,7 +338,11 @@ class TaskStore:
                        'status', 'PENDING', 'at', now(), 'attempt', 0, 'detail', $2::text))
             WHERE id = ANY($1::uuid[]) AND status = 'DEAD_LETTERED'
             RETURNING id, device, type, priority, expires_at, caller, lease
-            """, list(task_ids), detail, ttl_s)
+            """,
+            list(task_ids),
+            detail,
+            ttl_s,
+        )
 
     # --- rebuilding Redis --------------------------------------------------------------------------
     async def open_tasks(self, chunk: int = 5000) -> AsyncIterator[list[asyncpg.Record]]:
@@ -311,7 +351,9 @@ class TaskStore:
             cursor = conn.cursor(
                 "SELECT id, device, type, priority, enqueued_at, expires_at, lease, attempts, trace_context, caller "
                 "FROM tasks WHERE status = ANY($1::text[]) ORDER BY enqueued_at, created_at, id",
-                list(OPEN_STATUSES), prefetch=chunk)
+                list(OPEN_STATUSES),
+                prefetch=chunk,
+            )
             rows: list[asyncpg.Record] = []
             async for row in cursor:
                 rows.append(row)
@@ -325,11 +367,12 @@ class TaskStore:
         """The newest DEAD_LETTERED tasks (to refill the dead-letter list after Redis lost it)."""
         return await self.pool.fetch(
             "SELECT id, device, type, priority, error, attempts, enqueued_at, updated_at FROM tasks "
-            "WHERE status = 'DEAD_LETTERED' ORDER BY updated_at DESC LIMIT $1", limit)
+            "WHERE status = 'DEAD_LETTERED' ORDER BY updated_at DESC LIMIT $1",
+            limit,
+        )
 
     # --- worker -------------------------------------------------------------------------------------
-    async def start(self, worker_id: str,
-                    hand_outs: Sequence[tuple[uuid.UUID, int, int, datetime]]) -> list[Started]:
+    async def start(self, worker_id: str, hand_outs: Sequence[tuple[uuid.UUID, int, int, datetime]]) -> list[Started]:
         """Marks assigned tasks RUNNING for their hand-out (task id, lease, attempt, assigned at) and returns their
         payloads: ASSIGNED -> RUNNING when the scheduler's ASSIGNED write landed, else straight to RUNNING with
         ASSIGNED recorded at its real time. Tasks already final, cancelled, handed out again since, or whose
@@ -360,10 +403,25 @@ class TaskStore:
               AND (t.lease < u.lease OR (t.lease = u.lease AND t.status IN ('ASSIGNED', 'RUNNING')))
             RETURNING t.id, t.type, u.lease, t.payload_text, t.payload_bytes, t.payload_url, t.trace_context
             """,
-            [h[0] for h in hand_outs], [h[1] for h in hand_outs], [h[2] for h in hand_outs],
-            [h[3] for h in hand_outs], worker_id, list(OPEN_STATUSES))
-        return [Started(r["id"], r["type"], r["lease"], r["payload_text"], r["payload_bytes"],
-                        r["payload_url"], r["trace_context"]) for r in rows]
+            [h[0] for h in hand_outs],
+            [h[1] for h in hand_outs],
+            [h[2] for h in hand_outs],
+            [h[3] for h in hand_outs],
+            worker_id,
+            list(OPEN_STATUSES),
+        )
+        return [
+            Started(
+                r["id"],
+                r["type"],
+                r["lease"],
+                r["payload_text"],
+                r["payload_bytes"],
+                r["payload_url"],
+                r["trace_context"],
+            )
+            for r in rows
+        ]
 
     async def assigned(self, hand_outs: Sequence[HandOut]) -> int:
         """Records hand-outs as they are sent: open tasks become ASSIGNED to their worker, for a lease newer than
@@ -389,8 +447,13 @@ class TaskStore:
             FROM u, (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed
             WHERE t.id = u.id AND t.id IN (SELECT id FROM free) AND t.status = ANY($6::text[]) AND t.lease < u.lease
             """,
-            [h.task_id for h in hand_outs], [h.lease for h in hand_outs], [h.attempt for h in hand_outs],
-            [h.worker_id for h in hand_outs], [h.at for h in hand_outs], list(OPEN_STATUSES))
+            [h.task_id for h in hand_outs],
+            [h.lease for h in hand_outs],
+            [h.attempt for h in hand_outs],
+            [h.worker_id for h in hand_outs],
+            [h.at for h in hand_outs],
+            list(OPEN_STATUSES),
+        )
         return int(result.rpartition(" ")[2] or 0)
 
     async def put_back(self, items: Sequence[PutBack]) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
@@ -426,9 +489,14 @@ class TaskStore:
             SELECT t.id, false FROM tasks t JOIN u ON t.id = u.id
             WHERE t.status = ANY($7::text[]) AND t.lease <= u.lease AND t.id NOT IN (SELECT id FROM free)
             """,
-            [i.task_id for i in items], [i.lease for i in items], [i.worker_id for i in items],
-            [i.reason for i in items], [i.counted for i in items], [i.retry_at for i in items],
-            list(OPEN_STATUSES))
+            [i.task_id for i in items],
+            [i.lease for i in items],
+            [i.worker_id for i in items],
+            [i.reason for i in items],
+            [i.counted for i in items],
+            [i.retry_at for i in items],
+            list(OPEN_STATUSES),
+        )
         return [r["id"] for r in rows if r["moved"]], [r["id"] for r in rows if not r["moved"]]
 
     async def finish(self, outcomes: Sequence[Outcome]) -> set[uuid.UUID]:
@@ -465,15 +533,21 @@ class TaskStore:
             )
             SELECT id FROM done
             """,
-            [o.task_id for o in outcomes], [o.attempt for o in outcomes],
-            [o.worker_id for o in outcomes], [o.verdict for o in outcomes],
-            [o.hits_json for o in outcomes], [o.text for o in outcomes],
-            [o.details_json for o in outcomes], [None if o.error is None else storable(o.error) for o in outcomes])
+            [o.task_id for o in outcomes],
+            [o.attempt for o in outcomes],
+            [o.worker_id for o in outcomes],
+            [o.verdict for o in outcomes],
+            [o.hits_json for o in outcomes],
+            [o.text for o in outcomes],
+            [o.details_json for o in outcomes],
+            [None if o.error is None else storable(o.error) for o in outcomes],
+        )
         return {r["id"] for r in rows}
 
     # --- reconciling Redis with this record (scheduler_svc/reconcile.py) -------------------------------
-    async def reconcile_page(self, after: tuple[str, uuid.UUID] | None, limit: int,
-                             grace_s: float) -> list[asyncpg.Record]:
+    async def reconcile_page(
+        self, after: tuple[str, uuid.UUID] | None, limit: int, grace_s: float
+    ) -> list[asyncpg.Record]:
         """(device, id, lease, updated_at) of the next `limit` open tasks after `after` in (device, id) order, of
         those unchanged for `grace_s`: one keyset page, an index-only scan of the partial index of open tasks
         (migration 0009), so a pass reads as many index entries as there are open tasks however many finished
@@ -495,7 +569,11 @@ class TaskStore:
             FROM tasks t
             JOIN unnest($1::uuid[], $2::int[], $3::timestamptz[]) AS u(id, lease, updated) ON t.id = u.id
             WHERE t.status IN ({_OPEN_SQL}) AND t.lease = u.lease AND t.updated_at = u.updated
-            """, [s[0] for s in seen], [s[1] for s in seen], [s[2] for s in seen])
+            """,
+            [s[0] for s in seen],
+            [s[1] for s in seen],
+            [s[2] for s in seen],
+        )
 
     async def note_each(self, notes: Sequence[tuple[uuid.UUID, str]]) -> None:
         """Appends a remark of its own to each open task's history, without changing its status (one statement)."""
@@ -505,7 +583,10 @@ class TaskStore:
                        'status', t.status, 'at', now(), 'attempt', t.attempts, 'detail', u.detail))
             FROM unnest($1::uuid[], $2::text[]) AS u(id, detail)
             WHERE t.id = u.id AND t.status IN ({_OPEN_SQL})
-            """, [n[0] for n in notes], [n[1] for n in notes])
+            """,
+            [n[0] for n in notes],
+            [n[1] for n in notes],
+        )
 
 
 #: OPEN_STATUSES as SQL literals: a partial index over open tasks is used only when the planner can prove its

@@ -44,55 +44,108 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _RPC_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 # --- every service: RPCs ----------------------------------------------------------------------------
-RPC_HANDLED = Counter("sieve_grpc_server_handled", "RPCs completed, by method and status code",
-                      ["grpc_method", "grpc_code"], registry=REGISTRY)
-RPC_SECONDS = Histogram("sieve_grpc_server_handling_seconds", "Time to complete an RPC (a stream: its lifetime)",
-                        ["grpc_method"], buckets=_RPC_BUCKETS, registry=REGISTRY)
+RPC_HANDLED = Counter(
+    "sieve_grpc_server_handled",
+    "RPCs completed, by method and status code",
+    ["grpc_method", "grpc_code"],
+    registry=REGISTRY,
+)
+RPC_SECONDS = Histogram(
+    "sieve_grpc_server_handling_seconds",
+    "Time to complete an RPC (a stream: its lifetime)",
+    ["grpc_method"],
+    buckets=_RPC_BUCKETS,
+    registry=REGISTRY,
+)
 
 # --- intake ------------------------------------------------------------------------------------------
-SUBMITTED = Counter("sieve_submitted_tasks",
-                    "Tasks accepted by Submit / SubmitBatch, by outcome (accepted: a new task; deduplicated: "
-                    "an idempotency key returned the earlier task)", ["outcome"], registry=REGISTRY)
-REJECTIONS = Counter("sieve_submit_rejections",
-                     "Submits refused, by reason: global_limit / device_limit (per task), invalid_argument / "
-                     "unauthenticated / unavailable (per call)", ["reason"], registry=REGISTRY)
+SUBMITTED = Counter(
+    "sieve_submitted_tasks",
+    "Tasks accepted by Submit / SubmitBatch, by outcome (accepted: a new task; deduplicated: "
+    "an idempotency key returned the earlier task)",
+    ["outcome"],
+    registry=REGISTRY,
+)
+REJECTIONS = Counter(
+    "sieve_submit_rejections",
+    "Submits refused, by reason: global_limit / device_limit (per task), invalid_argument / "
+    "unauthenticated / unavailable (per call)",
+    ["reason"],
+    registry=REGISTRY,
+)
 
 # --- scheduler ---------------------------------------------------------------------------------------
-DISPATCH_BATCH_SIZE = Histogram("sieve_dispatch_batch_size", "Tasks in one assignment batch sent to a worker",
-                                buckets=(1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50, 100), registry=REGISTRY)
-CLAIMS = Counter("sieve_claims", "Device claims that took tasks, by whether another device was starving "
-                 "(then the batch is the minimum size)", ["starving"], registry=REGISTRY)
-QUEUE_WAIT = Histogram("sieve_queue_wait_seconds", "Time from enqueue to claim, by priority",
-                       ["priority"], buckets=_LATENCY_BUCKETS, registry=REGISTRY)
+DISPATCH_BATCH_SIZE = Histogram(
+    "sieve_dispatch_batch_size",
+    "Tasks in one assignment batch sent to a worker",
+    buckets=(1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30, 50, 100),
+    registry=REGISTRY,
+)
+CLAIMS = Counter(
+    "sieve_claims",
+    "Device claims that took tasks, by whether another device was starving (then the batch is the minimum size)",
+    ["starving"],
+    registry=REGISTRY,
+)
+QUEUE_WAIT = Histogram(
+    "sieve_queue_wait_seconds",
+    "Time from enqueue to claim, by priority",
+    ["priority"],
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
 
 # --- scheduler: reconciliation with PostgreSQL (scheduler_svc/reconcile.py) -----------------------------
-RECONCILED = Counter("sieve_reconciled",
-                     "What reconciliation found wrong in Redis and mended, by kind: requeued (an open task in no "
-                     "queue, lease or delayed set), dead_lettered / expired (its final status was lost on the way to "
-                     "PostgreSQL), lease_deadline (a lease that had no deadline), device (a device's meta or schedule "
-                     "disagreed with its queues), pending_recount (the pending counter was off), duplicate (a task "
-                     "found twice: reported, not changed)", ["kind"], registry=REGISTRY)
-RECONCILE_CHECKED = Counter("sieve_reconcile_checked_tasks", "Open tasks reconciliation looked up in Redis",
-                            registry=REGISTRY)
-RECONCILE_SECONDS = Histogram("sieve_reconcile_pass_seconds", "Time one reconciliation pass over every open task took",
-                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
-                              registry=REGISTRY)
+RECONCILED = Counter(
+    "sieve_reconciled",
+    "What reconciliation found wrong in Redis and mended, by kind: requeued (an open task in no "
+    "queue, lease or delayed set), dead_lettered / expired (its final status was lost on the way to "
+    "PostgreSQL), lease_deadline (a lease that had no deadline), device (a device's meta or schedule "
+    "disagreed with its queues), pending_recount (the pending counter was off), duplicate (a task "
+    "found twice: reported, not changed)",
+    ["kind"],
+    registry=REGISTRY,
+)
+RECONCILE_CHECKED = Counter(
+    "sieve_reconcile_checked_tasks", "Open tasks reconciliation looked up in Redis", registry=REGISTRY
+)
+RECONCILE_SECONDS = Histogram(
+    "sieve_reconcile_pass_seconds",
+    "Time one reconciliation pass over every open task took",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+    registry=REGISTRY,
+)
 
 # --- worker ------------------------------------------------------------------------------------------
-SUBMIT_TO_START = Histogram("sieve_submit_to_start_seconds",
-                            "Time from enqueue (the Submit, or the re-enqueue of a retry) to the worker's start, "
-                            "by task type", ["type"], buckets=_LATENCY_BUCKETS, registry=REGISTRY)
-START_TO_DONE = Histogram("sieve_start_to_done_seconds",
-                          "Time from the worker's start to the result being stored, by task type",
-                          ["type"], buckets=_LATENCY_BUCKETS, registry=REGISTRY)
-TASK_NACKS = Counter("sieve_task_nacks",
-                     "Tasks a worker handed back, by type and why: transient (a failure that may pass: fetch "
-                     "timeout, HTTP 5xx/429, PostgreSQL write, OCR runtime error), timeout (past the execution "
-                     "timeout), batch_error (the whole batch raised), engine_busy (OCR engine held by abandoned work)",
-                     ["type", "reason"], registry=REGISTRY)
-TASK_RESULTS = Counter("sieve_task_results",
-                       "Attempts a worker finished, by type and outcome (succeeded, failed, refused: stale "
-                       "attempt or cancelled; nacked: handed back)", ["type", "outcome"], registry=REGISTRY)
+SUBMIT_TO_START = Histogram(
+    "sieve_submit_to_start_seconds",
+    "Time from enqueue (the Submit, or the re-enqueue of a retry) to the worker's start, by task type",
+    ["type"],
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+START_TO_DONE = Histogram(
+    "sieve_start_to_done_seconds",
+    "Time from the worker's start to the result being stored, by task type",
+    ["type"],
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+TASK_NACKS = Counter(
+    "sieve_task_nacks",
+    "Tasks a worker handed back, by type and why: transient (a failure that may pass: fetch "
+    "timeout, HTTP 5xx/429, PostgreSQL write, OCR runtime error), timeout (past the execution "
+    "timeout), batch_error (the whole batch raised), engine_busy (OCR engine held by abandoned work)",
+    ["type", "reason"],
+    registry=REGISTRY,
+)
+TASK_RESULTS = Counter(
+    "sieve_task_results",
+    "Attempts a worker finished, by type and outcome (succeeded, failed, refused: stale "
+    "attempt or cancelled; nacked: handed back)",
+    ["type", "outcome"],
+    registry=REGISTRY,
+)
 
 
 # --- read at scrape time -----------------------------------------------------------------------------
@@ -132,16 +185,22 @@ LEASE_RECLAIMS = _c("sieve_lease_reclaims", "Leases that ran out and were taken 
 FENCING_REFUSALS = _c("sieve_fencing_refusals", "Acks or nacks refused because a newer attempt owns the task")
 EXPIRED = _c("sieve_expired_tasks", "Tasks dropped by this scheduler because their TTL passed")
 DEAD_LETTERED = _c("sieve_dead_lettered_tasks", "Tasks this scheduler moved to the dead-letter list")
-RECONNECT_LEASES = _c("sieve_reconnect_leases",
-                      "Leases reconnecting workers re-announced to this scheduler, by what became of them: adopted "
-                      "(held by the new stream), acked / nacked (their settlement had not arrived: settled at once), "
-                      "gone (already settled or taken back), refused (not the worker's token, or held by another "
-                      "stream)", "outcome")
-ORPHANED_LEASES = _c("sieve_orphaned_leases",
-                     "Leases of scheduler replicas that died, that no worker re-announced, put back by this one")
-EXECUTION_TIMEOUTS = _c("sieve_execution_timeouts",
-                        "Hand-outs this scheduler took back for running past their type's execution timeout "
-                        "(plus grace), by task type", "type")
+RECONNECT_LEASES = _c(
+    "sieve_reconnect_leases",
+    "Leases reconnecting workers re-announced to this scheduler, by what became of them: adopted "
+    "(held by the new stream), acked / nacked (their settlement had not arrived: settled at once), "
+    "gone (already settled or taken back), refused (not the worker's token, or held by another "
+    "stream)",
+    "outcome",
+)
+ORPHANED_LEASES = _c(
+    "sieve_orphaned_leases", "Leases of scheduler replicas that died, that no worker re-announced, put back by this one"
+)
+EXECUTION_TIMEOUTS = _c(
+    "sieve_execution_timeouts",
+    "Hand-outs this scheduler took back for running past their type's execution timeout (plus grace), by task type",
+    "type",
+)
 # scheduler: read from Redis / PostgreSQL
 PENDING = _g("sieve_pending_tasks", "PENDING tasks in PostgreSQL, by priority and type", "priority", "type")
 QUEUED = _g("sieve_queued_tasks", "Tasks waiting in the device queues (the Redis pending counter)")
@@ -156,11 +215,13 @@ CONNECTED_WORKERS = _g("sieve_scheduler_connected_workers", "Workers with an ope
 SCHEDULER_CREDITS = _g("sieve_scheduler_credits", "Credits workers granted this scheduler and it has not used")
 HELD_TASKS = _g("sieve_scheduler_held_tasks", "Tasks this scheduler handed to connected workers, not yet acked")
 # registry
-WORKERS = _g("sieve_registry_workers", "Live registered workers, by task type and availability",
-             "task_type", "available")
+WORKERS = _g(
+    "sieve_registry_workers", "Live registered workers, by task type and availability", "task_type", "available"
+)
 FLEET_ACTIVE_TASKS = _g("sieve_registry_active_tasks", "Tasks the live workers report running, summed")
-FLEET_RESOURCES = _g("sieve_registry_resource_percent", "Resource readings over the live workers (avg, max)",
-                     "resource", "stat")
+FLEET_RESOURCES = _g(
+    "sieve_registry_resource_percent", "Resource readings over the live workers (avg, max)", "resource", "stat"
+)
 # worker
 WORKER_SLOTS = _g("sieve_worker_slots", "Tasks this worker holds at once (its concurrency)")
 WORKER_IN_FLIGHT = _g("sieve_worker_in_flight", "Tasks this worker holds now (assigned, not yet acked)")
@@ -170,22 +231,32 @@ WORKER_CONNECTED = _g("sieve_worker_connected", "1 while the Pull stream to the 
 WORKER_COMPLETED = _c("sieve_worker_acked_tasks", "Tasks this worker finished and acked")
 WORKER_SKIPPED = _c("sieve_worker_skipped_tasks", "Assigned tasks not run: already final, cancelled or stale")
 WORKER_REFUSED = _c("sieve_worker_refused_results", "Results not stored: a newer attempt owned the task")
-WORKER_DB_WRITES = _c("sieve_worker_db_writes", "Group commits of this worker (one statement each), by writer",
-                      "writer")
+WORKER_DB_WRITES = _c(
+    "sieve_worker_db_writes", "Group commits of this worker (one statement each), by writer", "writer"
+)
 WORKER_DB_ROWS = _c("sieve_worker_db_rows", "Rows written by this worker's group commits, by writer", "writer")
-WORKER_RESOURCES = _g("sieve_worker_resource_percent", "This worker's last resource readings (percent)",
-                      "resource")
-WORKER_OVER_WATERMARK = _g("sieve_worker_over_watermark", "1 while the worker holds back (a reading over its "
-                           "watermark, not yet back under it by the hysteresis): no credits, arrivals put back")
+WORKER_RESOURCES = _g("sieve_worker_resource_percent", "This worker's last resource readings (percent)", "resource")
+WORKER_OVER_WATERMARK = _g(
+    "sieve_worker_over_watermark",
+    "1 while the worker holds back (a reading over its "
+    "watermark, not yet back under it by the hysteresis): no credits, arrivals put back",
+)
 WORKER_HELD_BACK = _g("sieve_worker_held_back", "1 while this resource holds the worker back", "resource")
-WORKER_HELD_BACK_SECONDS = _c("sieve_worker_held_back_seconds",
-                              "Seconds the worker held back, by the resource that held it back", "resource")
-WORKER_ABANDONED = _c("sieve_worker_abandoned_tasks",
-                      "Tasks this worker stopped waiting for past their execution timeout (nacked, counted)")
-WORKER_LINGERING = _g("sieve_worker_lingering_slots",
-                      "Slots held by abandoned work whose thread has not returned yet (a hung OCR inference)")
-WORKER_PRESSURE_PUT_BACK = _c("sieve_worker_pressure_put_back_tasks",
-                              "Tasks that reached the worker while it held back and were put back (uncounted)")
+WORKER_HELD_BACK_SECONDS = _c(
+    "sieve_worker_held_back_seconds", "Seconds the worker held back, by the resource that held it back", "resource"
+)
+WORKER_ABANDONED = _c(
+    "sieve_worker_abandoned_tasks",
+    "Tasks this worker stopped waiting for past their execution timeout (nacked, counted)",
+)
+WORKER_LINGERING = _g(
+    "sieve_worker_lingering_slots",
+    "Slots held by abandoned work whose thread has not returned yet (a hung OCR inference)",
+)
+WORKER_PRESSURE_PUT_BACK = _c(
+    "sieve_worker_pressure_put_back_tasks",
+    "Tasks that reached the worker while it held back and were put back (uncounted)",
+)
 
 
 class ScrapeCollector(Collector):

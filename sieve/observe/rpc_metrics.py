@@ -42,8 +42,11 @@ _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
 
 
-def wrap_handler(handler: grpc.RpcMethodHandler[_Req, _Resp], wrap: Callable[[Behavior, bool], Behavior],
-                 request_deserializer: Callable[[bytes], Any] | None = None) -> grpc.RpcMethodHandler[Any, _Resp]:
+def wrap_handler(
+    handler: grpc.RpcMethodHandler[_Req, _Resp],
+    wrap: Callable[[Behavior, bool], Behavior],
+    request_deserializer: Callable[[bytes], Any] | None = None,
+) -> grpc.RpcMethodHandler[Any, _Resp]:
     """The same handler with its behaviour wrapped (`wrap(behavior, response_streaming)`), and with
     `request_deserializer` instead of its own when one is given."""
     behavior: Behavior | None
@@ -58,8 +61,11 @@ def wrap_handler(handler: grpc.RpcMethodHandler[_Req, _Resp], wrap: Callable[[Be
     if behavior is None:  # grpc sets the attribute the streaming flags name
         raise TypeError(f"a method handler without the behaviour its streaming flags name: {handler!r}")
     deserializer = handler.request_deserializer if request_deserializer is None else request_deserializer
-    return factory(wrap(behavior, handler.response_streaming), request_deserializer=deserializer,
-                   response_serializer=handler.response_serializer)
+    return factory(
+        wrap(behavior, handler.response_streaming),
+        request_deserializer=deserializer,
+        response_serializer=handler.response_serializer,
+    )
 
 
 class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
@@ -81,8 +87,9 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
             method = method.decode()
         return wrap_handler(handler, lambda behavior, streaming: self._wrap(str(method), behavior, streaming))
 
-    def _after(self, method: str, began: float, context: grpc.aio.ServicerContext[Any, Any],
-               error: BaseException | None) -> None:
+    def _after(
+        self, method: str, began: float, context: grpc.aio.ServicerContext[Any, Any], error: BaseException | None
+    ) -> None:
         code = code_name(context, error)
         metrics.RPC_HANDLED.labels(method, code).inc()
         metrics.RPC_SECONDS.labels(method).observe(time.perf_counter() - began)
@@ -91,6 +98,7 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
 
     def _wrap(self, method: str, behavior: Behavior, response_streaming: bool) -> Behavior:
         if response_streaming and inspect.isasyncgenfunction(behavior):
+
             async def streaming(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
                 began, error = time.perf_counter(), None
                 try:

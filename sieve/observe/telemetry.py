@@ -82,8 +82,9 @@ def exporter_kind(env: Mapping[str, str] | None = None) -> str:
     return ""
 
 
-def setup_telemetry(service_name: str, settings: Settings | None = None,
-                    env: Mapping[str, str] | None = None) -> Telemetry:
+def setup_telemetry(
+    service_name: str, settings: Settings | None = None, env: Mapping[str, str] | None = None
+) -> Telemetry:
     """Sets up tracing for this process (once; a second call returns the first set-up)."""
     global _state
     if _state is not None:
@@ -121,10 +122,12 @@ def _start_tracing(state: Telemetry) -> None:
     RedisInstrumentor().instrument(tracer_provider=storage)
     # the asyncpg and gRPC instrumentations leave these unannotated
     AsyncPGInstrumentor().instrument(tracer_provider=storage)  # type: ignore[no-untyped-call]
-    state.server_interceptors = [
-        aio_server_interceptor(tracer_provider=provider, filter_=_not_health_server)]  # type: ignore[no-untyped-call]
-    state.client_interceptors = list(aio_client_interceptors(  # type: ignore[no-untyped-call]
-        tracer_provider=provider, filter_=_not_health_client))
+    state.server_interceptors = [aio_server_interceptor(tracer_provider=provider, filter_=_not_health_server)]  # type: ignore[no-untyped-call]
+    state.client_interceptors = list(
+        aio_client_interceptors(  # type: ignore[no-untyped-call]
+            tracer_provider=provider, filter_=_not_health_client
+        )
+    )
 
 
 def _not_health_server(details: grpc.HandlerCallDetails) -> bool:
@@ -209,8 +212,9 @@ class _ChildOnlyTracer(trace.Tracer):
     def __init__(self, tracer: trace.Tracer) -> None:
         self._tracer = tracer
 
-    def start_span(self, name: str, context: otel_context.Context | None = None,
-                   *args: Any, **kwargs: Any) -> trace.Span:
+    def start_span(
+        self, name: str, context: otel_context.Context | None = None, *args: Any, **kwargs: Any
+    ) -> trace.Span:
         if not _has_parent(context):
             return trace.INVALID_SPAN
         return self._tracer.start_span(name, context, *args, **kwargs)
@@ -219,7 +223,11 @@ class _ChildOnlyTracer(trace.Tracer):
     # coroutine function) as the result; this is contextlib's own, used as a `with` block only.
     @contextlib.contextmanager
     def start_as_current_span(  # type: ignore[override]
-            self, name: str, context: otel_context.Context | None = None, *args: Any, **kwargs: Any,
+        self,
+        name: str,
+        context: otel_context.Context | None = None,
+        *args: Any,
+        **kwargs: Any,
     ) -> Iterator[trace.Span]:
         if not _has_parent(context):
             yield trace.INVALID_SPAN
@@ -238,5 +246,16 @@ class ChildSpansOnly(trace.TracerProvider):
         return _ChildOnlyTracer(self._provider.get_tracer(*args, **kwargs))
 
 
-__all__ = ["ChildSpansOnly", "Telemetry", "context_from", "current_traceparent", "detached_context", "enabled",
-           "exporter_kind", "setup_telemetry", "shutdown_telemetry", "traceparent_of", "tracer"]
+__all__ = [
+    "ChildSpansOnly",
+    "Telemetry",
+    "context_from",
+    "current_traceparent",
+    "detached_context",
+    "enabled",
+    "exporter_kind",
+    "setup_telemetry",
+    "shutdown_telemetry",
+    "traceparent_of",
+    "tracer",
+]

@@ -77,8 +77,9 @@ def refused(reason: str) -> FetchError:
 
 
 def status_failure(status: int) -> FetchError:
-    return FetchError(f"fetch failed (HTTP {status})", status=status,
-                      transient=status >= 500 or status in TRANSIENT_STATUSES)
+    return FetchError(
+        f"fetch failed (HTTP {status})", status=status, transient=status >= 500 or status in TRANSIENT_STATUSES
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,16 +116,29 @@ class VettingResolver(AbstractResolver):  # type: ignore[misc]  # aiohttp is Any
         self._policy = policy
         self._getaddrinfo = getaddrinfo
 
-    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET,
-                      ) -> list[ResolveResult]:
+    async def resolve(
+        self,
+        host: str,
+        port: int = 0,
+        family: socket.AddressFamily = socket.AF_INET,
+    ) -> list[ResolveResult]:
         lookup = self._getaddrinfo or asyncio.get_running_loop().getaddrinfo
         # every address of the name, whatever family the connector prefers: one bad address refuses the host
         infos = await lookup(host, port, type=socket.SOCK_STREAM)
         found = _addresses(infos)
         self._policy.check(host, [ip for ip, _, _ in found])  # DestinationRefused propagates untouched
-        return [ResolveResult(hostname=host, host=str(ip), port=port, family=fam, proto=proto,
-                              flags=socket.AI_NUMERICHOST | socket.AI_NUMERICSERV)
-                for ip, fam, proto in found if not family or fam == family or family == socket.AF_UNSPEC]
+        return [
+            ResolveResult(
+                hostname=host,
+                host=str(ip),
+                port=port,
+                family=fam,
+                proto=proto,
+                flags=socket.AI_NUMERICHOST | socket.AI_NUMERICSERV,
+            )
+            for ip, fam, proto in found
+            if not family or fam == family or family == socket.AF_UNSPEC
+        ]
 
     async def close(self) -> None:
         return None
@@ -134,8 +148,16 @@ class SafeHttpClient:
     """Owns one connection pool for outbound http(s) within `policy`, a time and a size limit; `close` when
     done. `getaddrinfo` replaces the event loop's host-name lookup (tests: a DNS server that lies)."""
 
-    def __init__(self, policy: OutboundPolicy, *, timeout_s: float, max_bytes: int, max_redirects: int,
-                 headers: Mapping[str, str] | None = None, getaddrinfo: GetAddrInfo | None = None) -> None:
+    def __init__(
+        self,
+        policy: OutboundPolicy,
+        *,
+        timeout_s: float,
+        max_bytes: int,
+        max_redirects: int,
+        headers: Mapping[str, str] | None = None,
+        getaddrinfo: GetAddrInfo | None = None,
+    ) -> None:
         self.policy = policy
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
@@ -178,8 +200,15 @@ class SafeHttpClient:
         """The 2xx answer at `url`, redirects followed; FetchError otherwise."""
         return await self.request("GET", url)
 
-    async def request(self, method: str, url: str, *, body: bytes | None = None,
-                      headers: Mapping[str, str] | None = None, follow_redirects: bool | None = None) -> Fetched:
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        follow_redirects: bool | None = None,
+    ) -> Fetched:
         """One request within the policy and the limits; redirects are followed for GET and HEAD (unless
         `follow_redirects` says otherwise), each hop checked again. FetchError for anything but a 2xx."""
         began = time.perf_counter()
@@ -192,8 +221,7 @@ class SafeHttpClient:
             raise _log_refusal(hosts[-1], refused("not a valid URL"), "unparsable URL") from None
         try:
             async with asyncio.timeout(self.timeout_s):
-                status, response_headers, data, final = await self._follow(method, target, body, headers, follow,
-                                                                           hosts)
+                status, response_headers, data, final = await self._follow(method, target, body, headers, follow, hosts)
         except FetchError:
             raise
         except Exception as exc:
@@ -203,28 +231,44 @@ class SafeHttpClient:
             raise failure from None
         return Fetched(status, response_headers, data, str(final), (time.perf_counter() - began) * 1000)
 
-    async def _follow(self, method: str, url: URL, body: bytes | None, headers: Mapping[str, str] | None,
-                      follow: bool, hosts: list[str]) -> tuple[int, CIMultiDictProxy[str], bytes, URL]:
+    async def _follow(
+        self,
+        method: str,
+        url: URL,
+        body: bytes | None,
+        headers: Mapping[str, str] | None,
+        follow: bool,
+        hosts: list[str],
+    ) -> tuple[int, CIMultiDictProxy[str], bytes, URL]:
         session = self._client()
         for hop in range(self.max_redirects + 1):
             host = url.raw_host or "?"
             hosts.append(host)
             await self._vet(url, redirected=hop > 0)
-            async with session.request(method, url, data=body, headers=headers, allow_redirects=False,
-                                       proxy=None) as response:
+            async with session.request(
+                method, url, data=body, headers=headers, allow_redirects=False, proxy=None
+            ) as response:
                 if follow and response.status in REDIRECT_STATUSES:
                     location = response.headers.get("Location")
                     if not location:
-                        raise _log_failure(host, FetchError(f"fetch failed: HTTP {response.status} without a "
-                                                            "Location", transient=False, status=response.status))
+                        raise _log_failure(
+                            host,
+                            FetchError(
+                                f"fetch failed: HTTP {response.status} without a Location",
+                                transient=False,
+                                status=response.status,
+                            ),
+                        )
                     try:
                         next_url = url.join(URL(location))
                     except (ValueError, TypeError):
-                        raise _log_failure(host, FetchError("fetch failed: redirect to an invalid URL",
-                                                            transient=False)) from None
+                        raise _log_failure(
+                            host, FetchError("fetch failed: redirect to an invalid URL", transient=False)
+                        ) from None
                     if next_url.scheme.lower() not in ALLOWED_SCHEMES:
-                        raise _log_refusal(host, refused("redirect to a non-http(s) URL"),
-                                           f"redirect to scheme {next_url.scheme!r}")
+                        raise _log_refusal(
+                            host, refused("redirect to a non-http(s) URL"), f"redirect to scheme {next_url.scheme!r}"
+                        )
                     if hop == self.max_redirects:
                         break
                     if response.status == 303 or (response.status in (301, 302) and method == "POST"):
@@ -236,8 +280,9 @@ class SafeHttpClient:
                 if response.content_length is not None and response.content_length > self.max_bytes:
                     raise _log_failure(host, refused(f"body is larger than {self.max_bytes} bytes"))
                 return response.status, response.headers, await self._read(response, host), url
-        raise _log_failure(hosts[-1], FetchError(f"fetch failed: more than {self.max_redirects} redirects",
-                                                 transient=False))
+        raise _log_failure(
+            hosts[-1], FetchError(f"fetch failed: more than {self.max_redirects} redirects", transient=False)
+        )
 
     async def _vet(self, url: URL, *, redirected: bool) -> None:
         """Layer 1: what can be refused before anything is looked up or connected."""
@@ -257,7 +302,8 @@ class SafeHttpClient:
                     literal = literal[:-1]  # "127.0.0.1." is read as 127.0.0.1 by a resolver
                 try:
                     infos = await asyncio.get_running_loop().getaddrinfo(
-                        literal, url.port or 0, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+                        literal, url.port or 0, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
+                    )
                 except (socket.gaierror, UnicodeError):
                     raise DestinationRefused("the host is not a valid address", "unreadable IP literal") from None
                 self.policy.check(url.raw_host, [ip for ip, _, _ in _addresses(infos)])
@@ -314,5 +360,13 @@ def _failure(exc: Exception, host: str) -> FetchError | None:
     return FetchError(message, transient=transient)
 
 
-__all__ = ["ALLOWED_SCHEMES", "FetchError", "Fetched", "GetAddrInfo", "SafeHttpClient", "VettingResolver",
-           "refused", "status_failure"]
+__all__ = [
+    "ALLOWED_SCHEMES",
+    "FetchError",
+    "Fetched",
+    "GetAddrInfo",
+    "SafeHttpClient",
+    "VettingResolver",
+    "refused",
+    "status_failure",
+]

@@ -251,14 +251,20 @@ class OutboundPolicy:
             name = _normal_name(item)
             label = name.lstrip(".")
             if not label or any(c in name for c in "/:@ *") or literal_address(label) is not None:
-                raise SettingsError(f"SIEVE_OUTBOUND_ALLOW_HOSTS: {item!r} is neither a host name, a suffix "
-                                    "like .example.com nor a CIDR")
+                raise SettingsError(
+                    f"SIEVE_OUTBOUND_ALLOW_HOSTS: {item!r} is neither a host name, a suffix "
+                    "like .example.com nor a CIDR"
+                )
             if name.startswith("."):
                 suffixes.append("." + label)
             else:
                 names.add(name)
-        return cls(frozenset(names), tuple(suffixes), tuple(nets),
-                   _parse_nets("SIEVE_OUTBOUND_ALLOW_PRIVATE_NETS", allow_private_nets))
+        return cls(
+            frozenset(names),
+            tuple(suffixes),
+            tuple(nets),
+            _parse_nets("SIEVE_OUTBOUND_ALLOW_PRIVATE_NETS", allow_private_nets),
+        )
 
     @classmethod
     def from_settings(cls, settings: OutboundSettings) -> OutboundPolicy:
@@ -300,8 +306,9 @@ class OutboundPolicy:
         if self.restricted and not self.name_allowed(host):
             outside = [ip for ip in addresses if not _in_any(ip, self.allow_nets)]
             if outside:
-                raise DestinationRefused(NOT_ALLOWED, f"host {host!r} ({outside[0]}) is not in "
-                                                      "SIEVE_OUTBOUND_ALLOW_HOSTS")
+                raise DestinationRefused(
+                    NOT_ALLOWED, f"host {host!r} ({outside[0]}) is not in SIEVE_OUTBOUND_ALLOW_HOSTS"
+                )
 
     def check_without_dns(self, host: str) -> None:
         """The intake's early check: an IP-literal host is judged fully; a name only against a names-only
@@ -319,5 +326,17 @@ def policy_for(allow_hosts: str, allow_private_nets: str) -> OutboundPolicy:
     return OutboundPolicy.parse(allow_hosts, allow_private_nets)
 
 
-__all__ = ["NOT_ALLOWED", "NOT_PUBLIC", "DestinationRefused", "IPAddress", "OutboundPolicy", "OutboundSettings",
-           "embedded_ipv4", "is_public_address", "literal_address", "non_public_reason", "parse_address", "policy_for"]
+__all__ = [
+    "NOT_ALLOWED",
+    "NOT_PUBLIC",
+    "DestinationRefused",
+    "IPAddress",
+    "OutboundPolicy",
+    "OutboundSettings",
+    "embedded_ipv4",
+    "is_public_address",
+    "literal_address",
+    "non_public_reason",
+    "parse_address",
+    "policy_for",
+]

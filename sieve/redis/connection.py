@@ -29,8 +29,7 @@ REQUIRED_POLICY = "noeviction"
 
 def redis_client(settings: Settings) -> Redis:
     """A decoded-string async client on settings.redis_url; connects on first use."""
-    return Redis.from_url(settings.redis_url, decode_responses=True, health_check_interval=10,
-                          socket_keepalive=True)
+    return Redis.from_url(settings.redis_url, decode_responses=True, health_check_interval=10, socket_keepalive=True)
 
 
 def redis_location(url: str) -> str:
@@ -82,17 +81,25 @@ class EvictionCheck:
         except ResponseError as exc:  # NOPERM from an ACL, or CONFIG renamed away by a managed Redis
             if not self._warned_unchecked:
                 self._warned_unchecked = True
-                log.warning("cannot check Redis maxmemory-policy at %s (%s): make sure it is %s, or Redis may "
-                            "evict queued tasks and leases under memory pressure", self.where, exc, REQUIRED_POLICY)
+                log.warning(
+                    "cannot check Redis maxmemory-policy at %s (%s): make sure it is %s, or Redis may "
+                    "evict queued tasks and leases under memory pressure",
+                    self.where,
+                    exc,
+                    REQUIRED_POLICY,
+                )
             return
         policy = str(reply.get("maxmemory-policy", "")) if isinstance(reply, dict) else ""
         self.policy = policy or None
         if not policy or policy == REQUIRED_POLICY:
             return
-        message = (f"Redis at {self.where} runs with maxmemory-policy {policy}: it may evict queued tasks, leases "
-                   f"and admission counters under memory pressure. Fix: start Redis with --maxmemory-policy "
-                   f"{REQUIRED_POLICY} (or run CONFIG SET maxmemory-policy {REQUIRED_POLICY}).")
+        message = (
+            f"Redis at {self.where} runs with maxmemory-policy {policy}: it may evict queued tasks, leases "
+            f"and admission counters under memory pressure. Fix: start Redis with --maxmemory-policy "
+            f"{REQUIRED_POLICY} (or run CONFIG SET maxmemory-policy {REQUIRED_POLICY})."
+        )
         if self.require:
-            raise EvictionPolicyError(message + " Refusing to serve until then "
-                                                "(SIEVE_REDIS_REQUIRE_NOEVICTION=false serves anyway).")
+            raise EvictionPolicyError(
+                message + " Refusing to serve until then (SIEVE_REDIS_REQUIRE_NOEVICTION=false serves anyway)."
+            )
         log.error("%s Serving anyway: SIEVE_REDIS_REQUIRE_NOEVICTION is false.", message)

@@ -34,17 +34,28 @@ class Entry:
     caller: str = ""
 
     def encode(self) -> str:
-        text = (f"{self.task_id}|{self.task_type}|{self.priority}|{self.enqueued_ms}|{self.expires_ms}"
-                f"|{self.attempt}|{self.defers}|{self.failures}|{self.trace}")
+        text = (
+            f"{self.task_id}|{self.task_type}|{self.priority}|{self.enqueued_ms}|{self.expires_ms}"
+            f"|{self.attempt}|{self.defers}|{self.failures}|{self.trace}"
+        )
         return f"{text}|{self.caller}" if self.caller else text
 
     @classmethod
     def decode(cls, raw: str | bytes) -> Entry:
         text = raw.decode() if isinstance(raw, bytes) else raw
-        task_id, task_type, priority, enqueued, expires, attempt, defers, failures, trace, *caller = \
-            text.split("|", 9)
-        return cls(task_id, int(task_type), int(priority), int(enqueued), int(expires), int(attempt),
-                   int(defers), int(failures), trace, caller[0] if caller else "")
+        task_id, task_type, priority, enqueued, expires, attempt, defers, failures, trace, *caller = text.split("|", 9)
+        return cls(
+            task_id,
+            int(task_type),
+            int(priority),
+            int(enqueued),
+            int(expires),
+            int(attempt),
+            int(defers),
+            int(failures),
+            trace,
+            caller[0] if caller else "",
+        )
 
     def with_attempt(self, attempt: int) -> Entry:
         return replace(self, attempt=attempt)

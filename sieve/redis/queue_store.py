@@ -27,7 +27,6 @@ from sieve.settings import Settings
 NO_LIMIT = 2**50
 
 
-
 def now_ms() -> float:
     """Now in milliseconds, to 0.1 ms (Lua keeps 14 significant digits of a number)."""
     return round(time.time() * 1000, 1)
@@ -123,8 +122,20 @@ class TypesDeferred:
 class QueueStore:
     """The per-device queues, schedule sets, locks and leases of one Sieve installation."""
 
-    _SCRIPTS = ("enqueueTasks", "rankDevices", "popBatch", "releaseDevice", "deferDevice", "deferTypes",
-                "resumeDevice", "ackTasks", "requeueTasks", "removeQueued", "promoteDelayed", "takeTokens")
+    _SCRIPTS = (
+        "enqueueTasks",
+        "rankDevices",
+        "popBatch",
+        "releaseDevice",
+        "deferDevice",
+        "deferTypes",
+        "resumeDevice",
+        "ackTasks",
+        "requeueTasks",
+        "removeQueued",
+        "promoteDelayed",
+        "takeTokens",
+    )
 
     def __init__(self, redis: Redis, settings: Settings) -> None:
         self.redis = redis
@@ -160,8 +171,9 @@ class QueueStore:
         return dk.block, dk.lock
 
     # --- enqueue ----------------------------------------------------------------------------------
-    async def enqueue(self, mac: str, entries: list[Entry], *, now: float | None = None,
-                      caller_limit: int = NO_LIMIT) -> tuple[int, int]:
+    async def enqueue(
+        self, mac: str, entries: list[Entry], *, now: float | None = None, caller_limit: int = NO_LIMIT
+    ) -> tuple[int, int]:
         """Queues a device's tasks; returns (device backlog, global pending) or raises AdmissionRefused."""
         if not entries:
             raise ValueError("nothing to enqueue")
@@ -170,9 +182,15 @@ class QueueStore:
             raise outcome
         return outcome
 
-    async def enqueue_many(self, groups: dict[str, list[Entry]], *, now: float | None = None, admit: bool = True,
-                           rebuilding: bool = False,
-                           caller_limit: int = NO_LIMIT) -> dict[str, tuple[int, int] | AdmissionRefused]:
+    async def enqueue_many(
+        self,
+        groups: dict[str, list[Entry]],
+        *,
+        now: float | None = None,
+        admit: bool = True,
+        rebuilding: bool = False,
+        caller_limit: int = NO_LIMIT,
+    ) -> dict[str, tuple[int, int] | AdmissionRefused]:
         """Queues several devices' tasks in one pipelined round trip; each device is admitted alone
         (`admit=False` skips the limits: an operator's requeue of dead letters, a rebuild), and so is each
         caller of its entries: at most `caller_limit` open tasks per caller. Raises RedisNotReady while
@@ -181,17 +199,35 @@ class QueueStore:
         k, s = self.keys, self.settings
         total, per_device = (s.max_total_pending, s.max_per_device_pending) if admit else (NO_LIMIT, NO_LIMIT)
         per_caller = caller_limit if admit else NO_LIMIT
-        replies = await self._call_pipelined([
-            ("enqueueTasks", [*self._device(mac)[0], k.pending, k.overloaded, k.devices, k.generation, k.caller_open],
-             [now, total, per_device, s.weight_of(mac), mac, k.wake_channel, int(not rebuilding), per_caller,
-              *(e.encode() for e in entries)])
-            for mac, entries in groups.items()])
+        replies = await self._call_pipelined(
+            [
+                (
+                    "enqueueTasks",
+                    [*self._device(mac)[0], k.pending, k.overloaded, k.devices, k.generation, k.caller_open],
+                    [
+                        now,
+                        total,
+                        per_device,
+                        s.weight_of(mac),
+                        mac,
+                        k.wake_channel,
+                        int(not rebuilding),
+                        per_caller,
+                        *(e.encode() for e in entries),
+                    ],
+                )
+                for mac, entries in groups.items()
+            ]
+        )
         if any(reply[0] == ScriptCode.REDIS_NOT_READY for reply in replies):
             raise RedisNotReady("Redis lost its queues; they are being rebuilt from PostgreSQL")
         out: dict[str, tuple[int, int] | AdmissionRefused] = {}
         for mac, (code, backlog, pending, caller_open) in zip(groups, replies, strict=True):
-            out[mac] = ((backlog, pending) if code == ScriptCode.OK
-                        else AdmissionRefused(ScriptCode(code), backlog, pending, caller_open))
+            out[mac] = (
+                (backlog, pending)
+                if code == ScriptCode.OK
+                else AdmissionRefused(ScriptCode(code), backlog, pending, caller_open)
+            )
         return out
 
     async def admission_snapshot(self, devices: list[str]) -> tuple[int, dict[str, int]]:
@@ -199,16 +235,24 @@ class QueueStore:
         pending, backlogs, *_ = await self.admission_view(devices, "")
         return pending, backlogs
 
-    async def admission_view(self, devices: list[str], caller: str,
-                             take: TokenTake | None = None) -> tuple[int, dict[str, int], int, int, float]:
+    async def admission_view(
+        self, devices: list[str], caller: str, take: TokenTake | None = None
+    ) -> tuple[int, dict[str, int], int, int, float]:
         """Global pending, each device's backlog and the caller's open tasks ("": none) — and with `take`, the
         submit tokens taken from a caller's bucket (granted, seconds until the rest is back; else 0, 0) — in one
         round trip."""
         for attempt in (1, 2):
             async with self.redis.pipeline(transaction=False) as pipe:
                 if take is not None:
-                    pipe.evalsha(self._scripts["takeTokens"].sha, 1, self.keys.submit_bucket(take.caller), "",
-                                 take.rate_per_s, take.burst, take.wanted)
+                    pipe.evalsha(
+                        self._scripts["takeTokens"].sha,
+                        1,
+                        self.keys.submit_bucket(take.caller),
+                        "",
+                        take.rate_per_s,
+                        take.burst,
+                        take.wanted,
+                    )
                 pipe.get(self.keys.pending)
                 pipe.hget(self.keys.caller_open, caller)
                 for mac in devices:
@@ -237,12 +281,14 @@ class QueueStore:
         values = await _reply(self.redis.hmget(self.keys.caller_open, callers))
         return {c: int(v or 0) for c, v in zip(callers, values, strict=True)}
 
-    async def take_tokens(self, caller: str, wanted: int, rate_per_s: float, burst: int,
-                          *, now: float | None = None) -> tuple[int, float]:
+    async def take_tokens(
+        self, caller: str, wanted: int, rate_per_s: float, burst: int, *, now: float | None = None
+    ) -> tuple[int, float]:
         """Takes up to `wanted` submit tokens from the caller's token bucket (Redis's clock unless `now`, ms, is
         given): (tokens granted, seconds until the refused rest is back; 0 when all were granted)."""
-        granted, wait_ms = await self._call("takeTokens", [self.keys.submit_bucket(caller)],
-                                            ["" if now is None else now, rate_per_s, burst, wanted])
+        granted, wait_ms = await self._call(
+            "takeTokens", [self.keys.submit_bucket(caller)], ["" if now is None else now, rate_per_s, burst, wanted]
+        )
         return int(granted), int(wait_ms) / 1000
 
     async def mark_overloaded(self, mac: str) -> None:
@@ -253,8 +299,11 @@ class QueueStore:
         """Takes a task out of its device queue (cancelled or expired); None when it is not queued."""
         block, _ = self._device(mac)
         k = self.keys
-        raw = await self._call("removeQueued", [*block, k.pending, k.overloaded, k.devices, k.caller_open],
-                               [now or now_ms(), mac, task_id, self.settings.max_per_device_pending])
+        raw = await self._call(
+            "removeQueued",
+            [*block, k.pending, k.overloaded, k.devices, k.caller_open],
+            [now or now_ms(), mac, task_id, self.settings.max_per_device_pending],
+        )
         return Entry.decode(raw) if raw else None
 
     async def cancel(self, mac: str, task_id: str, *, now: float | None = None) -> bool:
@@ -264,66 +313,114 @@ class QueueStore:
     # --- claim ------------------------------------------------------------------------------------
     def _rank_call(self, exclude: str | None, now: float) -> tuple[str, list[str], list[Any]]:
         s = self.settings
-        return ("rankDevices", [*self._class_keys, self.keys.backoff],
-                [now, int(s.aging_max_wait_s * 1000), int(s.starvation_hint_s * 1000), exclude or "",
-                 *self._class_args])
+        return (
+            "rankDevices",
+            [*self._class_keys, self.keys.backoff],
+            [now, int(s.aging_max_wait_s * 1000), int(s.starvation_hint_s * 1000), exclude or "", *self._class_args],
+        )
 
     @staticmethod
     def _rank(reply: list[Any], now: float) -> Rank:
         mac, _index, starving, next_backoff, longest, wait, weight, runner = reply
         next_backoff, longest, wait, runner = float(next_backoff), float(longest), float(wait), float(runner)
         overshoot = max(0.0, wait - runner / int(weight)) if mac and runner >= 0 and weight else 0.0
-        return Rank(mac or None, bool(starving), None if next_backoff < 0 else next_backoff,
-                    None if longest < 0 else longest, overshoot, now)
+        return Rank(
+            mac or None,
+            bool(starving),
+            None if next_backoff < 0 else next_backoff,
+            None if longest < 0 else longest,
+            overshoot,
+            now,
+        )
 
     async def rank(self, *, exclude: str | None = None, now: float | None = None) -> Rank:
         """The device with the best aging score that is schedulable (not served, not in backoff)."""
         now = now or now_ms()
         return self._rank(await self._call(*self._rank_call(exclude, now)), now)
 
-    def _pop_call(self, mac: str, token: str, count: int, allowed_types: list[int] | None, release: bool,
-                  now: float, carry_ms: float = 0.0) -> tuple[str, list[str], list[Any]]:
+    def _pop_call(
+        self,
+        mac: str,
+        token: str,
+        count: int,
+        allowed_types: list[int] | None,
+        release: bool,
+        now: float,
+        carry_ms: float = 0.0,
+    ) -> tuple[str, list[str], list[Any]]:
         block, lock = self._device(mac)
         k, s = self.keys, self.settings
-        return ("popBatch",
-                [*block, lock, k.pending, k.serving, k.leases, k.lease_data, k.overloaded, k.devices, k.caller_open],
-                [now, token, int(s.lock_ttl_s * 1000), count, int(s.aging_max_wait_s * 1000),
-                 int(s.lease_ttl_s * 1000), mac, s.max_per_device_pending,
-                 # "-" allows no type at all ("" would allow any)
-                 "" if allowed_types is None else (",".join(map(str, allowed_types)) or "-"), int(release),
-                 round(carry_ms, 1)])
+        return (
+            "popBatch",
+            [*block, lock, k.pending, k.serving, k.leases, k.lease_data, k.overloaded, k.devices, k.caller_open],
+            [
+                now,
+                token,
+                int(s.lock_ttl_s * 1000),
+                count,
+                int(s.aging_max_wait_s * 1000),
+                int(s.lease_ttl_s * 1000),
+                mac,
+                s.max_per_device_pending,
+                # "-" allows no type at all ("" would allow any)
+                "" if allowed_types is None else (",".join(map(str, allowed_types)) or "-"),
+                int(release),
+                round(carry_ms, 1),
+            ],
+        )
 
     @staticmethod
     def _popped(reply: list[Any]) -> Popped:
         if reply[0] in (ScriptCode.LOCK_HELD, ScriptCode.DEVICE_NOT_READY):
             return Popped(ready=False)
         taken_count, blocked, rest = reply[1], reply[2], reply[3:]
-        return Popped(True, [Entry.decode(r) for r in rest[:taken_count]],
-                      [Entry.decode(r) for r in rest[taken_count:]], bool(blocked))
+        return Popped(
+            True,
+            [Entry.decode(r) for r in rest[:taken_count]],
+            [Entry.decode(r) for r in rest[taken_count:]],
+            bool(blocked),
+        )
 
-    async def pop(self, mac: str, token: str, count: int, *, allowed_types: list[int] | None = None,
-                  release: bool = False, now: float | None = None) -> Popped:
+    async def pop(
+        self,
+        mac: str,
+        token: str,
+        count: int,
+        *,
+        allowed_types: list[int] | None = None,
+        release: bool = False,
+        now: float | None = None,
+    ) -> Popped:
         """Locks the device with `token`, marks it served and leases up to `count` of its tasks (only of
         `allowed_types`, when given). With `release` the device is unlocked and rescheduled at once."""
-        return self._popped(await self._call(*self._pop_call(mac, token, count, allowed_types, release,
-                                                             now or now_ms())))
+        return self._popped(
+            await self._call(*self._pop_call(mac, token, count, allowed_types, release, now or now_ms()))
+        )
 
-    async def pop_and_rank(self, mac: str, token: str, count: int, allowed_types: list[int], *,
-                           exclude: str | None = None, carry_ms: float = 0.0,
-                           now: float | None = None) -> tuple[Popped, Rank]:
+    async def pop_and_rank(
+        self,
+        mac: str,
+        token: str,
+        count: int,
+        allowed_types: list[int],
+        *,
+        exclude: str | None = None,
+        carry_ms: float = 0.0,
+        now: float | None = None,
+    ) -> tuple[Popped, Rank]:
         """Pops and releases `mac`, then ranks the next device (after the release, so `mac` competes
         with its wait just restarted), in one round trip."""
         now = now or now_ms()
-        popped, ranked = await self._call_pipelined([
-            self._pop_call(mac, token, count, allowed_types, True, now, carry_ms), self._rank_call(exclude, now)])
+        popped, ranked = await self._call_pipelined(
+            [self._pop_call(mac, token, count, allowed_types, True, now, carry_ms), self._rank_call(exclude, now)]
+        )
         return self._popped(popped), self._rank(ranked, now)
 
     async def release(self, mac: str, token: str, *, now: float | None = None) -> None:
         """Unlocks a device after a dispatch; it is scheduled again if it has work (wait restarts)."""
         block, lock = self._device(mac)
         k = self.keys
-        code = await self._call("releaseDevice", [*block, lock, k.serving, k.devices],
-                                [now or now_ms(), token, mac])
+        code = await self._call("releaseDevice", [*block, lock, k.serving, k.devices], [now or now_ms(), token, mac])
         if code == ScriptCode.LOCK_NOT_OWNED:
             raise LockNotOwned(f"lock of {mac} is not held by {token}")
 
@@ -341,24 +438,45 @@ class QueueStore:
         return True
 
     # --- the ways back ----------------------------------------------------------------------------
-    async def defer(self, mac: str, token: str, task_ids: list[str], reason: str,
-                    *, now: float | None = None) -> Deferred:
+    async def defer(
+        self, mac: str, token: str, task_ids: list[str], reason: str, *, now: float | None = None
+    ) -> Deferred:
         """Puts `task_ids` back and backs the device off exponentially."""
         block, lock = self._device(mac)
         k, s = self.keys, self.settings
         reply = await self._call(
             "deferDevice",
-            [*block, lock, k.serving, k.backoff, k.pending, k.leases, k.lease_data, k.dead_letters, k.devices,
-             k.caller_open],
-            [now or now_ms(), token, mac, int(s.defer_backoff_base_s * 1000),
-             int(s.defer_backoff_max_s * 1000), s.max_attempts, reason, s.dead_letter_keep, *task_ids],
+            [
+                *block,
+                lock,
+                k.serving,
+                k.backoff,
+                k.pending,
+                k.leases,
+                k.lease_data,
+                k.dead_letters,
+                k.devices,
+                k.caller_open,
+            ],
+            [
+                now or now_ms(),
+                token,
+                mac,
+                int(s.defer_backoff_base_s * 1000),
+                int(s.defer_backoff_max_s * 1000),
+                s.max_attempts,
+                reason,
+                s.dead_letter_keep,
+                *task_ids,
+            ],
         )
         if reply[0] == ScriptCode.LOCK_NOT_OWNED:
             raise LockNotOwned(f"lock of {mac} is not held by {token}")
         return Deferred(int(reply[0]), [json.loads(r) for r in reply[1:]])
 
-    async def defer_types(self, mac: str, token: str, task_ids: list[str], task_types: list[int], reason: str,
-                          *, now: float | None = None) -> TypesDeferred:
+    async def defer_types(
+        self, mac: str, token: str, task_ids: list[str], task_types: list[int], reason: str, *, now: float | None = None
+    ) -> TypesDeferred:
         """Sends the leased `task_ids` and every queued task of `task_types` of this device to wait in the
         delayed set (each base x 2^(defers-1), capped; dead-lettered at max_attempts defers), then releases
         the device and schedules it for its other work: one type that cannot be served does not hold back
@@ -367,17 +485,39 @@ class QueueStore:
         k, s = self.keys, self.settings
         reply = await self._call(
             "deferTypes",
-            [*block, lock, k.serving, k.pending, k.leases, k.lease_data, k.dead_letters, k.devices, k.delayed,
-             k.overloaded, k.caller_open],
-            [now or now_ms(), token, mac, int(s.defer_backoff_base_s * 1000), int(s.defer_backoff_max_s * 1000),
-             s.max_attempts, reason, s.dead_letter_keep, ",".join(str(t) for t in sorted(set(task_types))),
-             s.max_per_device_pending, *task_ids],
+            [
+                *block,
+                lock,
+                k.serving,
+                k.pending,
+                k.leases,
+                k.lease_data,
+                k.dead_letters,
+                k.devices,
+                k.delayed,
+                k.overloaded,
+                k.caller_open,
+            ],
+            [
+                now or now_ms(),
+                token,
+                mac,
+                int(s.defer_backoff_base_s * 1000),
+                int(s.defer_backoff_max_s * 1000),
+                s.max_attempts,
+                reason,
+                s.dead_letter_keep,
+                ",".join(str(t) for t in sorted(set(task_types))),
+                s.max_per_device_pending,
+                *task_ids,
+            ],
         )
         if reply[0] == ScriptCode.LOCK_NOT_OWNED:
             raise LockNotOwned(f"lock of {mac} is not held by {token}")
         dead_count = int(reply[1])
-        return TypesDeferred(int(reply[0]), [str(i) for i in reply[2 + dead_count:]],
-                             [json.loads(r) for r in reply[2: 2 + dead_count]])
+        return TypesDeferred(
+            int(reply[0]), [str(i) for i in reply[2 + dead_count :]], [json.loads(r) for r in reply[2 : 2 + dead_count]]
+        )
 
     async def resume_due(self, *, now: float | None = None, limit: int = 500) -> list[str]:
         """Schedules again every device whose backoff has ended; returns them."""
@@ -411,31 +551,54 @@ class QueueStore:
         if not by_device:
             return acked
         k = self.keys
-        calls = [("ackTasks", [k.leases, k.lease_data, k.caller_open, k.meta(mac)],
-                  [mac, *(x for i in indexes for x in leases[i])]) for mac, indexes in by_device.items()]
+        calls = [
+            (
+                "ackTasks",
+                [k.leases, k.lease_data, k.caller_open, k.meta(mac)],
+                [mac, *(x for i in indexes for x in leases[i])],
+            )
+            for mac, indexes in by_device.items()
+        ]
         for indexes, reply in zip(by_device.values(), await self._call_pipelined(calls), strict=True):
             for i, r in zip(indexes, reply, strict=True):
                 acked[i] = bool(r)
         return acked
 
-    async def requeue(self, mac: str, leases: list[tuple[str, int | None]], *, count_attempt: bool,
-                      reason: str, retry_at_ms: float | None = None, max_attempts: int | None = None,
-                      now: float | None = None) -> Requeued:
+    async def requeue(
+        self,
+        mac: str,
+        leases: list[tuple[str, int | None]],
+        *,
+        count_attempt: bool,
+        reason: str,
+        retry_at_ms: float | None = None,
+        max_attempts: int | None = None,
+        now: float | None = None,
+    ) -> Requeued:
         """Puts one device's leased tasks back at the front of its queues (None attempt: any), at once
         or, with `retry_at_ms` in the future, once that time comes (promote_due)."""
         block, _ = self._device(mac)
         k, s = self.keys, self.settings
-        args: list[Any] = [now or now_ms(), mac, int(count_attempt),
-                           s.max_attempts if max_attempts is None else max_attempts, reason,
-                           s.dead_letter_keep, retry_at_ms or 0]
+        args: list[Any] = [
+            now or now_ms(),
+            mac,
+            int(count_attempt),
+            s.max_attempts if max_attempts is None else max_attempts,
+            reason,
+            s.dead_letter_keep,
+            retry_at_ms or 0,
+        ]
         for task_id, attempt in leases:
             args += [task_id, "*" if attempt is None else attempt]
         reply = await self._call(
-            "requeueTasks", [*block, k.pending, k.leases, k.lease_data, k.dead_letters, k.devices, k.delayed,
-                             k.caller_open],
-            args)
+            "requeueTasks",
+            [*block, k.pending, k.leases, k.lease_data, k.dead_letters, k.devices, k.delayed, k.caller_open],
+            args,
+        )
         dead = int(reply[1])
-        return Requeued(int(reply[0]), [json.loads(r) for r in reply[2: 2 + dead]], [str(i) for i in reply[2 + dead:]])
+        return Requeued(
+            int(reply[0]), [json.loads(r) for r in reply[2 : 2 + dead]], [str(i) for i in reply[2 + dead :]]
+        )
 
     async def promote_due(self, *, now: float | None = None, limit: int = 1000) -> int:
         """Puts delayed tasks whose retry time has come back at the front of their queues."""
@@ -447,15 +610,14 @@ class QueueStore:
         k = self.keys
         back = 0
         for mac, members in by_device.items():
-            back += await self._call("promoteDelayed", [*self._device(mac)[0], k.pending, k.delayed, k.devices],
-                                     [now, mac, *members])
+            back += await self._call(
+                "promoteDelayed", [*self._device(mac)[0], k.pending, k.delayed, k.devices], [now, mac, *members]
+            )
         return back
 
-    async def leases_due(self, *, now: float | None = None,
-                         limit: int = 1000) -> dict[str, list[tuple[str, int]]]:
+    async def leases_due(self, *, now: float | None = None, limit: int = 1000) -> dict[str, list[tuple[str, int]]]:
         """Leases that ran out, grouped by device: {mac: [(task_id, attempt)]}."""
-        ids = await self.redis.zrangebyscore(self.keys.leases, "-inf", now or now_ms(), start=0,
-                                             num=limit)
+        ids = await self.redis.zrangebyscore(self.keys.leases, "-inf", now or now_ms(), start=0, num=limit)
         if not ids:
             return {}
         values = await _reply(self.redis.hmget(self.keys.lease_data, ids))
@@ -563,13 +725,14 @@ class QueueStore:
         if not groups:
             return {}
         name = self._script("locateTasks")
-        replies = await self._call_pipelined([(name, self._reconcile_keys(mac), [mac, int(exact), *ids])
-                                              for mac, ids in groups.items()])
+        replies = await self._call_pipelined(
+            [(name, self._reconcile_keys(mac), [mac, int(exact), *ids]) for mac, ids in groups.items()]
+        )
         out: dict[str, Located] = {}
         for mac, reply in zip(groups, replies, strict=True):
             queued, backlog, problem, m, u, d = reply[:6]
             ids = [str(i) for i in reply[6:]]
-            out[mac] = Located(int(queued), int(backlog), str(problem), ids[:m], ids[m:m + u], ids[m + u:m + u + d])
+            out[mac] = Located(int(queued), int(backlog), str(problem), ids[:m], ids[m : m + u], ids[m + u : m + u + d])
         return out
 
     async def repair_devices(self, macs: list[str], *, now: float | None = None) -> dict[str, tuple[str, int, int]]:
@@ -578,8 +741,9 @@ class QueueStore:
         if not macs:
             return {}
         name, now = self._script("repairDevice"), now or now_ms()
-        replies = await self._call_pipelined([
-            (name, self._reconcile_keys(mac), [now, mac, self.settings.weight_of(mac)]) for mac in macs])
+        replies = await self._call_pipelined(
+            [(name, self._reconcile_keys(mac), [now, mac, self.settings.weight_of(mac)]) for mac in macs]
+        )
         return {mac: (str(r[0]), int(r[1]), int(r[2])) for mac, r in zip(macs, replies, strict=True) if r[0]}
 
     async def recount_pending(self, *, tries: int = 3) -> tuple[int, int] | None:
@@ -588,8 +752,11 @@ class QueueStore:
         name = self._script("recountPending")
         for _ in range(tries):
             devices = sorted(await _reply(self.redis.smembers(self.keys.devices)))
-            keys = [self.keys.pending, self.keys.devices,
-                    *(self.keys.queue(mac, p) for mac in devices for p in PRIORITIES)]
+            keys = [
+                self.keys.pending,
+                self.keys.devices,
+                *(self.keys.queue(mac, p) for mac in devices for p in PRIORITIES),
+            ]
             reply = await self._call(name, keys, devices)
             if reply[0] == ScriptCode.OK:
                 return int(reply[1]), int(reply[2])
@@ -597,8 +764,11 @@ class QueueStore:
 
     async def delayed_task_ids(self) -> set[str]:
         """Ids of every task in the delayed set (members "mac|task_id|..."), read in SCAN steps (not atomic)."""
-        return {member.split("|", 2)[1] async for member, _ in self.redis.zscan_iter(self.keys.delayed, count=1000)
-                if member.count("|") >= 2}
+        return {
+            member.split("|", 2)[1]
+            async for member, _ in self.redis.zscan_iter(self.keys.delayed, count=1000)
+            if member.count("|") >= 2
+        }
 
     async def misscheduled_devices(self) -> list[str]:
         """Devices in a schedule set whose meta does not say they belong there (a deleted or evicted meta: the
@@ -612,8 +782,13 @@ class QueueStore:
             for mac, _ in members:
                 pipe.hmget(self.keys.meta(mac), ["state", "class"])
             metas = await pipe.execute()
-        return sorted({mac for (mac, priority), (state, cls) in zip(members, metas, strict=True)
-                       if state != "ready" or cls != str(priority)})
+        return sorted(
+            {
+                mac
+                for (mac, priority), (state, cls) in zip(members, metas, strict=True)
+                if state != "ready" or cls != str(priority)
+            }
+        )
 
     async def give_lease_deadlines(self, task_ids: list[str], *, now: float | None = None) -> int:
         """Leases without a deadline (lease data, no entry in the leases set) get one lease TTL from now: renewed

@@ -94,8 +94,9 @@ class SchedulerState:
             replies = await pipe.execute()
         pending, leased, delayed, devices, overloaded, backoff, dead = replies[:7]
         some_overloaded, some_backoff = (list(replies[7] or []), list(replies[8])) if listed else ([], [])
-        return Gauges(int(pending or 0), leased, delayed, devices, overloaded, backoff, dead, some_overloaded,
-                      some_backoff)
+        return Gauges(
+            int(pending or 0), leased, delayed, devices, overloaded, backoff, dead, some_overloaded, some_backoff
+        )
 
     async def publish_watermark(self, record: dict[str, object], ttl_ms: int) -> None:
         """Writes the watermark record (JSON), to expire after `ttl_ms`."""
@@ -160,8 +161,7 @@ class SchedulerState:
     # --- what housekeeping sweeps --------------------------------------------------------------------
     async def lease_ids_until(self, bound_ms: float, *, offset: int, count: int) -> list[str]:
         """Ids of leases whose deadline is no later than `bound_ms`, earliest first: `count` from `offset`."""
-        return list(await reply(self.redis.zrangebyscore(self.keys.leases, "-inf", bound_ms, start=offset,
-                                                         num=count)))
+        return list(await reply(self.redis.zrangebyscore(self.keys.leases, "-inf", bound_ms, start=offset, num=count)))
 
     async def lapsed_serving(self, now: float, *, count: int = 100) -> list[str]:
         """Devices whose serving deadline (their lock's) is past, at most `count`."""

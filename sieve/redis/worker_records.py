@@ -216,8 +216,9 @@ class WorkerRecord:
             try:
                 task_types.append(task_type_value(name))
             except ValueError:
-                log.warning("worker %s takes unknown task type %r; ignored", worker_id, name,
-                            extra={"worker_id": worker_id})
+                log.warning(
+                    "worker %s takes unknown task type %r; ignored", worker_id, name, extra={"worker_id": worker_id}
+                )
         names = json.loads(data.get("gpu_names") or "[]")
         if not isinstance(names, list):
             raise ValueError(f"gpu_names is not a list: {names!r}")
@@ -320,8 +321,9 @@ class WorkerRecords:
             "hostname": info.hostname,
             "pid": str(info.pid),
             "task_types": ",".join(enum_name(types_pb2.TaskType, t) for t in task_types),
-            "concurrency": str(min(info.concurrency or self._settings.max_worker_concurrency,
-                                   self._settings.max_worker_concurrency)),
+            "concurrency": str(
+                min(info.concurrency or self._settings.max_worker_concurrency, self._settings.max_worker_concurrency)
+            ),
             **_resource_fields(info.resources),
             "registered_at": _iso(registered_at),
             "last_heartbeat": _iso(now),
@@ -431,8 +433,7 @@ class WorkerRecords:
         try:
             return WorkerRecord.from_hash(worker_id, data, self._settings)
         except (ValueError, TypeError) as exc:
-            log.warning("worker record %s is malformed (%s); left out", worker_id, exc,
-                        extra={"worker_id": worker_id})
+            log.warning("worker record %s is malformed (%s); left out", worker_id, exc, extra={"worker_id": worker_id})
             return None
 
 

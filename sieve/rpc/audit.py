@@ -92,8 +92,14 @@ class LogSink:
             fields = asdict(event)
             fields["at"] = event.at.isoformat()
             fields.pop("id")
-            log.info("audit %s %s by %r: %s", event.kind, event.method, event.principal, event.outcome,
-                     extra={"audit": fields})
+            log.info(
+                "audit %s %s by %r: %s",
+                event.kind,
+                event.method,
+                event.principal,
+                event.outcome,
+                extra={"audit": fields},
+            )
 
 
 @dataclass(slots=True)
@@ -198,19 +204,32 @@ class _Call:
         self.scope = scope
         self.at = datetime.now(UTC)
         self.began = time.perf_counter()
-        self.target = ("" if not kind else describe_raw_request(scope.method, request) if kind == "refused"
-                       else describe_request(request))
+        self.target = (
+            ""
+            if not kind
+            else describe_raw_request(scope.method, request)
+            if kind == "refused"
+            else describe_request(request)
+        )
         #: recorded already (at an abort, before its status went out)
         self.done = False
 
     def events(self, outcome: str, detail: str) -> list[AuditEvent]:
         s = self.scope
-        common: dict[str, Any] = dict(principal=s.principal.name, roles=roles_of(s.principal), method=s.method,
-                                      outcome=outcome, at=self.at, peer=s.peer, detail=detail,
-                                      duration_ms=round((time.perf_counter() - self.began) * 1000, 3))
+        common: dict[str, Any] = dict(
+            principal=s.principal.name,
+            roles=roles_of(s.principal),
+            method=s.method,
+            outcome=outcome,
+            at=self.at,
+            peer=s.peer,
+            detail=detail,
+            duration_ms=round((time.perf_counter() - self.began) * 1000, 3),
+        )
         events = [AuditEvent(kind=self.kind, target=self.target, **common)] if self.kind else []
-        events += [AuditEvent(kind="cross_tenant", target=target, tenant=tenant, **common)
-                   for tenant, target in s.accesses]
+        events += [
+            AuditEvent(kind="cross_tenant", target=target, tenant=tenant, **common) for tenant, target in s.accesses
+        ]
         return events
 
 
@@ -221,8 +240,9 @@ class _AuditedContext:
 
     __slots__ = ("_context", "_on_abort")
 
-    def __init__(self, context: grpc.aio.ServicerContext[Any, Any],
-                 on_abort: Callable[[str, str], Awaitable[None]]) -> None:
+    def __init__(
+        self, context: grpc.aio.ServicerContext[Any, Any], on_abort: Callable[[str, str], Awaitable[None]]
+    ) -> None:
         self._context = context
         self._on_abort = on_abort
 
@@ -235,8 +255,9 @@ class _AuditedContext:
 
     async def abort_with_status(self, status: grpc.Status) -> None:
         code = getattr(status, "code", None)
-        await self._on_abort(code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN",
-                             str(getattr(status, "details", "") or ""))
+        await self._on_abort(
+            code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN", str(getattr(status, "details", "") or "")
+        )
         await self._context.abort_with_status(status)
 
 
@@ -293,8 +314,9 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):
         found = self.authenticator.principal(token) if token and self.authenticator is not None else None
         return found or _UNDECIDED
 
-    def _wrap(self, behavior: Behavior, streaming: bool, kind: str | None, method: str,
-              principal: Principal) -> Behavior:
+    def _wrap(
+        self, behavior: Behavior, streaming: bool, kind: str | None, method: str, principal: Principal
+    ) -> Behavior:
         def begin(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> tuple[_Call, _AuditedContext]:
             peer = _peer(context)
             current_peer.set(peer)
@@ -308,6 +330,7 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):
             return call, _AuditedContext(context, on_abort)
 
         if streaming and inspect.isasyncgenfunction(behavior):
+
             async def streamed(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
                 (call, audited), error = begin(request, context), None
                 try:
@@ -333,8 +356,9 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):
 
         return unary
 
-    async def _finish(self, call: _Call, context: grpc.aio.ServicerContext[Any, Any],
-                      error: BaseException | None) -> None:
+    async def _finish(
+        self, call: _Call, context: grpc.aio.ServicerContext[Any, Any], error: BaseException | None
+    ) -> None:
         if call.done:
             return
         outcome = code_name(context, error)
@@ -361,8 +385,12 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):
             return True
         except Exception as exc:
             self.failed_writes += len(events)
-            log.warning("audit write failed (%s: %s); events not stored: %s", type(exc).__name__, exc,
-                        [asdict(e) | {"at": e.at.isoformat()} for e in events][:20])
+            log.warning(
+                "audit write failed (%s: %s); events not stored: %s",
+                type(exc).__name__,
+                exc,
+                [asdict(e) | {"at": e.at.isoformat()} for e in events][:20],
+            )
             return False
 
     # --- refused attempts: bounded queue, one writer, batched -------------------------------------------
@@ -392,12 +420,23 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):
         dropped, self.dropped_refusals = self.dropped_refusals, 0
         if not dropped:
             return
-        log.warning("%d refused attempts at operator RPCs were not recorded one by one (over %.0f/s)", dropped,
-                    REFUSAL_RATE_PER_S)
-        self._refusals.append(AuditEvent(
-            kind="refused", principal="", roles=(), method="*", outcome="DROPPED", target=f"{dropped} attempts",
-            detail=f"{dropped} refused attempts at operator RPCs in the last {DROPPED_SUMMARY_S:.0f} s were not "
-                   f"recorded one by one (more than {REFUSAL_RATE_PER_S:.0f}/s)"))
+        log.warning(
+            "%d refused attempts at operator RPCs were not recorded one by one (over %.0f/s)",
+            dropped,
+            REFUSAL_RATE_PER_S,
+        )
+        self._refusals.append(
+            AuditEvent(
+                kind="refused",
+                principal="",
+                roles=(),
+                method="*",
+                outcome="DROPPED",
+                target=f"{dropped} attempts",
+                detail=f"{dropped} refused attempts at operator RPCs in the last {DROPPED_SUMMARY_S:.0f} s were not "
+                f"recorded one by one (more than {REFUSAL_RATE_PER_S:.0f}/s)",
+            )
+        )
         self._start_writer()
 
     async def _write_refusals(self) -> None:
@@ -413,5 +452,13 @@ class AuditInterceptor(grpc.aio.ServerInterceptor):
 
 _BACKGROUND: set[asyncio.Task[Any]] = set()
 
-__all__ = ["AuditInterceptor", "AuditSink", "CallScope", "LogSink", "cross_tenant", "current_sink",
-           "describe_request", "roles_of"]
+__all__ = [
+    "AuditInterceptor",
+    "AuditSink",
+    "CallScope",
+    "LogSink",
+    "cross_tenant",
+    "current_sink",
+    "describe_request",
+    "roles_of",
+]

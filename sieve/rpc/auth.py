@@ -82,7 +82,8 @@ current_principal: contextvars.ContextVar[Principal] = contextvars.ContextVar("s
 #: re-checks the credential of the RPC being served against the credentials as they are now (set by
 #: AuthInterceptor): a long-lived stream (Pull) asks it again and ends when its token was revoked
 current_credential_valid: contextvars.ContextVar[Callable[[], bool]] = contextvars.ContextVar(
-    "sieve_credential_valid", default=lambda: True)
+    "sieve_credential_valid", default=lambda: True
+)
 
 #: peer address of the RPC being served, for the audit log
 current_peer: contextvars.ContextVar[str] = contextvars.ContextVar("sieve_peer", default="")
@@ -100,8 +101,12 @@ def _methods(service: Any, roles: frozenset[Role], **exceptions: frozenset[Role]
 
 #: every method of every Sieve service -> the roles that may call it
 METHOD_ROLES: dict[str, frozenset[Role]] = {
-    **_methods(intake_pb2.DESCRIPTOR.services_by_name["IntakeService"], _CLIENT,
-               AssignDevice=_OPERATOR, GetDeviceOwner=_OPERATOR),
+    **_methods(
+        intake_pb2.DESCRIPTOR.services_by_name["IntakeService"],
+        _CLIENT,
+        AssignDevice=_OPERATOR,
+        GetDeviceOwner=_OPERATOR,
+    ),
     **_methods(scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"], _OPERATOR, Pull=_WORKER),
     **_methods(registry_pb2.DESCRIPTOR.services_by_name["RegistryService"], _WORKER, ListWorkers=_OPERATOR),
 }
@@ -109,6 +114,7 @@ METHOD_ROLES: dict[str, frozenset[Role]] = {
 #: methods that need no credential: health checks always, reflection when it is on
 HEALTH_PREFIX = "/grpc.health.v1."
 REFLECTION_PREFIXES = ("/grpc.reflection.v1alpha.", "/grpc.reflection.v1.")
+
 
 def is_operator_only(method: str) -> bool:
     """Methods only operators may call (every call of one is an operator action, written to the audit log)."""
@@ -137,8 +143,7 @@ class Authenticator:
     RECHECK_S = 1.0
     MISS_RECHECK_S = 0.05
 
-    def __init__(self, credentials: Sequence[Credential], *, inline: Sequence[Credential] = (),
-                 path: str = "") -> None:
+    def __init__(self, credentials: Sequence[Credential], *, inline: Sequence[Credential] = (), path: str = "") -> None:
         self._inline = list(inline)
         self._credentials = [*self._inline, *credentials]
         self._path = path
@@ -221,14 +226,18 @@ def client_token(token: str, token_file: str) -> str:
 def require_credentials(authenticator: Authenticator, allow_anonymous: bool, service: str) -> None:
     """A server without credentials starts only with SIEVE_ALLOW_ANONYMOUS=true."""
     if not authenticator and not allow_anonymous:
-        raise AuthError(f"{service}: no credentials configured (SIEVE_AUTH_TOKENS or SIEVE_AUTH_TOKENS_FILE); "
-                        "set SIEVE_ALLOW_ANONYMOUS=true to run without authentication")
+        raise AuthError(
+            f"{service}: no credentials configured (SIEVE_AUTH_TOKENS or SIEVE_AUTH_TOKENS_FILE); "
+            "set SIEVE_ALLOW_ANONYMOUS=true to run without authentication"
+        )
 
 
 # --- server side ---------------------------------------------------------------------------------------
-def refusing_handler(code: grpc.StatusCode, message: str | Callable[[], str], streaming_request: bool,
-                     streaming_response: bool) -> grpc.RpcMethodHandler[Any, Any]:
+def refusing_handler(
+    code: grpc.StatusCode, message: str | Callable[[], str], streaming_request: bool, streaming_response: bool
+) -> grpc.RpcMethodHandler[Any, Any]:
     """A handler of the given shape that ends every call with `code` and `message` (a callable: read per call)."""
+
     def text() -> str:
         return message() if callable(message) else message
 
@@ -309,8 +318,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     def _still_valid(self, method: str, token: str, name: str) -> bool:
         """True while `token` still names the same caller with a role that may call `method`."""
         principal = self.authenticator.principal(token)
-        return (principal is not None and principal.name == name
-                and bool(METHOD_ROLES.get(method, frozenset()) & principal.roles))
+        return (
+            principal is not None
+            and principal.name == name
+            and bool(METHOD_ROLES.get(method, frozenset()) & principal.roles)
+        )
 
 
 def _always() -> bool:
@@ -322,8 +334,9 @@ def _with_token(details: grpc.aio.ClientCallDetails, token: str) -> grpc.aio.Cli
     metadata = grpc.aio.Metadata(*(details.metadata or ()))
     if "authorization" not in metadata.keys():  # noqa: SIM118  (Metadata iterates (key, value) pairs)
         metadata.add("authorization", f"Bearer {token}")
-    return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata, details.credentials,
-                                      details.wait_for_ready)
+    return grpc.aio.ClientCallDetails(
+        details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+    )
 
 
 class _UnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):

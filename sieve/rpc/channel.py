@@ -40,8 +40,10 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
     """TLS credentials of a server (None: plaintext), requiring client certificates when tls_client_auth."""
     if not settings.tls_cert_file:
         return None
-    pair = (_read_bytes(settings.tls_key_file, "SIEVE_TLS_KEY_FILE"),
-            _read_bytes(settings.tls_cert_file, "SIEVE_TLS_CERT_FILE"))
+    pair = (
+        _read_bytes(settings.tls_key_file, "SIEVE_TLS_KEY_FILE"),
+        _read_bytes(settings.tls_cert_file, "SIEVE_TLS_CERT_FILE"),
+    )
     ca = _read_bytes(settings.tls_ca_file, "SIEVE_TLS_CA_FILE") if settings.tls_client_auth else None
     return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=settings.tls_client_auth)
 
@@ -53,20 +55,24 @@ def channel_credentials(settings: Settings) -> grpc.ChannelCredentials | None:
         return None
     ca = _read_bytes(settings.tls_ca_file, "SIEVE_TLS_CA_FILE")
     if settings.tls_cert_file:
-        return grpc.ssl_channel_credentials(ca, _read_bytes(settings.tls_key_file, "SIEVE_TLS_KEY_FILE"),
-                                            _read_bytes(settings.tls_cert_file, "SIEVE_TLS_CERT_FILE"))
+        return grpc.ssl_channel_credentials(
+            ca,
+            _read_bytes(settings.tls_key_file, "SIEVE_TLS_KEY_FILE"),
+            _read_bytes(settings.tls_cert_file, "SIEVE_TLS_CERT_FILE"),
+        )
     return grpc.ssl_channel_credentials(ca)
 
 
-def channel(address: str, settings: Settings,
-            extra_options: Sequence[tuple[str, int | str]] = ()) -> grpc.aio.Channel:
+def channel(address: str, settings: Settings, extra_options: Sequence[tuple[str, int | str]] = ()) -> grpc.aio.Channel:
     """A client channel to a Sieve service: TLS when a CA is configured, this process's bearer token on every
     call, tracing interceptors when tracing is on."""
     options: list[tuple[str, int | str]] = [*channel_options(settings), *extra_options]
     if settings.tls_server_name:
         options.append(("grpc.ssl_target_name_override", settings.tls_server_name))
-    interceptors = [*auth.bearer_interceptors(auth.client_token(settings.auth_token, settings.auth_token_file)),
-                    *telemetry.client_interceptors()]
+    interceptors = [
+        *auth.bearer_interceptors(auth.client_token(settings.auth_token, settings.auth_token_file)),
+        *telemetry.client_interceptors(),
+    ]
     credentials = channel_credentials(settings)
     if credentials is None:
         return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)

@@ -33,25 +33,42 @@ class DevCerts:
 
 
 def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Sieve local run"),
-                      x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Sieve local run"),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
+    path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     os.chmod(path, 0o600)
 
 
-def _issue(subject: str, issuer: x509.Name, issuer_key: ec.EllipticCurvePrivateKey,
-           key: ec.EllipticCurvePrivateKey, *, ca: bool, usage: list[x509.ObjectIdentifier],
-           hosts: list[str]) -> x509.Certificate:
+def _issue(
+    subject: str,
+    issuer: x509.Name,
+    issuer_key: ec.EllipticCurvePrivateKey,
+    key: ec.EllipticCurvePrivateKey,
+    *,
+    ca: bool,
+    usage: list[x509.ObjectIdentifier],
+    hosts: list[str],
+) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
-    builder = (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(issuer)
-               .public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5))
-               .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
     if usage:
         builder = builder.add_extension(x509.ExtendedKeyUsage(usage), critical=False)
     if hosts:
@@ -64,9 +81,19 @@ def _issue(subject: str, issuer: x509.Name, issuer_key: ec.EllipticCurvePrivateK
         builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
     if ca:
         builder = builder.add_extension(
-            x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                          key_encipherment=False, data_encipherment=False, key_agreement=False,
-                          encipher_only=False, decipher_only=False), critical=True)
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
     return builder.sign(issuer_key, hashes.SHA256())
 
 
@@ -76,13 +103,26 @@ def write_dev_certs(folder: Path, hosts: tuple[str, ...] = ("localhost", "127.0.
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_cert = _issue("Sieve local CA", _name("Sieve local CA"), ca_key, ca_key, ca=True, usage=[], hosts=[])
     server_key = ec.generate_private_key(ec.SECP256R1())
-    server_cert = _issue("sieve-server", ca_cert.subject, ca_key, server_key, ca=False,
-                         usage=[ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH], hosts=list(hosts))
+    server_cert = _issue(
+        "sieve-server",
+        ca_cert.subject,
+        ca_key,
+        server_key,
+        ca=False,
+        usage=[ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
+        hosts=list(hosts),
+    )
     client_key = ec.generate_private_key(ec.SECP256R1())
-    client_cert = _issue("sieve-client", ca_cert.subject, ca_key, client_key, ca=False,
-                         usage=[ExtendedKeyUsageOID.CLIENT_AUTH], hosts=[])
-    certs = DevCerts(folder / "ca.pem", folder / "server.pem", folder / "server-key.pem",
-                     folder / "client.pem", folder / "client-key.pem")
+    client_cert = _issue(
+        "sieve-client", ca_cert.subject, ca_key, client_key, ca=False, usage=[ExtendedKeyUsageOID.CLIENT_AUTH], hosts=[]
+    )
+    certs = DevCerts(
+        folder / "ca.pem",
+        folder / "server.pem",
+        folder / "server-key.pem",
+        folder / "client.pem",
+        folder / "client-key.pem",
+    )
     certs.ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     certs.server_cert.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
     _write_key(certs.server_key, server_key)

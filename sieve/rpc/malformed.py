@@ -44,8 +44,11 @@ class Malformed:
 
     def status(self) -> status_pb2.Status:
         """INVALID_ARGUMENT with a BadRequest detail naming the field."""
-        detail = error_details_pb2.BadRequest(field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(field=self.field, description=self.description)])
+        detail = error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(field=self.field, description=self.description)
+            ]
+        )
         status = status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=f"{self.field}: {self.description}")
         status.details.add().Pack(detail)
         return status
@@ -69,8 +72,14 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
 
 
 _LENGTH_DELIMITED = frozenset({FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES, FieldDescriptor.TYPE_MESSAGE})
-_FIXED = {FieldDescriptor.TYPE_DOUBLE: 8, FieldDescriptor.TYPE_FIXED64: 8, FieldDescriptor.TYPE_SFIXED64: 8,
-          FieldDescriptor.TYPE_FLOAT: 4, FieldDescriptor.TYPE_FIXED32: 4, FieldDescriptor.TYPE_SFIXED32: 4}
+_FIXED = {
+    FieldDescriptor.TYPE_DOUBLE: 8,
+    FieldDescriptor.TYPE_FIXED64: 8,
+    FieldDescriptor.TYPE_SFIXED64: 8,
+    FieldDescriptor.TYPE_FLOAT: 4,
+    FieldDescriptor.TYPE_FIXED32: 4,
+    FieldDescriptor.TYPE_SFIXED32: 4,
+}
 
 
 def _packed_ok(chunk: bytes, field_type: int) -> bool:
@@ -127,8 +136,9 @@ def _element_name(field: FieldDescriptor | None, number: int, wire: int, seen: d
     return str(field.name)
 
 
-def _step_over_value(data: bytes, pos: int, wire: int, field: FieldDescriptor | None, where: str,
-                     depth: int) -> tuple[int, tuple[str, str] | None]:
+def _step_over_value(
+    data: bytes, pos: int, wire: int, field: FieldDescriptor | None, where: str, depth: int
+) -> tuple[int, tuple[str, str] | None]:
     """Steps over the value of wire type `wire` at `pos`: (the position after it, the problem found in it or None).
 
     Raises _Broken when the value runs past the end of `data`."""
@@ -144,7 +154,7 @@ def _step_over_value(data: bytes, pos: int, wire: int, field: FieldDescriptor | 
         length, pos = _varint(data, pos)
         if pos + length > len(data):
             raise _Broken
-        chunk = data[pos:pos + length]
+        chunk = data[pos : pos + length]
         return pos + length, (_chunk_problem(chunk, field, where, depth) if field is not None else None)
     # groups (3, 4) are not proto3; 6 and 7 do not exist
     return pos, (where, f"is not protobuf wire format (wire type {wire})")
@@ -189,6 +199,7 @@ def _input_type(method: str, deserializer: Callable[[bytes], Any]) -> Descriptor
 
 def lenient(deserializer: Callable[[bytes], Any], descriptor: Descriptor | None) -> Callable[[bytes], Any]:
     """`deserializer` returning a `Malformed` where it would raise DecodeError."""
+
     def deserialize(data: bytes) -> Any:
         try:
             return deserializer(data)
@@ -227,12 +238,14 @@ async def _checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerConte
 
 def _guard(behavior: Behavior, request_streaming: bool) -> Behavior:
     """`behavior` that first refuses a malformed request (or, for a stream, any malformed message)."""
+
     def inputs(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> tuple[Any, Any]:
         if request_streaming:
             return _checked(request, context), _CheckedContext(context)
         return request, context
 
     if inspect.isasyncgenfunction(behavior):
+
         async def streaming(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
             if isinstance(request, Malformed):
                 await _refuse(context, request)

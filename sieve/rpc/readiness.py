@@ -99,7 +99,7 @@ class StoreUnavailable(Exception):
 
     @property
     def kind(self) -> str:
-        """"Redis", "PostgreSQL" or "start-up step": what callers are told (not where it is, nor the error)."""
+        """ "Redis", "PostgreSQL" or "start-up step": what callers are told (not where it is, nor the error)."""
         return self.store.split(" at ", 1)[0]
 
 
@@ -153,7 +153,7 @@ Build = Callable[[Stores], Awaitable[Built]]
 
 
 def _method_shapes(service_names: Sequence[str]) -> dict[str, tuple[bool, bool]]:
-    """"/pkg.Service/Method" -> (client streaming, server streaming), from the default descriptor pool."""
+    """ "/pkg.Service/Method" -> (client streaming, server streaming), from the default descriptor pool."""
     shapes: dict[str, tuple[bool, bool]] = {}
     pool = descriptor_pool.Default()  # type: ignore[no-untyped-call]  # types-protobuf leaves it unannotated
     for name in service_names:
@@ -166,8 +166,9 @@ def _method_shapes(service_names: Sequence[str]) -> dict[str, tuple[bool, bool]]
     return shapes
 
 
-def _unavailable(message: Callable[[], str], streaming_request: bool, streaming_response: bool
-                 ) -> grpc.RpcMethodHandler[Any, Any]:
+def _unavailable(
+    message: Callable[[], str], streaming_request: bool, streaming_response: bool
+) -> grpc.RpcMethodHandler[Any, Any]:
     return refusing_handler(grpc.StatusCode.UNAVAILABLE, message, streaming_request, streaming_response)
 
 
@@ -214,8 +215,9 @@ class _Interceptors(grpc.aio.ServerInterceptor):
     def __init__(self) -> None:
         self.chain: Sequence[grpc.aio.ServerInterceptor] = ()
 
-    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
-                                details: grpc.HandlerCallDetails) -> Any:
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]], details: grpc.HandlerCallDetails
+    ) -> Any:
         chain = self.chain
 
         async def step(i: int, d: grpc.HandlerCallDetails) -> Any:
@@ -241,8 +243,9 @@ class Readiness:
     """Owns one service's way from started to SERVING and back: its store clients, the server's health, the
     guard in front of its handlers, and the loop that connects, builds, probes and recovers."""
 
-    def __init__(self, settings: Settings, name: str, service_names: Sequence[str], build: Build, *,
-                 redis: bool, postgres: bool) -> None:
+    def __init__(
+        self, settings: Settings, name: str, service_names: Sequence[str], build: Build, *, redis: bool, postgres: bool
+    ) -> None:
         self.settings = settings
         self.name = name
         self.service_names = list(service_names)
@@ -281,9 +284,13 @@ class Readiness:
         """The service to hand to `rpc.create_server(..., serving=False)`: the guard, the forwarding
         interceptors and audit sink, and a drain that first stops this loop."""
         return rpc.Service(
-            name=self.name, service_names=self.service_names,
+            name=self.name,
+            service_names=self.service_names,
             register=lambda server: server.add_generic_rpc_handlers((self._routes,)),
-            interceptors=[self._interceptors], audit=self._sink, before_stop=self._before_stop)
+            interceptors=[self._interceptors],
+            audit=self._sink,
+            before_stop=self._before_stop,
+        )
 
     def attach(self, running: rpc.RunningServer) -> None:
         """Starts the loop on a server created from `front()`."""
@@ -365,10 +372,16 @@ class Readiness:
                 self.waiting_for = exc.kind if isinstance(exc, StoreUnavailable) else "its start"
                 delay = backoff.next()
                 policy = isinstance(getattr(exc, "cause", exc), EvictionPolicyError)
-                log.log(logging.ERROR if policy else logging.WARNING,
-                        "%s not ready (attempt %d, %.1f s waiting): %s; next try in %.1f s",
-                        self.name, backoff.failures, time.monotonic() - started, self.reason, delay,
-                        extra={"attempt": backoff.failures})
+                log.log(
+                    logging.ERROR if policy else logging.WARNING,
+                    "%s not ready (attempt %d, %.1f s waiting): %s; next try in %.1f s",
+                    self.name,
+                    backoff.failures,
+                    time.monotonic() - started,
+                    self.reason,
+                    delay,
+                    extra={"attempt": backoff.failures},
+                )
                 await asyncio.sleep(delay)
                 continue
             waited = time.monotonic() - started
@@ -416,8 +429,7 @@ class Readiness:
             try:
                 if self.stores._pool is None:
                     # asyncpg.connect's own timeout (60 s) is longer than a try should take
-                    self.stores._pool = await asyncio.wait_for(create_pool(self.settings, attempts=1),
-                                                               60.0)
+                    self.stores._pool = await asyncio.wait_for(create_pool(self.settings, attempts=1), 60.0)
                 else:
                     await self._select_one(self.stores._pool)
             except STORE_ERRORS as exc:
@@ -428,8 +440,13 @@ class Readiness:
         client keeps its retries for real work)."""
         if self._check_redis is None:
             self._check_redis = Redis.from_url(
-                self.settings.redis_url, decode_responses=True, retry=Retry(NoBackoff(), 0),
-                socket_connect_timeout=PROBE_TIMEOUT_S, socket_timeout=PROBE_TIMEOUT_S, max_connections=2)
+                self.settings.redis_url,
+                decode_responses=True,
+                retry=Retry(NoBackoff(), 0),
+                socket_connect_timeout=PROBE_TIMEOUT_S,
+                socket_timeout=PROBE_TIMEOUT_S,
+                max_connections=2,
+            )
         return self._check_redis
 
     @staticmethod

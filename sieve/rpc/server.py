@@ -35,7 +35,6 @@ log = logging.getLogger("sieve.rpc")
 Registrar = Callable[[grpc.aio.Server], None]
 
 
-
 @dataclass
 class Service:
     """What a service puts into the shared server shape."""
@@ -84,21 +83,27 @@ class RunningServer:
                 await task
 
 
-async def create_server(service: Service, address: str, settings: Settings, *,
-                        serving: bool = True) -> RunningServer:
+async def create_server(service: Service, address: str, settings: Settings, *, serving: bool = True) -> RunningServer:
     """Builds and starts a server for `service` on `address` (port 0 picks one); returns it with its port.
     Health says SERVING at once, or NOT_SERVING with `serving=False` (sieve.rpc.readiness flips it later)."""
     authenticator = auth.load_authenticator(settings.auth_tokens, settings.auth_tokens_file)
     if service.service_names:  # a health-only server (a worker's) has no RPC that needs a credential
         auth.require_credentials(authenticator, settings.allow_anonymous, service.name)
-    guard = auth.AuthInterceptor(authenticator, allow_anonymous=settings.allow_anonymous,
-                                 reflection=settings.grpc_reflection)
+    guard = auth.AuthInterceptor(
+        authenticator, allow_anonymous=settings.allow_anonymous, reflection=settings.grpc_reflection
+    )
     # the audit interceptor runs just before the guard: it sees the principal the guard sets, or its refusal
     audit = AuditInterceptor(service.audit or LogSink(), authenticator)
     # the service's own interceptors stand outside authentication (they see every call, refused ones included);
     # innermost: a request that does not parse is INVALID_ARGUMENT naming the field, not UNKNOWN
-    interceptors = [*telemetry.server_interceptors(), RpcMetricsInterceptor(), *service.interceptors, audit, guard,
-                    MalformedRequests()]
+    interceptors = [
+        *telemetry.server_interceptors(),
+        RpcMetricsInterceptor(),
+        *service.interceptors,
+        audit,
+        guard,
+        MalformedRequests(),
+    ]
     # no SO_REUSEPORT: a second server on a taken port must fail to bind, not silently share its connections
     server = grpc.aio.server(interceptors=interceptors, options=[*channel_options(settings), ("grpc.so_reuseport", 0)])
     service.register(server)
@@ -106,11 +111,15 @@ async def create_server(service: Service, address: str, settings: Settings, *,
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if settings.grpc_reflection:
         method_reflection.enable_server_reflection(
-            [*service.service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME], server)
+            [
+                *service.service_names,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ],
+            server,
+        )
     credentials = server_credentials(settings)
-    port = (server.add_insecure_port(address) if credentials is None
-            else server.add_secure_port(address, credentials))
+    port = server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)
     if port == 0:
         raise OSError(f"{service.name}: cannot bind {address}")
     await server.start()

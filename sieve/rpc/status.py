@@ -19,8 +19,8 @@ def _duration(seconds: float) -> duration_pb2.Duration:
 def invalid_argument(field_name: str, description: str) -> status_pb2.Status:
     """INVALID_ARGUMENT with a BadRequest detail naming the field."""
     detail = error_details_pb2.BadRequest(
-        field_violations=[error_details_pb2.BadRequest.FieldViolation(field=field_name,
-                                                                      description=description)])
+        field_violations=[error_details_pb2.BadRequest.FieldViolation(field=field_name, description=description)]
+    )
     status = status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=f"{field_name}: {description}")
     status.details.add().Pack(detail)
     return status

@@ -71,21 +71,31 @@ class Runner:
             return await bench()
         except Exception as exc:  # one benchmark failing must not hide the others' numbers
             log(traceback.format_exc())
-            return [failed_row(name, "benchmark ran", TARGETS.get(name, "runs"),
-                               f"{type(exc).__name__}: {exc}"[:300])]
+            return [failed_row(name, "benchmark ran", TARGETS.get(name, "runs"), f"{type(exc).__name__}: {exc}"[:300])]
 
     async def _throughput(self) -> list[Row]:
         s = self.sizes
         t = await bench_throughput.measure(s.throughput_tasks, s.throughput_devices)
         log(bench_throughput.describe(t))
         self.throughput = t
-        return [Row("throughput", f"Sieve end to end, {num(t.tasks)} tasks over {t.devices} devices, "
-                                  f"{t.workers} workers, every task durable",
-                    f"{num(t.rate)} tasks/s (submit {num(t.submit_rate)}/s; idle Submit->result p50 "
-                    f"{t.idle_p50_ms:.0f} ms)", "context (Celery row decides)", None,
-                    {"tasks_per_s": round(t.rate), "submit_per_s": round(t.submit_rate),
-                     "idle_p50_ms": round(t.idle_p50_ms, 1), "succeeded": t.succeeded,
-                     "group_commit_rows": str({k: round(v, 1) for k, v in t.group_commits.items()})})]
+        return [
+            Row(
+                "throughput",
+                f"Sieve end to end, {num(t.tasks)} tasks over {t.devices} devices, "
+                f"{t.workers} workers, every task durable",
+                f"{num(t.rate)} tasks/s (submit {num(t.submit_rate)}/s; idle Submit->result p50 "
+                f"{t.idle_p50_ms:.0f} ms)",
+                "context (Celery row decides)",
+                None,
+                {
+                    "tasks_per_s": round(t.rate),
+                    "submit_per_s": round(t.submit_rate),
+                    "idle_p50_ms": round(t.idle_p50_ms, 1),
+                    "succeeded": t.succeeded,
+                    "group_commit_rows": str({k: round(v, 1) for k, v in t.group_commits.items()}),
+                },
+            )
+        ]
 
     async def _celery(self) -> list[Row]:
         s = self.sizes
@@ -101,12 +111,24 @@ class Runner:
         if not sieve:
             return [failed_row("celery", name, target, "no Sieve throughput in this run")]
         ratio = sieve / c.rate
-        return [Row("celery", name, f"{num(sieve)} / {num(c.rate)} tasks/s = {ratio:.2f} x", target,
-                    ratio >= CELERY_TARGET,
-                    {"sieve_tasks_per_s": round(sieve), "celery_tasks_per_s": round(c.rate), "ratio": round(ratio, 3),
-                     "celery_enqueue_per_s": round(c.enqueue_rate), "celery_version": c.version},
-                    note=f"Celery {c.version}: prefork x{bench_celery.PROCESSES}, no-op task, no result backend "
-                         "(nothing durable), group enqueue")]
+        return [
+            Row(
+                "celery",
+                name,
+                f"{num(sieve)} / {num(c.rate)} tasks/s = {ratio:.2f} x",
+                target,
+                ratio >= CELERY_TARGET,
+                {
+                    "sieve_tasks_per_s": round(sieve),
+                    "celery_tasks_per_s": round(c.rate),
+                    "ratio": round(ratio, 3),
+                    "celery_enqueue_per_s": round(c.enqueue_rate),
+                    "celery_version": c.version,
+                },
+                note=f"Celery {c.version}: prefork x{bench_celery.PROCESSES}, no-op task, no result backend "
+                "(nothing durable), group enqueue",
+            )
+        ]
 
     async def _scale(self) -> list[Row]:
         r = await bench_scale.measure(self.sizes.scale_tasks, self.sizes.scale_few)
@@ -144,10 +166,19 @@ class Runner:
         return bench_fairness.claims_rows(small, large, s.claims_large)
 
 
-TARGETS = {"throughput": "runs", "celery": f">= {CELERY_TARGET:g} x", "scale": f">= {bench_scale.TARGET}",
-           "noisy": f"p99 <= {bench_fairness.NOISY_P99_S} s", "equal": f">= {bench_fairness.JAIN_MIN}",
-           "weights": "+-5 %", "callers": "50 % +- 5", "cost": "+-10 %", "ocr": f">= {bench_ocr.TARGET}",
-           "obedient": f">= {bench_obedient.TARGET}", "claims": "context"}
+TARGETS = {
+    "throughput": "runs",
+    "celery": f">= {CELERY_TARGET:g} x",
+    "scale": f">= {bench_scale.TARGET}",
+    "noisy": f"p99 <= {bench_fairness.NOISY_P99_S} s",
+    "equal": f">= {bench_fairness.JAIN_MIN}",
+    "weights": "+-5 %",
+    "callers": "50 % +- 5",
+    "cost": "+-10 %",
+    "ocr": f">= {bench_ocr.TARGET}",
+    "obedient": f">= {bench_obedient.TARGET}",
+    "claims": "context",
+}
 
 
 def selection(only: str | None) -> list[str]:
@@ -171,23 +202,29 @@ async def main(args: argparse.Namespace) -> int:
         report.seconds[name] = time.perf_counter() - began
         report.add(rows)
         for row in rows:
-            log(f"   {row.name}: {row.measured} (target {row.target}) "
-                f"{'-' if row.passed is None else 'pass' if row.passed else 'MISSED'}")
+            log(
+                f"   {row.name}: {row.measured} (target {row.target}) "
+                f"{'-' if row.passed is None else 'pass' if row.passed else 'MISSED'}"
+            )
         report.write_json(Path(args.json))  # after each benchmark: a long run that stops keeps what it measured
     print(report.table())
     missed = report.missed
-    print(f"\n{len(report.rows) - len(missed)} of {len(report.rows)} rows pass or are context; "
-          f"{len(missed)} missed{': ' + ', '.join(f'{r.benchmark}' for r in missed) if missed else ''}. "
-          f"Report: {args.json}")
+    print(
+        f"\n{len(report.rows) - len(missed)} of {len(report.rows)} rows pass or are context; "
+        f"{len(missed)} missed{': ' + ', '.join(f'{r.benchmark}' for r in missed) if missed else ''}. "
+        f"Report: {args.json}"
+    )
     return 1 if missed else 0
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m tests.benchmarks", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.benchmarks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--only", help=f"comma-separated, from: {', '.join(ALL)} (default: all but claims)")
     parser.add_argument("--smoke", action="store_true", help="small sizes: the path works, not the numbers")
     parser.add_argument("--json", default="bench-report.json", help="where the JSON report goes")
-    parser.add_argument("--skip-celery", action="store_true",
-                        help="no Celery side by side (its row is then context, not missed)")
+    parser.add_argument(
+        "--skip-celery", action="store_true", help="no Celery side by side (its row is then context, not missed)"
+    )
     sys.exit(asyncio.run(main(parser.parse_args())))

@@ -142,8 +142,9 @@ def ensure_venv(venv: Path = VENV) -> Path:
     made = subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], capture_output=True, text=True)
     if made.returncode:
         raise RuntimeError(f"python -m venv {venv} failed: {made.stderr.strip()[-300:]}")
-    pip = subprocess.run([python, "-m", "pip", "install", "--quiet", REQUIREMENT], capture_output=True, text=True,
-                         timeout=900)
+    pip = subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", REQUIREMENT], capture_output=True, text=True, timeout=900
+    )
     if pip.returncode:
         raise RuntimeError(f"pip install {REQUIREMENT} failed: {(pip.stderr or pip.stdout).strip()[-300:]}")
     return python
@@ -166,14 +167,37 @@ def run_celery(tasks: int, devices: int, chunk: int, timeout_s: float) -> Celery
         env.update(BENCH_BROKER_URL=REDIS_URL, BENCH_PREFIX=prefix)
         log = (app_dir / "worker.log").open("wb")
         worker = subprocess.Popen(
-            [str(python), "-m", "celery", "-A", "sieve_bench_app", "worker", "--pool=prefork",
-             f"--concurrency={PROCESSES}", "--loglevel=WARNING", "--without-gossip", "--without-mingle",
-             "--without-heartbeat", "-Q", prefix + "queue"],
-            cwd=app_dir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                str(python),
+                "-m",
+                "celery",
+                "-A",
+                "sieve_bench_app",
+                "worker",
+                "--pool=prefork",
+                f"--concurrency={PROCESSES}",
+                "--loglevel=WARNING",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-Q",
+                prefix + "queue",
+            ],
+            cwd=app_dir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
-            driver = subprocess.run([str(python), "sieve_bench_driver.py", str(tasks), str(devices), str(chunk),
-                                     str(timeout_s)], cwd=app_dir, env=env, capture_output=True, text=True,
-                                    timeout=timeout_s + 180)
+            driver = subprocess.run(
+                [str(python), "sieve_bench_driver.py", str(tasks), str(devices), str(chunk), str(timeout_s)],
+                cwd=app_dir,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s + 180,
+            )
             if driver.returncode:
                 tail = (app_dir / "worker.log").read_text(errors="replace")[-500:]
                 out.error = f"Celery run failed: {(driver.stderr or driver.stdout).strip()[-400:]} {tail}"
@@ -220,9 +244,11 @@ async def measure(tasks: int = 20000, devices: int = 200, chunk: int = 200, time
 def describe(run: CeleryRun) -> str:
     if run.error:
         return f"Celery: {run.error}"
-    return (f"Celery {run.version} + Redis, prefork x{PROCESSES}, no-op task, no result backend: {run.tasks} tasks "
-            f"over {run.devices} devices enqueued at {run.enqueue_rate:.0f}/s, all done in {run.seconds:.2f}s -> "
-            f"{run.rate:.0f} tasks/s")
+    return (
+        f"Celery {run.version} + Redis, prefork x{PROCESSES}, no-op task, no result backend: {run.tasks} tasks "
+        f"over {run.devices} devices enqueued at {run.enqueue_rate:.0f}/s, all done in {run.seconds:.2f}s -> "
+        f"{run.rate:.0f} tasks/s"
+    )
 
 
 if __name__ == "__main__":

@@ -105,18 +105,26 @@ async def measure(seconds: float = 60, large: int = 200, small: int = 1500) -> C
     queued = {LARGE: large, SMALL: small}
     worker_env = {"SIEVE_WORKER_TASK_TYPES": "OCR_IMAGE", "SIEVE_OCR_DEVICE": "cpu"}
     total = large + small
-    async with running_cluster(workers=1, worker_env=worker_env, SIEVE_MAX_TOTAL_PENDING=str(total + 1000),
-                               SIEVE_MAX_PER_DEVICE_PENDING=str(max(large, small) + 10),
-                               SIEVE_CALLER_MAX_PENDING=str(total + 1000)) as cluster:
+    async with running_cluster(
+        workers=1,
+        worker_env=worker_env,
+        SIEVE_MAX_TOTAL_PENDING=str(total + 1000),
+        SIEVE_MAX_PER_DEVICE_PENDING=str(max(large, small) + 10),
+        SIEVE_CALLER_MAX_PENDING=str(total + 1000),
+    ) as cluster:
         s = cluster.settings
         pg = await asyncpg.connect(s.database_url, server_settings={"search_path": s.database_schema})
         try:
             async with rpc.channel(s.intake_addr, s) as channel:
                 stub = intake_pb2_grpc.IntakeServiceStub(channel)
-                big = [intake_pb2.TaskSpec(device_id=LARGE, type=types_pb2.TASK_TYPE_OCR_IMAGE, image=large_image)
-                       for _ in range(large)]
-                little = [intake_pb2.TaskSpec(device_id=SMALL, type=types_pb2.TASK_TYPE_OCR_IMAGE, image=small_image)
-                          for _ in range(small)]
+                big = [
+                    intake_pb2.TaskSpec(device_id=LARGE, type=types_pb2.TASK_TYPE_OCR_IMAGE, image=large_image)
+                    for _ in range(large)
+                ]
+                little = [
+                    intake_pb2.TaskSpec(device_id=SMALL, type=types_pb2.TASK_TYPE_OCR_IMAGE, image=small_image)
+                    for _ in range(small)
+                ]
                 # the first call queues both devices: both are backlogged from the worker's first claim on
                 await submit_all(stub, big[:10] + little[:10])
                 await submit_all(stub, big[10:] + little[10:], chunk=100)
@@ -132,21 +140,38 @@ async def measure(seconds: float = 60, large: int = 200, small: int = 1500) -> C
 
 def rows(r: CostResult) -> list[Row]:
     large, small = r.devices
-    values = {"large_share": round(large.share, 4), "small_share": round(small.share, 4),
-              "large_worker_ms": round(large.worker_ms), "small_worker_ms": round(small.worker_ms),
-              "large_done": large.done, "small_done": small.done, "large_mean_ms": round(large.mean_ms, 1),
-              "small_mean_ms": round(small.mean_ms, 1), "window_s": round(r.window_s, 1), "failed": r.failed}
-    return [Row("cost", f"worker-time shares, two backlogged devices whose tasks differ {r.cost_ratio:.1f}x in cost",
-                f"{large.share:.1%} / {small.share:.1%} (tasks {large.done} / {small.done}, mean "
-                f"{large.mean_ms:.0f} / {small.mean_ms:.0f} ms) over {r.window_s:.0f} s",
-                f"smaller >= {TARGET} x larger (+-10 %)", r.ratio >= TARGET and large.done > 0 and small.done > 0,
-                values, note="" if r.failed == 0 else f"{r.failed} tasks FAILED")]
+    values = {
+        "large_share": round(large.share, 4),
+        "small_share": round(small.share, 4),
+        "large_worker_ms": round(large.worker_ms),
+        "small_worker_ms": round(small.worker_ms),
+        "large_done": large.done,
+        "small_done": small.done,
+        "large_mean_ms": round(large.mean_ms, 1),
+        "small_mean_ms": round(small.mean_ms, 1),
+        "window_s": round(r.window_s, 1),
+        "failed": r.failed,
+    }
+    return [
+        Row(
+            "cost",
+            f"worker-time shares, two backlogged devices whose tasks differ {r.cost_ratio:.1f}x in cost",
+            f"{large.share:.1%} / {small.share:.1%} (tasks {large.done} / {small.done}, mean "
+            f"{large.mean_ms:.0f} / {small.mean_ms:.0f} ms) over {r.window_s:.0f} s",
+            f"smaller >= {TARGET} x larger (+-10 %)",
+            r.ratio >= TARGET and large.done > 0 and small.done > 0,
+            values,
+            note="" if r.failed == 0 else f"{r.failed} tasks FAILED",
+        )
+    ]
 
 
 def describe(r: CostResult) -> str:
-    return "\n".join(f"  {d.device}: {d.done} of {d.queued} done, worker time {num(d.worker_ms)} ms "
-                     f"(mean {d.mean_ms:.0f} ms), share {d.share:.1%}" for d in r.devices) + (
-        f"\nwindow {r.window_s:.1f}s; smaller share / larger {r.ratio:.2f} (target >= {TARGET})")
+    return "\n".join(
+        f"  {d.device}: {d.done} of {d.queued} done, worker time {num(d.worker_ms)} ms "
+        f"(mean {d.mean_ms:.0f} ms), share {d.share:.1%}"
+        for d in r.devices
+    ) + (f"\nwindow {r.window_s:.1f}s; smaller share / larger {r.ratio:.2f} (target >= {TARGET})")
 
 
 if __name__ == "__main__":

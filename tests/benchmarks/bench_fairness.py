@@ -55,16 +55,25 @@ WEIGHT_DEVICES = tuple(mac(0xDD, i + 1) for i in range(len(WEIGHTS)))
 WEIGHT_TOLERANCE = 0.05  # of each share's own value
 CALLER_SHARE, CALLER_TOLERANCE = 0.5, 0.05
 #: the in-process workers and the two callers of `callers` (credentials made before the services start)
-CREDENTIALS = {"bench-equal": "worker", "bench-weights": "worker", "bench-callers": "worker",
-               "caller-a": "client", "caller-b": "client"}
+CREDENTIALS = {
+    "bench-equal": "worker",
+    "bench-weights": "worker",
+    "bench-callers": "worker",
+    "caller-a": "client",
+    "caller-b": "client",
+}
 
 
 def fairness_env(tasks: int = 60000) -> dict[str, str]:
     """The settings every fairness benchmark's cluster runs with: limits out of the way of `tasks` queued at
     once (global, per device, per caller, no submit rate limit) and the devices of `weights` weighted."""
-    return {"SIEVE_MAX_TOTAL_PENDING": str(tasks), "SIEVE_MAX_PER_DEVICE_PENDING": str(tasks),
-            "SIEVE_CALLER_MAX_PENDING": str(tasks), "SIEVE_CALLER_SUBMIT_RATE_PER_S": "0",
-            "SIEVE_DEVICE_WEIGHTS": ",".join(f"{d}={w}" for d, w in zip(WEIGHT_DEVICES, WEIGHTS, strict=True))}
+    return {
+        "SIEVE_MAX_TOTAL_PENDING": str(tasks),
+        "SIEVE_MAX_PER_DEVICE_PENDING": str(tasks),
+        "SIEVE_CALLER_MAX_PENDING": str(tasks),
+        "SIEVE_CALLER_SUBMIT_RATE_PER_S": "0",
+        "SIEVE_DEVICE_WEIGHTS": ",".join(f"{d}={w}" for d, w in zip(WEIGHT_DEVICES, WEIGHTS, strict=True)),
+    }
 
 
 @contextlib.asynccontextmanager
@@ -101,8 +110,13 @@ class NoisyResult:
     window_s: float = 0.0
 
 
-async def noisy_neighbour(noisy_tasks: int = 20000, small_devices: int = 200, small_per_device: int = 5,
-                          cluster: Cluster | None = None, timeout_s: float = 600) -> NoisyResult:
+async def noisy_neighbour(
+    noisy_tasks: int = 20000,
+    small_devices: int = 200,
+    small_per_device: int = 5,
+    cluster: Cluster | None = None,
+    timeout_s: float = 600,
+) -> NoisyResult:
     out = NoisyResult(noisy_tasks, small_devices, small_per_device)
     noisy = mac(0xAA, 1)
     small = [text(mac(0xBB, d), i) for d in range(small_devices) for i in range(small_per_device)]
@@ -135,17 +149,35 @@ async def noisy_neighbour(noisy_tasks: int = 20000, small_devices: int = 200, sm
 
 def noisy_rows(r: NoisyResult) -> list[Row]:
     total_small = r.small_devices * r.small_per_device
-    values = {"p50_s": round(r.p50_s, 4), "p99_s": round(r.p99_s, 4), "max_s": round(r.max_s, 4),
-              "noisy_tasks_per_s_meanwhile": round(r.noisy_rate), "small_done": r.small_done,
-              "small_tasks": total_small, "noisy_done": r.noisy_done, "noisy_tasks": r.noisy_tasks, "lost": r.lost}
+    values = {
+        "p50_s": round(r.p50_s, 4),
+        "p99_s": round(r.p99_s, 4),
+        "max_s": round(r.max_s, 4),
+        "noisy_tasks_per_s_meanwhile": round(r.noisy_rate),
+        "small_done": r.small_done,
+        "small_tasks": total_small,
+        "noisy_done": r.noisy_done,
+        "noisy_tasks": r.noisy_tasks,
+        "lost": r.lost,
+    }
     return [
-        Row("noisy", f"small-device submit->start p99 behind {num(r.noisy_tasks)} tasks of one device",
+        Row(
+            "noisy",
+            f"small-device submit->start p99 behind {num(r.noisy_tasks)} tasks of one device",
             f"p50 {r.p50_s:.3f} s, p99 {r.p99_s:.3f} s, max {r.max_s:.3f} s; noisy device meanwhile "
-            f"{num(r.noisy_rate)} tasks/s", f"p99 <= {NOISY_P99_S} s", r.p99_s <= NOISY_P99_S and r.small_done > 0,
-            values),
-        Row("noisy", "every task done, none lost",
+            f"{num(r.noisy_rate)} tasks/s",
+            f"p99 <= {NOISY_P99_S} s",
+            r.p99_s <= NOISY_P99_S and r.small_done > 0,
+            values,
+        ),
+        Row(
+            "noisy",
+            "every task done, none lost",
             f"small {r.small_done} / {total_small}, noisy {r.noisy_done} / {r.noisy_tasks}, lost {r.lost}",
-            "all", r.small_done == total_small and r.noisy_done == r.noisy_tasks and r.lost == 0, values),
+            "all",
+            r.small_done == total_small and r.noisy_done == r.noisy_tasks and r.lost == 0,
+            values,
+        ),
     ]
 
 
@@ -170,8 +202,14 @@ class EqualResult:
         return f"{num(self.window_tasks)} consecutive tasks" if self.window_tasks else f"{self.window_s:g} s"
 
 
-async def equal_share(devices: int = 50, per_device: int = 600, window_s: float = 1.0, window_tasks: int = 0,
-                      cluster: Cluster | None = None, timeout_s: float = 600) -> EqualResult:
+async def equal_share(
+    devices: int = 50,
+    per_device: int = 600,
+    window_s: float = 1.0,
+    window_tasks: int = 0,
+    cluster: Cluster | None = None,
+    timeout_s: float = 600,
+) -> EqualResult:
     """Every device queues `per_device` tasks, then the timed worker runs them all; Jain's index of the devices'
     counts in each window while all of them are still backlogged (until the first has had its last task).
     Windows are `window_s` seconds, or `window_tasks` consecutive hand-outs (independent of timing: the smoke
@@ -208,13 +246,27 @@ async def equal_share(devices: int = 50, per_device: int = 600, window_s: float 
 
 
 def equal_rows(r: EqualResult) -> list[Row]:
-    values = {"jain_min": round(r.jain_min, 4), "jain_mean": round(r.jain_mean, 4), "windows": r.windows,
-              "window": r.window, "served_in_windows": r.served_in_windows, "started": r.started,
-              "tasks": r.devices * r.per_device, "spread": str(r.spread)}
-    return [Row("equal", f"Jain's index per window of {r.window}, {r.devices} backlogged devices of weight 1",
-                f"min {r.jain_min:.4f}, mean {r.jain_mean:.4f} over {r.windows} windows ({num(r.served_in_windows)} "
-                f"tasks); {r.started} / {r.devices * r.per_device} done",
-                f">= {JAIN_MIN} in every window", r.windows > 0 and r.jain_min >= JAIN_MIN, values)]
+    values = {
+        "jain_min": round(r.jain_min, 4),
+        "jain_mean": round(r.jain_mean, 4),
+        "windows": r.windows,
+        "window": r.window,
+        "served_in_windows": r.served_in_windows,
+        "started": r.started,
+        "tasks": r.devices * r.per_device,
+        "spread": str(r.spread),
+    }
+    return [
+        Row(
+            "equal",
+            f"Jain's index per window of {r.window}, {r.devices} backlogged devices of weight 1",
+            f"min {r.jain_min:.4f}, mean {r.jain_mean:.4f} over {r.windows} windows ({num(r.served_in_windows)} "
+            f"tasks); {r.started} / {r.devices * r.per_device} done",
+            f">= {JAIN_MIN} in every window",
+            r.windows > 0 and r.jain_min >= JAIN_MIN,
+            values,
+        )
+    ]
 
 
 # --- weights (timed worker) ------------------------------------------------------------------------------------
@@ -226,8 +278,9 @@ class WeightsResult:
     started: int = 0
 
 
-async def weights(per_device: int = 3000, counted: int = 3000, cluster: Cluster | None = None,
-                  timeout_s: float = 600) -> WeightsResult:
+async def weights(
+    per_device: int = 3000, counted: int = 3000, cluster: Cluster | None = None, timeout_s: float = 600
+) -> WeightsResult:
     """Three devices of weights 3:2:1 with `per_device` tasks each; shares of the first `counted` hand-outs
     (at most 2 x `per_device`: the first device, with half of them, is still backlogged until then)."""
     out = WeightsResult(per_device, min(counted, per_device * sum(WEIGHTS) // max(WEIGHTS)))
@@ -252,10 +305,16 @@ def weight_targets() -> list[float]:
 def weights_rows(r: WeightsResult) -> list[Row]:
     targets = weight_targets()
     ok = bool(r.shares) and all(abs(s - t) <= WEIGHT_TOLERANCE * t for s, t in zip(r.shares, targets, strict=True))
-    return [Row("weights", f"shares of the first {num(r.counted)} tasks, weights 3 : 2 : 1",
-                " / ".join(f"{s:.3f}" for s in r.shares) + f"; {r.started} / {3 * r.per_device} started",
-                " / ".join(f"{t:.3f}" for t in targets) + f" each +-{WEIGHT_TOLERANCE:.0%} of itself", ok,
-                {"shares": r.shares, "targets": targets, "started": r.started, "tasks": 3 * r.per_device})]
+    return [
+        Row(
+            "weights",
+            f"shares of the first {num(r.counted)} tasks, weights 3 : 2 : 1",
+            " / ".join(f"{s:.3f}" for s in r.shares) + f"; {r.started} / {3 * r.per_device} started",
+            " / ".join(f"{t:.3f}" for t in targets) + f" each +-{WEIGHT_TOLERANCE:.0%} of itself",
+            ok,
+            {"shares": r.shares, "targets": targets, "started": r.started, "tasks": 3 * r.per_device},
+        )
+    ]
 
 
 # --- callers (timed worker, two client credentials) ------------------------------------------------------------
@@ -270,8 +329,13 @@ class CallersResult:
     started: int = 0
 
 
-async def callers(many_devices: int = 1000, per_device: int = 10, counted: int = 8000,
-                  cluster: Cluster | None = None, timeout_s: float = 600) -> CallersResult:
+async def callers(
+    many_devices: int = 1000,
+    per_device: int = 10,
+    counted: int = 8000,
+    cluster: Cluster | None = None,
+    timeout_s: float = 600,
+) -> CallersResult:
     """Caller A submits `per_device` tasks on each of `many_devices` devices, caller B as many tasks on one
     device; the shares of the first `counted` hand-outs (fewer than either caller queued: both stay backlogged
     whatever the order)."""
@@ -282,8 +346,10 @@ async def callers(many_devices: int = 1000, per_device: int = 10, counted: int =
     async with cluster_for(cluster, 0, 2 * b_tasks + 1000) as c:
         worker = TimedWorker.of(c, "bench-callers")
         a_settings, b_settings = c.as_caller("caller-a"), c.as_caller("caller-b")
-        async with rpc.channel(c.settings.intake_addr, a_settings) as a_chan, \
-                rpc.channel(c.settings.intake_addr, b_settings) as b_chan:
+        async with (
+            rpc.channel(c.settings.intake_addr, a_settings) as a_chan,
+            rpc.channel(c.settings.intake_addr, b_settings) as b_chan,
+        ):
             a_specs = [text(d, i) for i in range(per_device) for d in a_macs]
             b_specs = [text(b_mac, i) for i in range(b_tasks)]
             # interleaved, so that neither caller's whole backlog is queued before the other's first task
@@ -304,18 +370,34 @@ def callers_rows(r: CallersResult) -> list[Row]:
     def ok(share: float) -> bool:
         return abs(share - CALLER_SHARE) <= CALLER_TOLERANCE
 
-    return [Row("callers", f"caller with {num(r.many_devices)} devices vs caller with 1, both backlogged",
-                f"{r.share_many:.1%} / {r.share_one:.1%} of the first {num(r.counted)} tasks; "
-                f"{r.started} / {2 * r.one_device_tasks} started",
-                f"{CALLER_SHARE:.0%} +- {CALLER_TOLERANCE:.0%} each", ok(r.share_many) and ok(r.share_one),
-                {"share_many_devices": r.share_many, "share_one_device": r.share_one, "counted": r.counted,
-                 "started": r.started, "tasks": 2 * r.one_device_tasks})]
+    return [
+        Row(
+            "callers",
+            f"caller with {num(r.many_devices)} devices vs caller with 1, both backlogged",
+            f"{r.share_many:.1%} / {r.share_one:.1%} of the first {num(r.counted)} tasks; "
+            f"{r.started} / {2 * r.one_device_tasks} started",
+            f"{CALLER_SHARE:.0%} +- {CALLER_TOLERANCE:.0%} each",
+            ok(r.share_many) and ok(r.share_one),
+            {
+                "share_many_devices": r.share_many,
+                "share_one_device": r.share_one,
+                "counted": r.counted,
+                "started": r.started,
+                "tasks": 2 * r.one_device_tasks,
+            },
+        )
+    ]
 
 
 # --- claims (queue store only) ---------------------------------------------------------------------------------
 async def claim_rate(devices: int, rounds: int) -> float:
-    settings = Settings.from_env({}, redis_url=REDIS_URL, redis_prefix=f"bench-scale-{uuid.uuid4().hex[:6]}",
-                                 max_total_pending=10**7, max_per_device_pending=10**6)
+    settings = Settings.from_env(
+        {},
+        redis_url=REDIS_URL,
+        redis_prefix=f"bench-scale-{uuid.uuid4().hex[:6]}",
+        max_total_pending=10**7,
+        max_per_device_pending=10**6,
+    )
     redis = Redis.from_url(settings.redis_url, decode_responses=True)
     queues = QueueStore(redis, settings)
     await queues.mark_rebuilt("bench")
@@ -323,8 +405,10 @@ async def claim_rate(devices: int, rounds: int) -> float:
         now = int(now_ms())
         per_device = max(2, (rounds * 10) // devices + 1)
         for start in range(0, devices, 1000):
-            groups = {mac(0xEE, d): [Entry(f"{d}-{i}", 1, 3, now, now + 10**8) for i in range(per_device)]
-                      for d in range(start, min(devices, start + 1000))}
+            groups = {
+                mac(0xEE, d): [Entry(f"{d}-{i}", 1, 3, now, now + 10**8) for i in range(per_device)]
+                for d in range(start, min(devices, start + 1000))
+            }
             await queues.enqueue_many(groups)
         rank = await queues.rank()
         t0 = time.perf_counter()
@@ -345,10 +429,16 @@ async def claims(small: int = 10, large: int = 100_000, rounds: int = 3000) -> t
 
 
 def claims_rows(small_rate: float, large_rate: float, large: int = 100_000) -> list[Row]:
-    return [Row("claims", f"queue-store claim rounds/s, 10 vs {num(large)} active devices (Redis only)",
-                f"{num(small_rate)} / {num(large_rate)} rounds/s = {large_rate / small_rate:.2f}",
-                "context (bench_scale decides)", None,
-                {"small_rounds_per_s": round(small_rate), "large_rounds_per_s": round(large_rate)})]
+    return [
+        Row(
+            "claims",
+            f"queue-store claim rounds/s, 10 vs {num(large)} active devices (Redis only)",
+            f"{num(small_rate)} / {num(large_rate)} rounds/s = {large_rate / small_rate:.2f}",
+            "context (bench_scale decides)",
+            None,
+            {"small_rounds_per_s": round(small_rate), "large_rounds_per_s": round(large_rate)},
+        )
+    ]
 
 
 # --- command line ----------------------------------------------------------------------------------------------
@@ -369,8 +459,9 @@ async def run(only: set[str], smoke: bool = False) -> list[Row]:
     if "callers" in only:
         rows += callers_rows(await callers(*sizes.callers))
     if "claims" in only:
-        rows += claims_rows(*await claims(large=sizes.claims_large, rounds=sizes.claims_rounds),
-                            large=sizes.claims_large)
+        rows += claims_rows(
+            *await claims(large=sizes.claims_large, rounds=sizes.claims_rounds), large=sizes.claims_large
+        )
     return rows
 
 

@@ -69,9 +69,14 @@ async def obedient_run(args: Load, limits: dict[str, str]) -> Run:
         s = cluster.settings
         pg = await asyncpg.connect(s.database_url, server_settings={"search_path": s.database_schema})
         rng = random.Random(1)
-        specs = [intake_pb2.TaskSpec(device_id=f"50:00:00:00:{d // 256:02x}:{d % 256:02x}",
-                                     type=types_pb2.TASK_TYPE_TEXT, text=f"obedient {i}")
-                 for i, d in enumerate(rng.randrange(args.devices) for _ in range(args.tasks))]
+        specs = [
+            intake_pb2.TaskSpec(
+                device_id=f"50:00:00:00:{d // 256:02x}:{d % 256:02x}",
+                type=types_pb2.TASK_TYPE_TEXT,
+                text=f"obedient {i}",
+            )
+            for i, d in enumerate(rng.randrange(args.devices) for _ in range(args.tasks))
+        ]
         batches = [specs[i : i + args.batch] for i in range(0, len(specs), args.batch)]
         async with rpc.channel(s.intake_addr, s) as channel:
             stub = intake_pb2_grpc.IntakeServiceStub(channel)
@@ -85,8 +90,11 @@ async def obedient_run(args: Load, limits: dict[str, str]) -> Run:
                     while batch:
                         reply = await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=batch))
                         run.calls += 1
-                        refused = [(spec, item) for spec, item in zip(batch, reply.items, strict=True)
-                                   if item.code == EXHAUSTED]
+                        refused = [
+                            (spec, item)
+                            for spec, item in zip(batch, reply.items, strict=True)
+                            if item.code == EXHAUSTED
+                        ]
                         other = [item for item in reply.items if item.code not in (0, EXHAUSTED)]
                         assert not other, other[0].message
                         if not refused:
@@ -106,10 +114,14 @@ async def obedient_run(args: Load, limits: dict[str, str]) -> Run:
 
 
 def describe(name: str, run: Run) -> str:
-    told = (f"; retry_after told: median {statistics.median(run.told_s):.2f}s, max {max(run.told_s):.2f}s"
-            if run.told_s else "")
-    return (f"  {name}: {run.rate:7.0f} tasks/s ({run.seconds:.1f}s, {run.calls} calls, "
-            f"{run.refused} items refused{told})")
+    told = (
+        f"; retry_after told: median {statistics.median(run.told_s):.2f}s, max {max(run.told_s):.2f}s"
+        if run.told_s
+        else ""
+    )
+    return (
+        f"  {name}: {run.rate:7.0f} tasks/s ({run.seconds:.1f}s, {run.calls} calls, {run.refused} items refused{told})"
+    )
 
 
 @dataclass
@@ -126,10 +138,15 @@ class ObedientResult:
 
 async def measure(load: Load, pairs: int = 1, log: Callable[[str], None] = print) -> ObedientResult:
     out = ObedientResult(load)
-    raised = {"SIEVE_MAX_TOTAL_PENDING": str(load.tasks + 1000), "SIEVE_MAX_PER_DEVICE_PENDING": str(load.tasks),
-              "SIEVE_CALLER_MAX_PENDING": str(load.tasks + 1000)}
-    log(f"{load.tasks} texts over {load.devices} devices, batches of {load.batch}, {load.concurrency} at a time, "
-        f"{load.workers} workers; the client honours every retry_after")
+    raised = {
+        "SIEVE_MAX_TOTAL_PENDING": str(load.tasks + 1000),
+        "SIEVE_MAX_PER_DEVICE_PENDING": str(load.tasks),
+        "SIEVE_CALLER_MAX_PENDING": str(load.tasks + 1000),
+    }
+    log(
+        f"{load.tasks} texts over {load.devices} devices, batches of {load.batch}, {load.concurrency} at a time, "
+        f"{load.workers} workers; the client honours every retry_after"
+    )
     for pair in range(pairs):
         default = await obedient_run(load, {})
         lifted = await obedient_run(load, raised)
@@ -145,12 +162,22 @@ def rows(r: ObedientResult) -> list[Row]:
     a = statistics.median(p[0].rate for p in r.pairs) if r.pairs else 0.0
     b = statistics.median(p[1].rate for p in r.pairs) if r.pairs else 0.0
     refused = sum(p[0].refused for p in r.pairs)
-    return [Row("obedient", f"client honouring every retry_after, default limits vs raised "
-                            f"({num(r.load.tasks)} tasks)",
-                f"{num(a)} / {num(b)} tasks/s = {r.ratio:.2f} ({num(refused)} items refused and resubmitted)",
-                f">= {TARGET}", r.ratio >= TARGET,
-                {"default_tasks_per_s": round(a), "raised_tasks_per_s": round(b), "ratio": round(r.ratio, 3),
-                 "refused": refused, "pairs": len(r.pairs)})]
+    return [
+        Row(
+            "obedient",
+            f"client honouring every retry_after, default limits vs raised ({num(r.load.tasks)} tasks)",
+            f"{num(a)} / {num(b)} tasks/s = {r.ratio:.2f} ({num(refused)} items refused and resubmitted)",
+            f">= {TARGET}",
+            r.ratio >= TARGET,
+            {
+                "default_tasks_per_s": round(a),
+                "raised_tasks_per_s": round(b),
+                "ratio": round(r.ratio, 3),
+                "refused": refused,
+                "pairs": len(r.pairs),
+            },
+        )
+    ]
 
 
 async def main(args: argparse.Namespace) -> int:

@@ -84,8 +84,12 @@ async def taking_work(cluster: Cluster, timeout_s: float = 30) -> float:
         for name, address in cluster.metrics.items():
             if name.startswith("worker"):
                 text = await asyncio.to_thread(_scrape, address)
-                held += sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-                            if s.name == "sieve_worker_over_watermark")
+                held += sum(
+                    s.value
+                    for f in text_string_to_metric_families(text)
+                    for s in f.samples
+                    if s.name == "sieve_worker_over_watermark"
+                )
         waited = time.perf_counter() - began
         if not held or waited > timeout_s:
             return waited
@@ -116,8 +120,7 @@ class OcrResult:
         return statistics.median(b / r for r, b in self.pairs) if self.pairs else 0.0
 
 
-async def measure(rounds: int = 3, repeats: int = 3, workers: int = 1, log: Callable[[str], None] = print
-                  ) -> OcrResult:
+async def measure(rounds: int = 3, repeats: int = 3, workers: int = 1, log: Callable[[str], None] = print) -> OcrResult:
     font = find_cjk_font()
     if font is None:
         raise RuntimeError("no CJK font: install fonts-wqy-microhei or fonts-noto-cjk")
@@ -140,14 +143,20 @@ async def measure(rounds: int = 3, repeats: int = 3, workers: int = 1, log: Call
                 nonlocal device
                 specs = []
                 for data in images * round_count:
-                    specs.append(intake_pb2.TaskSpec(device_id=f"40:00:00:00:{device // 256:02x}:{device % 256:02x}",
-                                                     type=types_pb2.TASK_TYPE_OCR_IMAGE, image=data))
+                    specs.append(
+                        intake_pb2.TaskSpec(
+                            device_id=f"40:00:00:00:{device // 256:02x}:{device % 256:02x}",
+                            type=types_pb2.TASK_TYPE_OCR_IMAGE,
+                            image=data,
+                        )
+                    )
                     device += 1
                 target = len(specs) + await pg.fetchval("SELECT count(*) FROM results")
                 began = time.perf_counter()
                 await submit_all(stub, specs, chunk=20)
-                while await pg.fetchval(  # noqa: ASYNC110 - results are counted in PostgreSQL
-                        "SELECT count(*) FROM tasks WHERE status IN ('SUCCEEDED', 'FAILED')") < target:
+                while (  # noqa: ASYNC110 - results are counted in PostgreSQL
+                    await pg.fetchval("SELECT count(*) FROM tasks WHERE status IN ('SUCCEEDED', 'FAILED')") < target
+                ):
                     await asyncio.sleep(0.05)
                 return len(specs) / (time.perf_counter() - began)
 
@@ -161,8 +170,10 @@ async def measure(rounds: int = 3, repeats: int = 3, workers: int = 1, log: Call
                 sieve_rate = await through_sieve(rounds)
                 out.pairs.append((raw_rate, sieve_rate))
                 out.resumed_s.append(resumed_s)
-                log(f"  pair {i + 1}: raw {raw_rate:.2f} images/s, Sieve {sieve_rate:.2f} images/s, "
-                    f"ratio {sieve_rate / raw_rate:.2f} (worker took work again {resumed_s:.1f}s after the raw run)")
+                log(
+                    f"  pair {i + 1}: raw {raw_rate:.2f} images/s, Sieve {sieve_rate:.2f} images/s, "
+                    f"ratio {sieve_rate / raw_rate:.2f} (worker took work again {resumed_s:.1f}s after the raw run)"
+                )
             failed = await pg.fetchval("SELECT count(*) FROM tasks WHERE status <> 'SUCCEEDED'")
             assert failed == 0, f"{failed} tasks did not succeed"
             stages: dict[str, list[float]] = {}
@@ -180,22 +191,34 @@ async def measure(rounds: int = 3, repeats: int = 3, workers: int = 1, log: Call
 def rows(r: OcrResult) -> list[Row]:
     raw_median = statistics.median(a for a, _ in r.pairs) if r.pairs else 0.0
     sieve_median = statistics.median(b for _, b in r.pairs) if r.pairs else 0.0
-    return [Row("ocr", f"OCR through Sieve ({r.workers} CPU worker) vs the raw engine, median of "
-                       f"{len(r.pairs)} pairs",
-                f"{sieve_median:.2f} / {raw_median:.2f} images/s = {r.ratio:.2f}; CER {r.errors}/{r.chars}",
-                f">= {TARGET}", r.ratio >= TARGET,
-                {"sieve_images_per_s": round(sieve_median, 3), "raw_images_per_s": round(raw_median, 3),
-                 "ratio": round(r.ratio, 3), "pairs": [[round(a, 3), round(b, 3)] for a, b in r.pairs],
-                 "cer_errors": r.errors, "cer_chars": r.chars,
-                 "stages_ms": str({k: round(v, 1) for k, v in r.stages_ms.items()})})]
+    return [
+        Row(
+            "ocr",
+            f"OCR through Sieve ({r.workers} CPU worker) vs the raw engine, median of {len(r.pairs)} pairs",
+            f"{sieve_median:.2f} / {raw_median:.2f} images/s = {r.ratio:.2f}; CER {r.errors}/{r.chars}",
+            f">= {TARGET}",
+            r.ratio >= TARGET,
+            {
+                "sieve_images_per_s": round(sieve_median, 3),
+                "raw_images_per_s": round(raw_median, 3),
+                "ratio": round(r.ratio, 3),
+                "pairs": [[round(a, 3), round(b, 3)] for a, b in r.pairs],
+                "cer_errors": r.errors,
+                "cer_chars": r.chars,
+                "stages_ms": str({k: round(v, 1) for k, v in r.stages_ms.items()}),
+            },
+        )
+    ]
 
 
 async def main(args: argparse.Namespace) -> None:
     r = await measure(args.rounds, args.repeats, args.workers)
     raw_median = statistics.median(a for a, _ in r.pairs)
     sieve_median = statistics.median(b for _, b in r.pairs)
-    print(f"(a) raw engine, one process:    {raw_median:.2f} images/s (median)   CER {r.errors}/{r.chars} = "
-          f"{r.errors / r.chars:.2%}")
+    print(
+        f"(a) raw engine, one process:    {raw_median:.2f} images/s (median)   CER {r.errors}/{r.chars} = "
+        f"{r.errors / r.chars:.2%}"
+    )
     print(f"(b) through Sieve, {args.workers} CPU worker: {sieve_median:.2f} images/s (median)")
     print(f"ratio (b)/(a): {r.ratio:.2f} (median of pairs; target >= 0.90)")
     print("worker stage medians (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in r.stages_ms.items()))

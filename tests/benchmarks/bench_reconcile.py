@@ -56,43 +56,67 @@ async def build(pg: asyncpg.Pool, queues: QueueStore, rows: int, open_: int, dev
                now() - interval '1 hour', now() - interval '1 hour', now() + interval '1 hour',
                now() - interval '1 hour', 'hello ' || i, 0, 0
         FROM generate_series(0, $1 - 1) AS i
-        """, rows, every, devices, open_)
+        """,
+        rows,
+        every,
+        devices,
+        open_,
+    )
     await pg.execute("ANALYZE tasks")
     print(f"built {rows} rows ({open_} open) in {time.perf_counter() - started:.1f} s")
     # Redis holds every open task but `lost` of them: most queued, 10 % leased, 5 % delayed
-    open_rows = await pg.fetch("SELECT id, device, type, priority, enqueued_at, expires_at FROM tasks "
-                               "WHERE status = 'PENDING' ORDER BY id")
+    open_rows = await pg.fetch(
+        "SELECT id, device, type, priority, enqueued_at, expires_at FROM tasks WHERE status = 'PENDING' ORDER BY id"
+    )
     skip = {r["id"] for r in open_rows[:: max(1, len(open_rows) // lost)][:lost]}
     groups: dict[str, list[Entry]] = defaultdict(list)
     for r in open_rows:
         if r["id"] not in skip:
-            groups[r["device"]].append(Entry(str(r["id"]), type_value(r["type"]), r["priority"],
-                                             _ms(r["enqueued_at"]), _ms(r["expires_at"]), caller="bench"))
+            groups[r["device"]].append(
+                Entry(
+                    str(r["id"]),
+                    type_value(r["type"]),
+                    r["priority"],
+                    _ms(r["enqueued_at"]),
+                    _ms(r["expires_at"]),
+                    caller="bench",
+                )
+            )
     macs = list(groups)
     for i in range(0, len(macs), 200):
-        await queues.enqueue_many({m: groups[m] for m in macs[i:i + 200]}, admit=False)
+        await queues.enqueue_many({m: groups[m] for m in macs[i : i + 200]}, admit=False)
     for n, mac in enumerate(macs):
         if n % 10 == 0:
             popped = await queues.pop(mac, "bench", max(1, len(groups[mac]) // 3), release=True)
             if n % 20 == 0 and popped.taken:
-                await queues.requeue(mac, [(e.task_id, e.attempt) for e in popped.taken], count_attempt=False,
-                                     reason="bench", retry_at_ms=now_ms() + 3_600_000)
+                await queues.requeue(
+                    mac,
+                    [(e.task_id, e.attempt) for e in popped.taken],
+                    count_attempt=False,
+                    reason="bench",
+                    retry_at_ms=now_ms() + 3_600_000,
+                )
     k = queues.keys
-    print(f"Redis: {await queues.pending()} queued, {await queues.redis.zcard(k.leases)} leased, "
-          f"{await queues.redis.zcard(k.delayed)} delayed, {len(skip)} lost")
+    print(
+        f"Redis: {await queues.pending()} queued, {await queues.redis.zcard(k.leases)} leased, "
+        f"{await queues.redis.zcard(k.delayed)} delayed, {len(skip)} lost"
+    )
 
 
 async def explain(pg: asyncpg.Pool, page: int) -> None:
     async with pg.acquire() as conn, conn.transaction():
         await conn.execute(RECONCILE_PAGE_SETTINGS)  # as TaskStore.reconcile_page runs it
-        plan = await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + RECONCILE_PAGE_SQL, "",
-                                   uuid.UUID(int=0), page, 60.0)
+        plan = await conn.fetchval(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + RECONCILE_PAGE_SQL, "", uuid.UUID(int=0), page, 60.0
+        )
     top = json.loads(plan)[0] if isinstance(plan, str) else plan[0]
     indexes = sorted({n.get("Index Name") for n in _nodes(top["Plan"]) if n.get("Index Name")})
     kinds = sorted({n["Node Type"] for n in _nodes(top["Plan"])})
     p = top["Plan"]
-    print(f"first page query: {top['Execution Time']:.1f} ms, rows {p['Actual Rows']}, shared buffers hit "
-          f"{p.get('Shared Hit Blocks', 0)} read {p.get('Shared Read Blocks', 0)}; nodes {kinds}; indexes {indexes}")
+    print(
+        f"first page query: {top['Execution Time']:.1f} ms, rows {p['Actual Rows']}, shared buffers hit "
+        f"{p.get('Shared Hit Blocks', 0)} read {p.get('Shared Read Blocks', 0)}; nodes {kinds}; indexes {indexes}"
+    )
 
 
 def _nodes(node: dict[str, object]):  # type: ignore[no-untyped-def]
@@ -109,8 +133,10 @@ async def timed_passes(reconciler: Reconciler, passes: int, lost: int) -> list[f
         expected = lost if n == 0 else 0
         assert report.found["requeued"] == expected, (n, report)
         assert not report.stopped, report
-        print(f"pass {n + 1}: {report.seconds * 1000:.0f} ms, {report.checked} open tasks in {report.pages} pages "
-              f"({report.checked / report.seconds:,.0f} tasks/s); found {dict(report.found) or 'nothing'}")
+        print(
+            f"pass {n + 1}: {report.seconds * 1000:.0f} ms, {report.checked} open tasks in {report.pages} pages "
+            f"({report.checked / report.seconds:,.0f} tasks/s); found {dict(report.found) or 'nothing'}"
+        )
     return times
 
 
@@ -125,9 +151,16 @@ async def main() -> None:
     parser.add_argument("--no-compare", action="store_true")
     args = parser.parse_args()
     tag = uuid.uuid4().hex[:8]
-    settings = Settings.from_env({}, redis_url=REDIS_URL, redis_prefix=f"bench-rec-{tag}", database_url=DATABASE_URL,
-                                 database_schema=f"bench_rec_{tag}", reconcile_grace_s=60.0,
-                                 reconcile_page_rows=args.page, max_per_device_pending=1_000_000)
+    settings = Settings.from_env(
+        {},
+        redis_url=REDIS_URL,
+        redis_prefix=f"bench-rec-{tag}",
+        database_url=DATABASE_URL,
+        database_schema=f"bench_rec_{tag}",
+        reconcile_grace_s=60.0,
+        reconcile_page_rows=args.page,
+        max_per_device_pending=1_000_000,
+    )
     redis = Redis.from_url(settings.redis_url, decode_responses=True)
     pg = await create_pool(settings, attempts=1)
     try:
@@ -138,14 +171,18 @@ async def main() -> None:
         reconciler = Reconciler(queues, TaskStore(pg))
         times = await timed_passes(reconciler, args.passes, args.lost)
         rest = times[1:] or times
-        print(f"RESULT rows={args.rows} open={args.open} devices={args.devices}: pass median "
-              f"{statistics.median(rest) * 1000:.0f} ms (min {min(rest) * 1000:.0f}, max {max(rest) * 1000:.0f}); "
-              f"first pass (re-queues {args.lost}) {times[0] * 1000:.0f} ms")
+        print(
+            f"RESULT rows={args.rows} open={args.open} devices={args.devices}: pass median "
+            f"{statistics.median(rest) * 1000:.0f} ms (min {min(rest) * 1000:.0f}, max {max(rest) * 1000:.0f}); "
+            f"first pass (re-queues {args.lost}) {times[0] * 1000:.0f} ms"
+        )
         if not args.no_compare:
             # neither partial index of open tasks: (device, id) of 0009, nor (enqueued_at) that rebuilds read
             await pg.execute("DROP INDEX tasks_open_device_id")
-            for name in await pg.fetch("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
-                                       "AND tablename = 'tasks' AND indexdef LIKE '%(enqueued_at)%'"):
+            for name in await pg.fetch(
+                "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
+                "AND tablename = 'tasks' AND indexdef LIKE '%(enqueued_at)%'"
+            ):
                 await pg.execute(f'DROP INDEX "{name[0]}"')
             await pg.execute("ANALYZE tasks")
             await explain(pg, args.page)

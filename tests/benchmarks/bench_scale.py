@@ -75,8 +75,10 @@ def workload(devices: int, per_device: int, seed: int = 1) -> list[intake_pb2.Ta
     rng = random.Random(seed)
     rng.shuffle(pairs)
     texts = random.Random(seed + 1)
-    return [intake_pb2.TaskSpec(device_id=mac(0x60, d), type=types_pb2.TASK_TYPE_TEXT,
-                                text=f"{texts.choice(TEXTS)} {n}") for n, (d, _) in enumerate(pairs)]
+    return [
+        intake_pb2.TaskSpec(device_id=mac(0x60, d), type=types_pb2.TASK_TYPE_TEXT, text=f"{texts.choice(TEXTS)} {n}")
+        for n, (d, _) in enumerate(pairs)
+    ]
 
 
 @contextlib.asynccontextmanager
@@ -86,15 +88,25 @@ async def cluster_for(cluster: Cluster | None, workers: int, tasks: int, per_dev
     if cluster is not None:
         yield cluster
         return
-    async with running_cluster(workers=workers, SIEVE_MAX_TOTAL_PENDING=str(tasks + 1000),
-                               SIEVE_MAX_PER_DEVICE_PENDING=str(per_device + 10),
-                               SIEVE_CALLER_MAX_PENDING=str(tasks + 1000),
-                               SIEVE_CALLER_SUBMIT_RATE_PER_S="0") as fresh:
+    async with running_cluster(
+        workers=workers,
+        SIEVE_MAX_TOTAL_PENDING=str(tasks + 1000),
+        SIEVE_MAX_PER_DEVICE_PENDING=str(per_device + 10),
+        SIEVE_CALLER_MAX_PENDING=str(tasks + 1000),
+        SIEVE_CALLER_SUBMIT_RATE_PER_S="0",
+    ) as fresh:
         yield fresh
 
 
-async def run_case(devices: int, per_device: int, workers: int = 2, batch: int = 500, concurrency: int = 4,
-                   timeout_s: float = 900, cluster: Cluster | None = None) -> Case:
+async def run_case(
+    devices: int,
+    per_device: int,
+    workers: int = 2,
+    batch: int = 500,
+    concurrency: int = 4,
+    timeout_s: float = 900,
+    cluster: Cluster | None = None,
+) -> Case:
     """One case on a fresh cluster (or on `cluster`, for the smoke test: then only the counts mean anything)."""
     out = Case(devices, per_device)
     specs = workload(devices, per_device)
@@ -118,8 +130,9 @@ async def run_case(devices: int, per_device: int, workers: int = 2, batch: int =
     return out
 
 
-async def measure(tasks: int = 50000, few: int = 100, pairs: int = 1, workers: int = 2,
-                  timeout_s: float = 900) -> ScaleResult:
+async def measure(
+    tasks: int = 50000, few: int = 100, pairs: int = 1, workers: int = 2, timeout_s: float = 900
+) -> ScaleResult:
     out = ScaleResult(tasks)
     for _ in range(pairs):
         out.few.append(await run_case(few, tasks // few, workers, timeout_s=timeout_s))
@@ -128,8 +141,10 @@ async def measure(tasks: int = 50000, few: int = 100, pairs: int = 1, workers: i
 
 
 def describe(case: Case) -> str:
-    return (f"{num(case.devices)} devices x {num(case.per_device)}: submitted at {case.submit_rate:.0f}/s, "
-            f"{case.succeeded} succeeded in {case.seconds:.2f}s -> {case.rate:.0f} tasks/s end to end")
+    return (
+        f"{num(case.devices)} devices x {num(case.per_device)}: submitted at {case.submit_rate:.0f}/s, "
+        f"{case.succeeded} succeeded in {case.seconds:.2f}s -> {case.rate:.0f} tasks/s end to end"
+    )
 
 
 def rows(r: ScaleResult) -> list[Row]:
@@ -137,16 +152,36 @@ def rows(r: ScaleResult) -> list[Row]:
     many = statistics.median(c.rate for c in r.many) if r.many else 0.0
     f, m = (r.few[0], r.many[0]) if r.few and r.many else (Case(0, 0), Case(0, 0))
     done = all(c.succeeded == c.tasks for c in r.few + r.many)
-    values = {"many_tasks_per_s": round(many), "few_tasks_per_s": round(few), "ratio": round(r.ratio, 3),
-              "many_devices": m.devices, "few_devices": f.devices, "few_per_device": f.per_device,
-              "many_submit_per_s": [round(c.submit_rate) for c in r.many],
-              "few_submit_per_s": [round(c.submit_rate) for c in r.few],
-              "succeeded": [c.succeeded for c in r.few + r.many], "tasks": r.tasks, "pairs": len(r.few)}
+    values = {
+        "many_tasks_per_s": round(many),
+        "few_tasks_per_s": round(few),
+        "ratio": round(r.ratio, 3),
+        "many_devices": m.devices,
+        "few_devices": f.devices,
+        "few_per_device": f.per_device,
+        "many_submit_per_s": [round(c.submit_rate) for c in r.many],
+        "few_submit_per_s": [round(c.submit_rate) for c in r.few],
+        "succeeded": [c.succeeded for c in r.few + r.many],
+        "tasks": r.tasks,
+        "pairs": len(r.few),
+    }
     return [
-        Row("scale", f"{num(m.devices)} devices x 1 vs {num(f.devices)} devices x {num(f.per_device)}, e2e",
-            f"{num(many)} / {num(few)} tasks/s = {r.ratio:.2f}", f">= {TARGET}", r.ratio >= TARGET, values),
-        Row("scale", "every task of both cases succeeded",
-            " / ".join(f"{c.succeeded} of {c.tasks}" for c in r.few + r.many), "all", done, values),
+        Row(
+            "scale",
+            f"{num(m.devices)} devices x 1 vs {num(f.devices)} devices x {num(f.per_device)}, e2e",
+            f"{num(many)} / {num(few)} tasks/s = {r.ratio:.2f}",
+            f">= {TARGET}",
+            r.ratio >= TARGET,
+            values,
+        ),
+        Row(
+            "scale",
+            "every task of both cases succeeded",
+            " / ".join(f"{c.succeeded} of {c.tasks}" for c in r.few + r.many),
+            "all",
+            done,
+            values,
+        ),
     ]
 
 

@@ -27,8 +27,18 @@ from tests.benchmarks.cluster import running_cluster
 from tests.benchmarks.common import submit_all, wait_final
 from tests.support.cluster import Cluster
 
-TEXTS = ["今天天气很好", "欢迎加 微 信领取优惠", "这里有 赌.博 网站", "ｃａｓｉｎｏ night", "hello world",
-         "免费领取 free money", "正常的产品评论", "cocaine is bad", "六合彩开奖", "nothing to see here"]
+TEXTS = [
+    "今天天气很好",
+    "欢迎加 微 信领取优惠",
+    "这里有 赌.博 网站",
+    "ｃａｓｉｎｏ night",
+    "hello world",
+    "免费领取 free money",
+    "正常的产品评论",
+    "cocaine is bad",
+    "六合彩开奖",
+    "nothing to see here",
+]
 
 
 @dataclass
@@ -48,15 +58,25 @@ class Throughput:
     group_commits: dict[str, float] = field(default_factory=dict)
 
 
-async def measure(tasks: int = 20000, devices: int = 200, workers: int = 2, batch: int = 200,
-                  concurrency: int = 4, security: str = "auth", idle_tasks: int = 20,
-                  timeout_s: float = 600) -> Throughput:
+async def measure(
+    tasks: int = 20000,
+    devices: int = 200,
+    workers: int = 2,
+    batch: int = 200,
+    concurrency: int = 4,
+    security: str = "auth",
+    idle_tasks: int = 20,
+    timeout_s: float = 600,
+) -> Throughput:
     out = Throughput(tasks, devices, workers)
-    async with running_cluster(workers=workers, security=security,
-                               SIEVE_MAX_TOTAL_PENDING=str(tasks + 1000),
-                               SIEVE_MAX_PER_DEVICE_PENDING=str(tasks),
-                               SIEVE_CALLER_MAX_PENDING=str(tasks + 1000),
-                               SIEVE_CALLER_SUBMIT_RATE_PER_S="0") as cluster:
+    async with running_cluster(
+        workers=workers,
+        security=security,
+        SIEVE_MAX_TOTAL_PENDING=str(tasks + 1000),
+        SIEVE_MAX_PER_DEVICE_PENDING=str(tasks),
+        SIEVE_CALLER_MAX_PENDING=str(tasks + 1000),
+        SIEVE_CALLER_SUBMIT_RATE_PER_S="0",
+    ) as cluster:
         s = cluster.settings
         pg = await asyncpg.connect(s.database_url, server_settings={"search_path": s.database_schema})
         try:
@@ -67,20 +87,31 @@ async def measure(tasks: int = 20000, devices: int = 200, workers: int = 2, batc
                 latencies = []
                 for i in range(idle_tasks):
                     t0 = time.perf_counter()
-                    reply = await stub.Submit(intake_pb2.SubmitRequest(task=intake_pb2.TaskSpec(
-                        device_id=f"20:00:00:00:00:{i:02x}", type=types_pb2.TASK_TYPE_TEXT, text=TEXTS[i % 10])))
+                    reply = await stub.Submit(
+                        intake_pb2.SubmitRequest(
+                            task=intake_pb2.TaskSpec(
+                                device_id=f"20:00:00:00:00:{i:02x}", type=types_pb2.TASK_TYPE_TEXT, text=TEXTS[i % 10]
+                            )
+                        )
+                    )
                     # a client polls GetTask: that is the latency it sees
-                    while (await stub.GetTask(intake_pb2.GetTaskRequest(  # noqa: ASYNC110
-                            task_id=reply.task.task_id))).task.status != types_pb2.TASK_STATUS_SUCCEEDED:
+                    while (  # noqa: ASYNC110
+                        await stub.GetTask(intake_pb2.GetTaskRequest(task_id=reply.task.task_id))
+                    ).task.status != types_pb2.TASK_STATUS_SUCCEEDED:
                         await asyncio.sleep(0.001)
                     latencies.append((time.perf_counter() - t0) * 1000)
                 out.idle_p50_ms, out.idle_max_ms = statistics.median(latencies), max(latencies)
 
                 # throughput
                 rng = random.Random(1)
-                specs = [intake_pb2.TaskSpec(device_id=f"30:00:00:00:{d // 256:02x}:{d % 256:02x}",
-                                             type=types_pb2.TASK_TYPE_TEXT, text=f"{rng.choice(TEXTS)} {i}")
-                         for i, d in enumerate(rng.randrange(devices) for _ in range(tasks))]
+                specs = [
+                    intake_pb2.TaskSpec(
+                        device_id=f"30:00:00:00:{d // 256:02x}:{d % 256:02x}",
+                        type=types_pb2.TASK_TYPE_TEXT,
+                        text=f"{rng.choice(TEXTS)} {i}",
+                    )
+                    for i, d in enumerate(rng.randrange(devices) for _ in range(tasks))
+                ]
                 t0 = time.perf_counter()
                 await submit_all(stub, specs, chunk=batch, concurrency=concurrency)
                 submitted = time.perf_counter() - t0
@@ -88,8 +119,9 @@ async def measure(tasks: int = 20000, devices: int = 200, workers: int = 2, batc
                 out.seconds = done - t0
                 out.rate, out.submit_rate = tasks / out.seconds, tasks / submitted
                 out.succeeded = await pg.fetchval("SELECT count(*) FROM tasks WHERE status = 'SUCCEEDED'")
-                out.group_commits = {writer: rows / writes for writer, (writes, rows)
-                                     in sorted(group_commits(cluster).items()) if writes}
+                out.group_commits = {
+                    writer: rows / writes for writer, (writes, rows) in sorted(group_commits(cluster).items()) if writes
+                }
         finally:
             await pg.close()
     return out
@@ -112,17 +144,18 @@ def group_commits(cluster: Cluster) -> dict[str, tuple[float, float]]:
 
 
 def describe(run: Throughput) -> str:
-    return (f"idle Submit->result (client-observed, incl. polling): p50 {run.idle_p50_ms:.1f} ms, "
-            f"max {run.idle_max_ms:.1f} ms\n"
-            f"{run.tasks} tasks over {run.devices} devices, {run.workers} workers: submitted at "
-            f"{run.submit_rate:.0f}/s, all stored in {run.seconds:.2f}s -> {run.rate:.0f} tasks/s end to end\n"
-            "group commits (rows per statement, all workers): "
-            + ", ".join(f"{writer} {rows:.1f}" for writer, rows in run.group_commits.items()))
+    return (
+        f"idle Submit->result (client-observed, incl. polling): p50 {run.idle_p50_ms:.1f} ms, "
+        f"max {run.idle_max_ms:.1f} ms\n"
+        f"{run.tasks} tasks over {run.devices} devices, {run.workers} workers: submitted at "
+        f"{run.submit_rate:.0f}/s, all stored in {run.seconds:.2f}s -> {run.rate:.0f} tasks/s end to end\n"
+        "group commits (rows per statement, all workers): "
+        + ", ".join(f"{writer} {rows:.1f}" for writer, rows in run.group_commits.items())
+    )
 
 
 async def main(args: argparse.Namespace) -> None:
-    print(describe(await measure(args.tasks, args.devices, args.workers, args.batch, args.concurrency,
-                                 args.security)))
+    print(describe(await measure(args.tasks, args.devices, args.workers, args.batch, args.concurrency, args.security)))
 
 
 if __name__ == "__main__":
@@ -132,6 +165,10 @@ if __name__ == "__main__":
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--security", choices=("auth", "tls", "anonymous"), default="auth",
-                        help="credentials (default), credentials and TLS, or neither (to measure their cost)")
+    parser.add_argument(
+        "--security",
+        choices=("auth", "tls", "anonymous"),
+        default="auth",
+        help="credentials (default), credentials and TLS, or neither (to measure their cost)",
+    )
     asyncio.run(main(parser.parse_args()))

@@ -19,15 +19,27 @@ from tests.support.stores import DATABASE_URL, REDIS_URL, drop_schema
 
 
 @asynccontextmanager
-async def running_cluster(workers: int = 2, log_dir: Path | None = None,
-                          worker_env: dict[str, str] | None = None, security: str = "auth",
-                          credentials: dict[str, str] | None = None, **overrides: str) -> AsyncIterator[Cluster]:
+async def running_cluster(
+    workers: int = 2,
+    log_dir: Path | None = None,
+    worker_env: dict[str, str] | None = None,
+    security: str = "auth",
+    credentials: dict[str, str] | None = None,
+    **overrides: str,
+) -> AsyncIterator[Cluster]:
     """Every service as a process; `security` is "auth" (credentials, as a user runs it), "tls" (credentials and
     TLS) or "anonymous" (neither, for side-by-side cost measurements). `credentials` (name -> role) are made
     before the services start (a benchmark's own callers and in-process workers: `cluster.as_caller(name)`)."""
     unique = uuid.uuid4().hex[:8]
-    settings = on_free_ports(Settings.from_env({}, redis_url=REDIS_URL, redis_prefix=f"bench-{unique}",
-                                               database_url=DATABASE_URL, database_schema=f"bench_{unique}"))
+    settings = on_free_ports(
+        Settings.from_env(
+            {},
+            redis_url=REDIS_URL,
+            redis_prefix=f"bench-{unique}",
+            database_url=DATABASE_URL,
+            database_schema=f"bench_{unique}",
+        )
+    )
     env = service_env(settings, SIEVE_LOG_LEVEL="WARNING")
     env.update(overrides)
     log_dir = log_dir or Path(f"/tmp/sieve-bench-{unique}")

@@ -29,8 +29,12 @@ def text(device: str, i: int, body: str = "task") -> intake_pb2.TaskSpec:
     return intake_pb2.TaskSpec(device_id=device, type=types_pb2.TASK_TYPE_TEXT, text=f"{body} {i}")
 
 
-async def submit_all(stub: intake_pb2_grpc.IntakeServiceStub, specs: Sequence[intake_pb2.TaskSpec],
-                     chunk: int = MAX_BATCH, concurrency: int = 1) -> None:
+async def submit_all(
+    stub: intake_pb2_grpc.IntakeServiceStub,
+    specs: Sequence[intake_pb2.TaskSpec],
+    chunk: int = MAX_BATCH,
+    concurrency: int = 1,
+) -> None:
     """Submits every spec in SubmitBatch calls of `chunk`, `concurrency` calls at a time; any refused item is an
     error (benchmarks raise the limits out of their way)."""
     sem = asyncio.Semaphore(concurrency)
@@ -49,8 +53,7 @@ async def count_final(pg: asyncpg.Connection, statuses: Sequence[str] = FINAL) -
     return await pg.fetchval("SELECT count(*) FROM tasks WHERE status = ANY($1::text[])", list(statuses))
 
 
-async def wait_final(pg: asyncpg.Connection, target: int, timeout_s: float,
-                     statuses: Sequence[str] = FINAL) -> float:
+async def wait_final(pg: asyncpg.Connection, target: int, timeout_s: float, statuses: Sequence[str] = FINAL) -> float:
     """Waits until PostgreSQL holds `target` tasks in one of `statuses`; returns the perf_counter time it saw
     them. Raises TimeoutError (naming how many were there) after `timeout_s`."""
     deadline = time.perf_counter() + timeout_s
@@ -87,7 +90,9 @@ async def task_timings(pg: asyncpg.Connection, device_prefix: str = "") -> list[
         """SELECT t.device, t.caller, t.status, extract(epoch FROM t.created_at) AS submitted,
                   extract(epoch FROM t.updated_at) AS updated, t.history::text AS history,
                   r.details::text AS details
-           FROM tasks t LEFT JOIN results r ON r.task_id = t.id WHERE t.device LIKE $1""", device_prefix + "%")
+           FROM tasks t LEFT JOIN results r ON r.task_id = t.id WHERE t.device LIKE $1""",
+        device_prefix + "%",
+    )
     out = []
     for row in rows:
         history = json.loads(row["history"])
@@ -95,9 +100,17 @@ async def task_timings(pg: asyncpg.Connection, device_prefix: str = "") -> list[
         started = min(moves) if moves else float(row["updated"])
         ended = max(moves) if moves else float(row["updated"])
         timings = json.loads(row["details"]).get("timings_ms", {}) if row["details"] else {}
-        out.append(TaskTiming(row["device"], row["caller"], row["status"], float(row["submitted"]), started, ended,
-                              float(sum(v for k, v in timings.items()
-                                        if k not in NOT_WORKER_TIME and isinstance(v, int | float)))))
+        out.append(
+            TaskTiming(
+                row["device"],
+                row["caller"],
+                row["status"],
+                float(row["submitted"]),
+                started,
+                ended,
+                float(sum(v for k, v in timings.items() if k not in NOT_WORKER_TIME and isinstance(v, int | float))),
+            )
+        )
     return out
 
 

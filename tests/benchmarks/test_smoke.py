@@ -59,8 +59,9 @@ async def statuses(cluster: Cluster, device_prefix: str) -> dict[str, int]:
     s = cluster.settings
     pg = await asyncpg.connect(s.database_url, server_settings={"search_path": s.database_schema})
     try:
-        rows = await pg.fetch("SELECT status, count(*) AS n FROM tasks WHERE device LIKE $1 GROUP BY status",
-                              device_prefix + "%")
+        rows = await pg.fetch(
+            "SELECT status, count(*) AS n FROM tasks WHERE device LIKE $1 GROUP BY status", device_prefix + "%"
+        )
     finally:
         await pg.close()
     return {r["status"]: r["n"] for r in rows}
@@ -68,8 +69,9 @@ async def statuses(cluster: Cluster, device_prefix: str) -> dict[str, int]:
 
 async def _timed(log_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    async with running_cluster(workers=0, log_dir=log_dir, credentials=bench_fairness.CREDENTIALS,
-                               **bench_fairness.fairness_env(20000)) as cluster:
+    async with running_cluster(
+        workers=0, log_dir=log_dir, credentials=bench_fairness.CREDENTIALS, **bench_fairness.fairness_env(20000)
+    ) as cluster:
         out["equal"] = await bench_fairness.equal_share(*SMOKE.equal, cluster=cluster, timeout_s=120)
         out["equal_statuses"] = await statuses(cluster, "CC:")
         out["weights"] = await bench_fairness.weights(*SMOKE.weights, cluster=cluster, timeout_s=120)
@@ -82,8 +84,9 @@ async def _timed(log_dir: Path) -> dict[str, Any]:
 
 async def _real(log_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    async with running_cluster(workers=2, log_dir=log_dir, credentials=bench_fairness.CREDENTIALS,
-                               **bench_fairness.fairness_env(20000)) as cluster:
+    async with running_cluster(
+        workers=2, log_dir=log_dir, credentials=bench_fairness.CREDENTIALS, **bench_fairness.fairness_env(20000)
+    ) as cluster:
         out["noisy"] = await bench_fairness.noisy_neighbour(*SMOKE.noisy, cluster=cluster, timeout_s=120)
         few = SMOKE.scale_few
         out["few"] = await bench_scale.run_case(few, SMOKE.scale_tasks // few, cluster=cluster, timeout_s=120)
@@ -124,8 +127,11 @@ def test_both_callers_have_every_task_done(timed: dict[str, Any]) -> None:
     assert timed["caller_b_statuses"] == {"SUCCEEDED": r.one_device_tasks}
 
 
-@pytest.mark.xfail(strict=True, reason="two-level fairness (caller, then device: issue 14 point 2) is not built "
-                                       "yet; remove this mark when it lands")
+@pytest.mark.xfail(
+    strict=True,
+    reason="two-level fairness (caller, then device: issue 14 point 2) is not built "
+    "yet; remove this mark when it lands",
+)
 def test_a_caller_with_one_device_gets_half_against_a_caller_with_a_thousand(timed: dict[str, Any]) -> None:
     r: bench_fairness.CallersResult = timed["callers"]
     assert abs(r.share_one - bench_fairness.CALLER_SHARE) <= bench_fairness.CALLER_TOLERANCE, r

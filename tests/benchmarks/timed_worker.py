@@ -48,8 +48,14 @@ class TimedRunner(BatchRunner):
     """BatchRunner whose detection waits `work_s(assignment)` (PARALLEL tasks at a time) before matching the text
     as a real worker does; everything else (RUNNING marks, results, acks) is the real runner's."""
 
-    def __init__(self, tasks: TaskStore, lexicon: Lexicon, worker_id: str, settings: Settings,
-                 work_s: Callable[[scheduler_pb2.Assignment], float]) -> None:
+    def __init__(
+        self,
+        tasks: TaskStore,
+        lexicon: Lexicon,
+        worker_id: str,
+        settings: Settings,
+        work_s: Callable[[scheduler_pb2.Assignment], float],
+    ) -> None:
         super().__init__(tasks, lexicon, worker_id, settings)
         self.work_s = work_s
         self.slots = asyncio.Semaphore(PARALLEL)
@@ -57,8 +63,9 @@ class TimedRunner(BatchRunner):
         self.ran: list[Start] = []
         self._handed: dict[str, scheduler_pb2.Assignment] = {}
 
-    async def __call__(self, assignments: list[scheduler_pb2.Assignment]
-                       ) -> tuple[list[scheduler_pb2.Ack], list[scheduler_pb2.Nack]]:
+    async def __call__(
+        self, assignments: list[scheduler_pb2.Assignment]
+    ) -> tuple[list[scheduler_pb2.Ack], list[scheduler_pb2.Nack]]:
         for a in assignments:
             self._handed[str(uuid.UUID(a.task_id))] = a
         try:
@@ -72,8 +79,9 @@ class TimedRunner(BatchRunner):
             a = self._handed[str(task.task_id)]
             cost = self.work_s(a)
             async with self.slots:
-                self.ran.append(Start(str(task.task_id), a.device_id, a.enqueued_at.ToMilliseconds(),
-                                         time.time() * 1000, cost))
+                self.ran.append(
+                    Start(str(task.task_id), a.device_id, a.enqueued_at.ToMilliseconds(), time.time() * 1000, cost)
+                )
                 await asyncio.sleep(cost)
             return self.detect(task)
 
@@ -85,19 +93,26 @@ class TimedWorker:
     benchmark's instrument, and the CPU other processes of a shared machine burn is no part of the order the
     scheduler hands work out in, so it never holds back."""
 
-    def __init__(self, settings: Settings, worker_id: str,
-                 work_s: Callable[[scheduler_pb2.Assignment], float] = lambda a: WORK_S) -> None:
+    def __init__(
+        self, settings: Settings, worker_id: str, work_s: Callable[[scheduler_pb2.Assignment], float] = lambda a: WORK_S
+    ) -> None:
         self.worker_id = worker_id
-        self.settings = settings.replace(worker_id=worker_id, worker_concurrency=4 * PARALLEL, test_hooks=True,
-                                         fixed_resources="cpu=0,memory=0,gpu_memory=0", db_pool_min=1,
-                                         db_pool_max=4)
+        self.settings = settings.replace(
+            worker_id=worker_id,
+            worker_concurrency=4 * PARALLEL,
+            test_hooks=True,
+            fixed_resources="cpu=0,memory=0,gpu_memory=0",
+            db_pool_min=1,
+            db_pool_max=4,
+        )
         self.work_s = work_s
         self.stop = asyncio.Event()
         self.runner: TimedRunner | None = None
 
     @classmethod
-    def of(cls, cluster: Cluster, worker_id: str,
-           work_s: Callable[[scheduler_pb2.Assignment], float] = lambda a: WORK_S) -> TimedWorker:
+    def of(
+        cls, cluster: Cluster, worker_id: str, work_s: Callable[[scheduler_pb2.Assignment], float] = lambda a: WORK_S
+    ) -> TimedWorker:
         """A timed worker of `cluster` with the worker credential named `worker_id`."""
         settings = cluster.settings if cluster.anonymous else cluster.as_caller(worker_id, "worker")
         return cls(settings, worker_id, work_s)
@@ -124,8 +139,9 @@ class TimedWorker:
         types = [types_pb2.TASK_TYPE_TEXT]
         puller = Puller(s, self.worker_id, types, False, 4 * PARALLEL, runner, Pressure(sampler, s))
         registry = RegistryClient(s, sampler, types, lambda: puller.in_use, concurrency=lambda: 4 * PARALLEL)
-        background = [asyncio.create_task(c) for c in (runner.starts.run(), runner.results.run(),
-                                                       registry.run(self.stop))]
+        background = [
+            asyncio.create_task(c) for c in (runner.starts.run(), runner.results.run(), registry.run(self.stop))
+        ]
         pulling = asyncio.create_task(puller.run(self.stop))
         try:
             yield self

@@ -17,8 +17,12 @@ from tests.support.cluster import Cluster, on_free_ports, service_env
 def cluster_env(settings: Settings, tmp_path: Path) -> Iterator[Cluster]:
     settings = on_free_ports(settings)
     # the test's "client" may use every priority (HIGH and CRITICAL are entitlements)
-    env = service_env(settings, SIEVE_SHUTDOWN_GRACE_S="10", SIEVE_HOUSEKEEPING_INTERVAL_S="0.5",
-                      SIEVE_CALLER_POLICIES="client:priorities=HIGH|CRITICAL")
+    env = service_env(
+        settings,
+        SIEVE_SHUTDOWN_GRACE_S="10",
+        SIEVE_HOUSEKEEPING_INTERVAL_S="0.5",
+        SIEVE_CALLER_POLICIES="client:priorities=HIGH|CRITICAL",
+    )
     metrics = {name: f"127.0.0.1:{free_port()}" for name in ("intake", "scheduler", "registry")}
     env.update({f"SIEVE_{name.upper()}_METRICS_ADDR": addr for name, addr in metrics.items()})
     env["SIEVE_WORKER_METRICS_ADDR"] = "127.0.0.1:0"  # `cluster` gives each worker its own port

@@ -35,7 +35,7 @@ DEFAULT_ADDRS = {"intake": "127.0.0.1:50051", "scheduler": "127.0.0.1:50052", "r
 def readme_commands(readme: Path = ROOT / "README.md") -> list[list[str]]:
     """The grpcurl commands between the README's markers, continuation lines joined, split like a shell."""
     text = readme.read_text()
-    block = text[text.index(BEGIN):text.index(END)]
+    block = text[text.index(BEGIN) : text.index(END)]
     lines = [line for line in block.splitlines()[1:] if not line.startswith("```")]
     joined = "\n".join(lines).replace("\\\n", " ")
     return [shlex.split(line) for line in joined.splitlines() if line.strip()]
@@ -59,22 +59,38 @@ def cluster_env(cluster_env: Cluster) -> Cluster:
 
 def test_the_readme_lists_every_command_the_issue_asks_for() -> None:
     methods = [c[-1] for c in readme_commands()]
-    assert methods == ["list", "sieve.v1.IntakeService.Submit", "sieve.v1.IntakeService/Submit",
-                       "sieve.v1.IntakeService/GetTask", "sieve.v1.RegistryService/ListWorkers",
-                       "sieve.v1.SchedulerService/GetWatermark", "sieve.v1.SchedulerService/ListDeadLetters"]
+    assert methods == [
+        "list",
+        "sieve.v1.IntakeService.Submit",
+        "sieve.v1.IntakeService/Submit",
+        "sieve.v1.IntakeService/GetTask",
+        "sieve.v1.RegistryService/ListWorkers",
+        "sieve.v1.SchedulerService/GetWatermark",
+        "sieve.v1.SchedulerService/ListDeadLetters",
+    ]
     assert all(c[0] == "grpcurl" for c in readme_commands())
 
 
 async def test_the_readme_grpcurl_commands_work_against_the_running_services(cluster: Cluster) -> None:
     binary = grpcurl_binary()
     s = cluster.settings
-    addrs = {DEFAULT_ADDRS["intake"]: s.intake_addr, DEFAULT_ADDRS["scheduler"]: s.scheduler_addr,
-             DEFAULT_ADDRS["registry"]: s.registry_addr}
+    addrs = {
+        DEFAULT_ADDRS["intake"]: s.intake_addr,
+        DEFAULT_ADDRS["scheduler"]: s.scheduler_addr,
+        DEFAULT_ADDRS["registry"]: s.registry_addr,
+    }
     # Given a dead letter: an OCR task while no GPU worker is alive
     async with rpc.channel(s.intake_addr, s) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
-        ocr = (await stub.Submit(intake_pb2.SubmitRequest(task=intake_pb2.TaskSpec(
-            device_id="AA-BB-CC-DD-EE-02", type=types_pb2.TASK_TYPE_OCR_IMAGE, image=tiny_png())))).task.task_id
+        ocr = (
+            await stub.Submit(
+                intake_pb2.SubmitRequest(
+                    task=intake_pb2.TaskSpec(
+                        device_id="AA-BB-CC-DD-EE-02", type=types_pb2.TASK_TYPE_OCR_IMAGE, image=tiny_png()
+                    )
+                )
+            )
+        ).task.task_id
         for _ in range(100):
             status = (await stub.GetTask(intake_pb2.GetTaskRequest(task_id=ocr))).task.status
             if status == types_pb2.TASK_STATUS_DEAD_LETTERED:
@@ -102,7 +118,8 @@ async def test_the_readme_grpcurl_commands_work_against_the_running_services(clu
     # When the README's commands run, in order; Then each answers as expected
     services = run(listed).split()
     assert {"sieve.v1.IntakeService", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= set(
-        services)
+        services
+    )
     assert "rpc Submit ( .sieve.v1.SubmitRequest ) returns ( .sieve.v1.SubmitResponse )" in run(described)
     task = json.loads(run(submitted))["task"]
     task_id = task["task_id"]

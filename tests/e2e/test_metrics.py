@@ -33,8 +33,11 @@ def scrape(address: str) -> Samples:
     """Every sample of http://address/metrics, parsed by prometheus-client: {(name, labels): value}."""
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
         text = reply.read().decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
@@ -62,8 +65,12 @@ def tiny_png() -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     rows = b"".join(b"\x00" + b"\x80" * 8 for _ in range(8))
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 8, 8, 8, 0, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", 8, 8, 8, 0, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
 
 
 @pytest.fixture
@@ -87,32 +94,47 @@ async def test_every_services_metrics_parse_and_move_with_a_known_workload(clust
     async with rpc.channel(cluster.settings.intake_addr, cluster.settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
         ids = []
-        for i, spec in enumerate([text("10:00:00:00:00:01", "加 微 信 免费领取", idempotency_key="once"),
-                                  text("10:00:00:00:00:01", "加 微 信 免费领取", idempotency_key="once"),
-                                  text("10:00:00:00:00:02", "hello world"),
-                                  text("10:00:00:00:00:03", "赌.博 网站")]):
+        for i, spec in enumerate(
+            [
+                text("10:00:00:00:00:01", "加 微 信 免费领取", idempotency_key="once"),
+                text("10:00:00:00:00:01", "加 微 信 免费领取", idempotency_key="once"),
+                text("10:00:00:00:00:02", "hello world"),
+                text("10:00:00:00:00:03", "赌.博 网站"),
+            ]
+        ):
             reply = await stub.Submit(intake_pb2.SubmitRequest(task=spec))
             assert reply.deduplicated == (i == 1)
             ids.append(reply.task.task_id)
-        await stub.Submit(intake_pb2.SubmitRequest(task=intake_pb2.TaskSpec(
-            device_id="10:00:00:00:00:04", type=types_pb2.TASK_TYPE_OCR_IMAGE, image=tiny_png(),
-            priority=types_pb2.PRIORITY_HIGH)))
+        await stub.Submit(
+            intake_pb2.SubmitRequest(
+                task=intake_pb2.TaskSpec(
+                    device_id="10:00:00:00:00:04",
+                    type=types_pb2.TASK_TYPE_OCR_IMAGE,
+                    image=tiny_png(),
+                    priority=types_pb2.PRIORITY_HIGH,
+                )
+            )
+        )
         with pytest.raises(grpc.aio.AioRpcError) as bad:
             await stub.Submit(intake_pb2.SubmitRequest(task=text("not-a-mac", "x")))
         assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        batch = await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(
-            tasks=[text("10:00:00:00:00:05", f"t{i}") for i in range(4)]))
+        batch = await stub.SubmitBatch(
+            intake_pb2.SubmitBatchRequest(tasks=[text("10:00:00:00:00:05", f"t{i}") for i in range(4)])
+        )
         assert [item.code for item in batch.items] == [grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]] * 4
         deadline = time.monotonic() + 20
         for task_id in set(ids):
-            while (await stub.GetTask(intake_pb2.GetTaskRequest(task_id=task_id))).task.status != \
-                    types_pb2.TASK_STATUS_SUCCEEDED:
+            while (
+                await stub.GetTask(intake_pb2.GetTaskRequest(task_id=task_id))
+            ).task.status != types_pb2.TASK_STATUS_SUCCEEDED:
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.05)
     for _ in range(100):  # the OCR task waits out a delay (no worker takes OCR), the texts' acks are in
         after = await scrape_all(cluster)
-        if value(after["scheduler"], "sieve_delayed_tasks") == 1 and value(after["scheduler"],
-                                                                            "sieve_leased_tasks") == 0:
+        if (
+            value(after["scheduler"], "sieve_delayed_tasks") == 1
+            and value(after["scheduler"], "sieve_leased_tasks") == 0
+        ):
             break
         await asyncio.sleep(0.1)
 
@@ -139,14 +161,25 @@ async def test_every_services_metrics_parse_and_move_with_a_known_workload(clust
     assert value(after["scheduler"], "sieve_scheduler_connected_workers") == 2
     assert value(after["scheduler"], "sieve_leased_tasks") == 0
     assert delta("scheduler", "sieve_fencing_refusals_total") == 0
-    for name in ("sieve_lease_reclaims_total", "sieve_dead_lettered_tasks_total", "sieve_active_devices",
-                 "sieve_overloaded_devices", "sieve_dead_letters", "sieve_oldest_wait_seconds"):
+    for name in (
+        "sieve_lease_reclaims_total",
+        "sieve_dead_lettered_tasks_total",
+        "sieve_active_devices",
+        "sieve_overloaded_devices",
+        "sieve_dead_letters",
+        "sieve_oldest_wait_seconds",
+    ):
         assert has(after["scheduler"], name), name
     # the workers ran, stored and acked the 3 texts, and timed them
-    assert workers_total(after, "sieve_task_results_total", type="TEXT", outcome="succeeded") - workers_total(
-        before, "sieve_task_results_total", type="TEXT", outcome="succeeded") == 3
-    assert workers_total(after, "sieve_worker_acked_tasks_total") - workers_total(
-        before, "sieve_worker_acked_tasks_total") == 3
+    assert (
+        workers_total(after, "sieve_task_results_total", type="TEXT", outcome="succeeded")
+        - workers_total(before, "sieve_task_results_total", type="TEXT", outcome="succeeded")
+        == 3
+    )
+    assert (
+        workers_total(after, "sieve_worker_acked_tasks_total") - workers_total(before, "sieve_worker_acked_tasks_total")
+        == 3
+    )
     for name in ("sieve_submit_to_start_seconds_count", "sieve_start_to_done_seconds_count"):
         assert workers_total(after, name, type="TEXT") - workers_total(before, name, type="TEXT") == 3
     for worker in ("worker-1", "worker-2"):
@@ -156,11 +189,13 @@ async def test_every_services_metrics_parse_and_move_with_a_known_workload(clust
         assert value(samples, "sieve_worker_connected") == 1
         assert 0 <= value(samples, "sieve_worker_utilisation_ratio") <= 1
         assert {ls for n, ls in samples if n == "sieve_worker_resource_percent"} == {
-            frozenset({("resource", r)}) for r in ("cpu", "cpu_own", "memory", "gpu_memory", "gpu_memory_own",
-                                                  "gpu_util")}
+            frozenset({("resource", r)})
+            for r in ("cpu", "cpu_own", "memory", "gpu_memory", "gpu_memory_own", "gpu_util")
+        }
         assert has(samples, "sieve_worker_credits") and has(samples, "sieve_worker_over_watermark")
         assert {ls for n, ls in samples if n == "sieve_worker_held_back_seconds_total"} == {
-            frozenset({("resource", r)}) for r in ("cpu", "memory", "gpu_memory")}
+            frozenset({("resource", r)}) for r in ("cpu", "memory", "gpu_memory")
+        }
         assert has(samples, "sieve_worker_pressure_put_back_tasks_total")
     # and the registry lists both workers as TEXT workers
     assert value(after["registry"], "sieve_registry_workers", task_type="TEXT") == 2

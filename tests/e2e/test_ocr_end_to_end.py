@@ -25,22 +25,36 @@ if importlib.util.find_spec("paddlex") is None or importlib.util.find_spec("rapi
 
 
 async def test_an_ocr_worker_process_reads_submitted_images_and_stops_cleanly(
-        cluster_env: Cluster, pg: asyncpg.Pool, redis: Redis) -> None:
+    cluster_env: Cluster, pg: asyncpg.Pool, redis: Redis
+) -> None:
     font = require_cjk_font()
     c = cluster_env
     s = c.settings
     # Given registry, scheduler (OCR to CPU workers while no GPU worker is alive), intake and one OCR worker
     await c.start_in_order(env_of={"scheduler": {"SIEVE_NO_GPU_STRATEGY": "cpu"}})
-    await c.add_worker("ocr-worker", timeout_s=120, SIEVE_WORKER_TASK_TYPES="OCR_IMAGE",
-                       SIEVE_OCR_CACHE_DIR=str(c.log_dir / "ocr-cache"))
+    await c.add_worker(
+        "ocr-worker",
+        timeout_s=120,
+        SIEVE_WORKER_TASK_TYPES="OCR_IMAGE",
+        SIEVE_OCR_CACHE_DIR=str(c.log_dir / "ocr-cache"),
+    )
 
     # When six images are submitted
     samples = SAMPLES[:6]
     async with rpc.channel(s.intake_addr, s) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
-        reply = await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=[
-            intake_pb2.TaskSpec(device_id=f"0B:00:00:00:00:{i:02x}", type=types_pb2.TASK_TYPE_OCR_IMAGE,
-                                image=render(sample, font)) for i, sample in enumerate(samples)]))
+        reply = await stub.SubmitBatch(
+            intake_pb2.SubmitBatchRequest(
+                tasks=[
+                    intake_pb2.TaskSpec(
+                        device_id=f"0B:00:00:00:00:{i:02x}",
+                        type=types_pb2.TASK_TYPE_OCR_IMAGE,
+                        image=render(sample, font),
+                    )
+                    for i, sample in enumerate(samples)
+                ]
+            )
+        )
         ids = [item.task.task_id for item in reply.items]
         # Then all succeed with their text
         deadline = time.monotonic() + 90

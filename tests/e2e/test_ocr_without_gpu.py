@@ -44,23 +44,32 @@ async def until_done(stub: intake_pb2_grpc.IntakeServiceStub, ids: list[str], ti
 
 
 async def test_ocr_runs_out_of_the_box_without_gpus_and_defer_applies_once_gpu_workers_were_seen(
-        cluster_env: Cluster, pg: asyncpg.Pool, redis: Redis) -> None:
+    cluster_env: Cluster, pg: asyncpg.Pool, redis: Redis
+) -> None:
     font = require_cjk_font()
     c = cluster_env
     s = c.settings
     # Given every service with its defaults and one worker taking TEXT and OCR_IMAGE, on a machine without a GPU
     await c.start_in_order()
-    await c.add_worker("worker", timeout_s=180, SIEVE_WORKER_TASK_TYPES="TEXT,OCR_IMAGE",
-                       SIEVE_OCR_CACHE_DIR=str(c.log_dir / "ocr-cache"))
+    await c.add_worker(
+        "worker",
+        timeout_s=180,
+        SIEVE_WORKER_TASK_TYPES="TEXT,OCR_IMAGE",
+        SIEVE_OCR_CACHE_DIR=str(c.log_dir / "ocr-cache"),
+    )
     image = render(SAMPLES[1], font)
 
     async with rpc.channel(s.intake_addr, s) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
         # When an image and a text of one device are submitted
-        reply = await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=[
-            intake_pb2.TaskSpec(device_id="0F:00:00:00:00:01", type=types_pb2.TASK_TYPE_OCR_IMAGE, image=image),
-            intake_pb2.TaskSpec(device_id="0F:00:00:00:00:01", type=types_pb2.TASK_TYPE_TEXT, text="加 微 信"),
-        ]))
+        reply = await stub.SubmitBatch(
+            intake_pb2.SubmitBatchRequest(
+                tasks=[
+                    intake_pb2.TaskSpec(device_id="0F:00:00:00:00:01", type=types_pb2.TASK_TYPE_OCR_IMAGE, image=image),
+                    intake_pb2.TaskSpec(device_id="0F:00:00:00:00:01", type=types_pb2.TASK_TYPE_TEXT, text="加 微 信"),
+                ]
+            )
+        )
         ids = [item.task.task_id for item in reply.items]
         # Then both succeed within seconds, the image read on the CPU
         took = await until_done(stub, ids, 60)
@@ -73,10 +82,16 @@ async def test_ocr_runs_out_of_the_box_without_gpus_and_defer_applies_once_gpu_w
         # When a GPU worker taking OCR registers (the scheduler sees it) and is then gone
         gpu = c.as_caller("gpu-1", "worker")
         async with rpc.channel(s.registry_addr, gpu) as registry_channel:
-            await registry_pb2_grpc.RegistryServiceStub(registry_channel).Register(registry_pb2.RegisterRequest(
-                worker_id="gpu-1", hostname="gpu-host", pid=1, task_types=[types_pb2.TASK_TYPE_OCR_IMAGE],
-                resources=registry_pb2.Resources(gpu_available=True, gpu_count=1, gpu_names=["A10"]),
-                concurrency=4))
+            await registry_pb2_grpc.RegistryServiceStub(registry_channel).Register(
+                registry_pb2.RegisterRequest(
+                    worker_id="gpu-1",
+                    hostname="gpu-host",
+                    pid=1,
+                    task_types=[types_pb2.TASK_TYPE_OCR_IMAGE],
+                    resources=registry_pb2.Resources(gpu_available=True, gpu_count=1, gpu_names=["A10"]),
+                    concurrency=4,
+                )
+            )
         deadline = time.monotonic() + 15
         while not await redis.exists(Keys(s.redis_prefix).gpu_expected):
             assert time.monotonic() < deadline, "the scheduler never saw the GPU worker"
@@ -85,10 +100,14 @@ async def test_ocr_runs_out_of_the_box_without_gpus_and_defer_applies_once_gpu_w
         await asyncio.sleep(2.5)  # a housekeeping tick or two: no GPU worker alive now
 
         # Then the device's next image waits (strategy defer) while its text is done at once
-        reply = await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=[
-            intake_pb2.TaskSpec(device_id="0F:00:00:00:00:02", type=types_pb2.TASK_TYPE_OCR_IMAGE, image=image),
-            intake_pb2.TaskSpec(device_id="0F:00:00:00:00:02", type=types_pb2.TASK_TYPE_TEXT, text="hello"),
-        ]))
+        reply = await stub.SubmitBatch(
+            intake_pb2.SubmitBatchRequest(
+                tasks=[
+                    intake_pb2.TaskSpec(device_id="0F:00:00:00:00:02", type=types_pb2.TASK_TYPE_OCR_IMAGE, image=image),
+                    intake_pb2.TaskSpec(device_id="0F:00:00:00:00:02", type=types_pb2.TASK_TYPE_TEXT, text="hello"),
+                ]
+            )
+        )
         later_image, later_text = (item.task.task_id for item in reply.items)
         await until_done(stub, [later_text], 20)
         deadline = time.monotonic() + 10

@@ -44,8 +44,12 @@ def readings(tmp_path: Path, name: str, memory: int) -> Path:
 async def submit(c: Cluster, count: int, tag: str) -> list[str]:
     async with rpc.channel(c.settings.intake_addr, c.settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
-        specs = [intake_pb2.TaskSpec(device_id=f"0C:00:00:00:{i % 40:02x}:01", type=types_pb2.TASK_TYPE_TEXT,
-                                     text=f"{tag} {i}") for i in range(count)]
+        specs = [
+            intake_pb2.TaskSpec(
+                device_id=f"0C:00:00:00:{i % 40:02x}:01", type=types_pb2.TASK_TYPE_TEXT, text=f"{tag} {i}"
+            )
+            for i in range(count)
+        ]
         reply = await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=specs))
         return [item.task.task_id for item in reply.items]
 
@@ -68,7 +72,8 @@ async def listed(c: Cluster) -> dict[str, registry_pb2.WorkerInfo]:
 
 
 async def test_a_worker_over_its_memory_watermark_gets_nothing_until_it_drops_below_it(
-        cluster_env: Cluster, pg: asyncpg.Pool, redis: Redis, tmp_path: Path) -> None:
+    cluster_env: Cluster, pg: asyncpg.Pool, redis: Redis, tmp_path: Path
+) -> None:
     c = cluster_env
     await start_core(c)
     hot, cool = readings(tmp_path, "hot", 90), readings(tmp_path, "cool", 20)
@@ -97,7 +102,8 @@ async def test_a_worker_over_its_memory_watermark_gets_nothing_until_it_drops_be
 
 
 async def test_a_worker_that_gets_hot_withdraws_its_credits_and_another_worker_does_the_work(
-        cluster_env: Cluster, pg: asyncpg.Pool, redis: Redis, tmp_path: Path) -> None:
+    cluster_env: Cluster, pg: asyncpg.Pool, redis: Redis, tmp_path: Path
+) -> None:
     c = cluster_env
     await start_core(c)
     # Given a worker that sent its credits while cool and then got hot
@@ -116,8 +122,7 @@ async def test_a_worker_that_gets_hot_withdraws_its_credits_and_another_worker_d
     # Then another worker does them, and no attempt was counted against them
     await start_worker(c, "worker-b", readings(tmp_path, "second", 20))
     assert set(await workers_of(pg, ids)) == {"worker-b"}
-    assert {r["attempts"] for r in await pg.fetch("SELECT attempts FROM tasks WHERE id = ANY($1::uuid[])", ids)} \
-        == {1}
+    assert {r["attempts"] for r in await pg.fetch("SELECT attempts FROM tasks WHERE id = ANY($1::uuid[])", ids)} == {1}
     # And the hot worker's metrics say it holds back for memory (and for how long)
     metrics = await scrape(c.metrics["worker-a"])
     assert metrics['sieve_worker_held_back{resource="memory"}'] == 1
@@ -138,7 +143,8 @@ async def scrape(address: str) -> dict[str, float]:
 
 
 async def test_a_worker_that_stops_heartbeating_is_dropped_and_its_tasks_are_done_by_another(
-        cluster_env: Cluster, pg: asyncpg.Pool, redis: Redis, tmp_path: Path) -> None:
+    cluster_env: Cluster, pg: asyncpg.Pool, redis: Redis, tmp_path: Path
+) -> None:
     c = cluster_env
     await start_core(c)
     await start_worker(c, "worker-1", readings(tmp_path, "one", 20))
@@ -160,5 +166,6 @@ async def test_a_worker_that_stops_heartbeating_is_dropped_and_its_tasks_are_don
     # When worker-1 comes back, its late results are refused: each task has exactly one result
     await asyncio.sleep(1.5)
     assert await pg.fetchval("SELECT count(*) FROM results WHERE task_id = ANY($1::uuid[])", ids) == 300
-    assert await pg.fetchval("SELECT count(*) FROM tasks WHERE id = ANY($1::uuid[]) AND status = 'SUCCEEDED'",
-                             ids) == 300
+    assert (
+        await pg.fetchval("SELECT count(*) FROM tasks WHERE id = ANY($1::uuid[]) AND status = 'SUCCEEDED'", ids) == 300
+    )

@@ -20,25 +20,42 @@ from worker_svc.text import Matcher, load_lexicon_file
 pytestmark = pytest.mark.e2e
 
 SENTENCES = [
-    "今天天气很好", "欢迎加 微 信领取优惠", "这里有 赌.博 网站", "ｃａｓｉｎｏ night", "hello world",
-    "免费领取 free money", "正常的产品评论", "cocaine is bad", "六合彩开奖", "nothing to see here",
+    "今天天气很好",
+    "欢迎加 微 信领取优惠",
+    "这里有 赌.博 网站",
+    "ｃａｓｉｎｏ night",
+    "hello world",
+    "免费领取 free money",
+    "正常的产品评论",
+    "cocaine is bad",
+    "六合彩开奖",
+    "nothing to see here",
 ]
 
 
 async def test_two_thousand_texts_over_a_hundred_devices_all_succeed_with_the_right_hits(
-        cluster: Cluster, pg: asyncpg.Pool, redis: Redis) -> None:
+    cluster: Cluster, pg: asyncpg.Pool, redis: Redis
+) -> None:
     # Given 2 000 texts over 100 devices
     rng = random.Random(7)
-    specs = [intake_pb2.TaskSpec(device_id=f"10:00:00:00:{d // 256:02x}:{d % 256:02x}",
-                                 type=types_pb2.TASK_TYPE_TEXT, text=f"{rng.choice(SENTENCES)} #{i}")
-             for i, d in enumerate(rng.randrange(100) for _ in range(2000))]
+    specs = [
+        intake_pb2.TaskSpec(
+            device_id=f"10:00:00:00:{d // 256:02x}:{d % 256:02x}",
+            type=types_pb2.TASK_TYPE_TEXT,
+            text=f"{rng.choice(SENTENCES)} #{i}",
+        )
+        for i, d in enumerate(rng.randrange(100) for _ in range(2000))
+    ]
     started = time.perf_counter()
     async with rpc.channel(cluster.settings.intake_addr, cluster.settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
         # When they are submitted in batches of 100, concurrently
-        replies = await asyncio.gather(*(
-            stub.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=specs[i : i + 100]))
-            for i in range(0, len(specs), 100)))
+        replies = await asyncio.gather(
+            *(
+                stub.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=specs[i : i + 100]))
+                for i in range(0, len(specs), 100)
+            )
+        )
         ids = [item.task.task_id for r in replies for item in r.items]
         assert len(ids) == 2000 and all(item.code == 0 for r in replies for item in r.items)
         # Then every one succeeds

@@ -55,16 +55,25 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
 
     spans: list[ReceivedSpan] = field(default_factory=list)
 
-    async def Export(self, request: trace_service_pb2.ExportTraceServiceRequest,
-                     context: grpc.aio.ServicerContext) -> trace_service_pb2.ExportTraceServiceResponse:
+    async def Export(
+        self, request: trace_service_pb2.ExportTraceServiceRequest, context: grpc.aio.ServicerContext
+    ) -> trace_service_pb2.ExportTraceServiceResponse:
         for resource_spans in request.resource_spans:
             resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
             for scope_spans in resource_spans.scope_spans:
                 for s in scope_spans.spans:
-                    self.spans.append(ReceivedSpan(
-                        str(resource.get("service.name")), s.name, s.kind, s.trace_id.hex(), s.span_id.hex(),
-                        s.parent_span_id.hex(), {a.key: _value(a.value) for a in s.attributes},
-                        tuple((link.trace_id.hex(), link.span_id.hex()) for link in s.links)))
+                    self.spans.append(
+                        ReceivedSpan(
+                            str(resource.get("service.name")),
+                            s.name,
+                            s.kind,
+                            s.trace_id.hex(),
+                            s.span_id.hex(),
+                            s.parent_span_id.hex(),
+                            {a.key: _value(a.value) for a in s.attributes},
+                            tuple((link.trace_id.hex(), link.span_id.hex()) for link in s.links),
+                        )
+                    )
         return trace_service_pb2.ExportTraceServiceResponse()
 
     def of_task(self, task_id: str) -> dict[str, ReceivedSpan]:
@@ -85,26 +94,34 @@ async def receiver() -> AsyncIterator[tuple[Receiver, int]]:
 @pytest.fixture
 def cluster_env(cluster_env: Cluster, receiver: tuple[Receiver, int]) -> Cluster:
     """The conftest's cluster, with every service exporting its spans to the receiver."""
-    cluster_env.env.update({
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver[1]}",
-        "OTEL_EXPORTER_OTLP_INSECURE": "true",
-        "OTEL_BSP_SCHEDULE_DELAY": "100",
-        "SIEVE_HEARTBEAT_INTERVAL_S": "1",
-    })
+    cluster_env.env.update(
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver[1]}",
+            "OTEL_EXPORTER_OTLP_INSECURE": "true",
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+            "SIEVE_HEARTBEAT_INTERVAL_S": "1",
+        }
+    )
     for name in ("OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED", "OTEL_TRACES_SAMPLER"):
         cluster_env.env.pop(name, None)
     return cluster_env
 
 
 async def test_one_task_is_one_trace_from_submit_to_the_workers_ack(
-        cluster: Cluster, receiver: tuple[Receiver, int]) -> None:
+    cluster: Cluster, receiver: tuple[Receiver, int]
+) -> None:
     spans = receiver[0]
     # Given the four services exporting to the receiver
     # When one text is submitted and done
     async with rpc.channel(cluster.settings.intake_addr, cluster.settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
-        reply = await stub.Submit(intake_pb2.SubmitRequest(task=intake_pb2.TaskSpec(
-            device_id="AA-BB-CC-DD-EE-07", type=types_pb2.TASK_TYPE_TEXT, text="加 微 信 免费领取")))
+        reply = await stub.Submit(
+            intake_pb2.SubmitRequest(
+                task=intake_pb2.TaskSpec(
+                    device_id="AA-BB-CC-DD-EE-07", type=types_pb2.TASK_TYPE_TEXT, text="加 微 信 免费领取"
+                )
+            )
+        )
         task_id = reply.task.task_id
         for _ in range(200):
             task = (await stub.GetTask(intake_pb2.GetTaskRequest(task_id=task_id))).task
@@ -116,9 +133,11 @@ async def test_one_task_is_one_trace_from_submit_to_the_workers_ack(
     # Then its spans arrive (the batch delay is 100 ms)
     for _ in range(100):
         mine = spans.of_task(task_id)
-        if {"enqueue", "claim", "assign", "run"} <= set(mine) and {"match", "result write", "ack"} <= {
-                s.name for s in spans.spans if s.parent_id == mine["run"].span_id} and any(
-                s.service == "sieve-registry" for s in spans.spans):
+        if (
+            {"enqueue", "claim", "assign", "run"} <= set(mine)
+            and {"match", "result write", "ack"} <= {s.name for s in spans.spans if s.parent_id == mine["run"].span_id}
+            and any(s.service == "sieve-registry" for s in spans.spans)
+        ):
             break
         await asyncio.sleep(0.1)
     mine = spans.of_task(task_id)
@@ -157,15 +176,23 @@ async def test_one_task_is_one_trace_from_submit_to_the_workers_ack(
 
 
 async def test_each_task_of_a_batch_is_a_trace_of_its_own_linked_to_the_batch(
-        cluster: Cluster, receiver: tuple[Receiver, int]) -> None:
+    cluster: Cluster, receiver: tuple[Receiver, int]
+) -> None:
     spans = receiver[0]
     # Given the four services exporting to the receiver
     # When three texts of three devices are submitted in one SubmitBatch and done
     async with rpc.channel(cluster.settings.intake_addr, cluster.settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
-        reply = await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=[
-            intake_pb2.TaskSpec(device_id=f"AA-BB-CC-DD-EE-1{i}", type=types_pb2.TASK_TYPE_TEXT, text=f"text {i}")
-            for i in range(3)]))
+        reply = await stub.SubmitBatch(
+            intake_pb2.SubmitBatchRequest(
+                tasks=[
+                    intake_pb2.TaskSpec(
+                        device_id=f"AA-BB-CC-DD-EE-1{i}", type=types_pb2.TASK_TYPE_TEXT, text=f"text {i}"
+                    )
+                    for i in range(3)
+                ]
+            )
+        )
         task_ids = [item.task.task_id for item in reply.items]
         for _ in range(200):
             tasks = [(await stub.GetTask(intake_pb2.GetTaskRequest(task_id=t))).task for t in task_ids]

@@ -29,9 +29,14 @@ TASKS = 2000
 DEVICES = 50
 #: short timers so that faults resolve within seconds
 FAST_ENV = {
-    "SIEVE_LEASE_TTL_S": "3", "SIEVE_HEARTBEAT_INTERVAL_S": "1", "SIEVE_WORKER_TTL_S": "4",
-    "SIEVE_HOUSEKEEPING_INTERVAL_S": "0.3", "SIEVE_SHUTDOWN_GRACE_S": "5",
-    "SIEVE_MAX_TOTAL_PENDING": "20000", "SIEVE_MAX_PER_DEVICE_PENDING": "2000", "SIEVE_RETRY_BACKOFF_BASE_S": "0.2",
+    "SIEVE_LEASE_TTL_S": "3",
+    "SIEVE_HEARTBEAT_INTERVAL_S": "1",
+    "SIEVE_WORKER_TTL_S": "4",
+    "SIEVE_HOUSEKEEPING_INTERVAL_S": "0.3",
+    "SIEVE_SHUTDOWN_GRACE_S": "5",
+    "SIEVE_MAX_TOTAL_PENDING": "20000",
+    "SIEVE_MAX_PER_DEVICE_PENDING": "2000",
+    "SIEVE_RETRY_BACKOFF_BASE_S": "0.2",
 }
 
 
@@ -45,9 +50,15 @@ class Load:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self, batch: int = 50, pause_s: float = 0.02) -> None:
-        specs = [intake_pb2.TaskSpec(device_id=f"0F:00:00:00:{i % DEVICES:02x}:00", type=types_pb2.TASK_TYPE_TEXT,
-                                     text=f"加 微 信 {i}" if i % 4 == 0 else f"hello {i}",
-                                     idempotency_key=f"load-{i}") for i in range(TASKS)]
+        specs = [
+            intake_pb2.TaskSpec(
+                device_id=f"0F:00:00:00:{i % DEVICES:02x}:00",
+                type=types_pb2.TASK_TYPE_TEXT,
+                text=f"加 微 信 {i}" if i % 4 == 0 else f"hello {i}",
+                idempotency_key=f"load-{i}",
+            )
+            for i in range(TASKS)
+        ]
         async with rpc.channel(self.settings.intake_addr, self.settings) as channel:
             stub = intake_pb2_grpc.IntakeServiceStub(channel)
             for i in range(0, TASKS, batch):
@@ -95,18 +106,24 @@ class Audit:
     note: str = ""
 
     def row(self) -> str:
-        return (f"{self.case:<34} {self.submitted:>9} {self.accepted:>8} {self.succeeded:>9} {self.results:>7} "
-                f"{self.duplicates:>10} {self.lost:>5} {self.refusals:>8}" + (f"  {self.note}" if self.note else ""))
+        return (
+            f"{self.case:<34} {self.submitted:>9} {self.accepted:>8} {self.succeeded:>9} {self.results:>7} "
+            f"{self.duplicates:>10} {self.lost:>5} {self.refusals:>8}" + (f"  {self.note}" if self.note else "")
+        )
 
-    HEADER = (f"{'case':<34} {'submitted':>9} {'accepted':>8} {'succeeded':>9} {'results':>7} "
-              f"{'duplicates':>10} {'lost':>5} {'refused':>8}")
+    HEADER = (
+        f"{'case':<34} {'submitted':>9} {'accepted':>8} {'succeeded':>9} {'results':>7} "
+        f"{'duplicates':>10} {'lost':>5} {'refused':>8}"
+    )
 
 
 async def wait_all_final(pg: asyncpg.Pool, ids: list[str], timeout_s: float = 90) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
-        open_ = await pg.fetchval("SELECT count(*) FROM tasks WHERE id = ANY($1::uuid[]) "
-                                  "AND status IN ('PENDING', 'ASSIGNED', 'RUNNING')", ids)
+        open_ = await pg.fetchval(
+            "SELECT count(*) FROM tasks WHERE id = ANY($1::uuid[]) AND status IN ('PENDING', 'ASSIGNED', 'RUNNING')",
+            ids,
+        )
         if open_ == 0:
             return
         if time.monotonic() > deadline:
@@ -115,23 +132,31 @@ async def wait_all_final(pg: asyncpg.Pool, ids: list[str], timeout_s: float = 90
         await asyncio.sleep(0.2)
 
 
-async def audit(case: str, load: Load, pg: asyncpg.Pool, redis: Redis, settings: Settings,
-                logs: Path) -> Audit:
+async def audit(case: str, load: Load, pg: asyncpg.Pool, redis: Redis, settings: Settings, logs: Path) -> Audit:
     ids = list(load.accepted.values())
     await wait_all_final(pg, ids)
-    statuses = Counter(r["status"] for r in await pg.fetch("SELECT status FROM tasks WHERE id = ANY($1::uuid[])",
-                                                            ids))
+    statuses = Counter(r["status"] for r in await pg.fetch("SELECT status FROM tasks WHERE id = ANY($1::uuid[])", ids))
     finals = await pg.fetch(
         "SELECT id, (SELECT count(*) FROM jsonb_array_elements(history) h "
-        "WHERE h->>'status' IN ('SUCCEEDED', 'FAILED', 'EXPIRED', 'CANCELLED', 'DEAD_LETTERED')) AS n FROM tasks")
+        "WHERE h->>'status' IN ('SUCCEEDED', 'FAILED', 'EXPIRED', 'CANCELLED', 'DEAD_LETTERED')) AS n FROM tasks"
+    )
     duplicates = sum(1 for r in finals if r["n"] != 1)
     results = await pg.fetchval("SELECT count(*) FROM results")
     rows = await pg.fetchval("SELECT count(*) FROM tasks")
     queues = QueueStore(redis, settings)
     refusals = await asyncio.to_thread(count_refusals, logs)
-    return Audit(case, TASKS, len(ids), statuses["SUCCEEDED"], results, duplicates,
-                 lost=len(ids) - sum(statuses.values()), extra_rows=rows - len(ids),
-                 pending_left=await queues.pending(), refusals=refusals)
+    return Audit(
+        case,
+        TASKS,
+        len(ids),
+        statuses["SUCCEEDED"],
+        results,
+        duplicates,
+        lost=len(ids) - sum(statuses.values()),
+        extra_rows=rows - len(ids),
+        pending_left=await queues.pending(),
+        refusals=refusals,
+    )
 
 
 def count_refusals(logs: Path) -> int:

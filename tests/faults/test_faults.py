@@ -47,7 +47,8 @@ async def run_with(c: Cluster, fault) -> Load:
 
 
 async def test_two_workers_killed_mid_batch_lose_nothing(
-        fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis) -> None:
+    fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis
+) -> None:
     c = fault_cluster
     await start_services(c, workers=3)
 
@@ -62,7 +63,8 @@ async def test_two_workers_killed_mid_batch_lose_nothing(
 
 
 async def test_one_of_two_scheduler_replicas_killed_loses_nothing(
-        fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis) -> None:
+    fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis
+) -> None:
     c = fault_cluster
     await start_services(c, schedulers=2, workers=2)
 
@@ -75,7 +77,8 @@ async def test_one_of_two_scheduler_replicas_killed_loses_nothing(
 
 
 async def test_redis_restarted_empty_loses_nothing(
-        fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis, redis_server: RedisProcess) -> None:
+    fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis, redis_server: RedisProcess
+) -> None:
     c = fault_cluster
     await start_services(c, workers=2)
 
@@ -90,7 +93,8 @@ async def test_redis_restarted_empty_loses_nothing(
 
 
 async def test_postgresql_connections_dropped_lose_nothing(
-        fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis) -> None:
+    fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis
+) -> None:
     c = fault_cluster
     await start_services(c, workers=2)
 
@@ -100,7 +104,9 @@ async def test_postgresql_connections_dropped_lose_nothing(
         try:
             dropped = await conn.fetchval(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE application_name = $1 AND pid <> pg_backend_pid()", f"sieve:{c.settings.database_schema}")
+                "WHERE application_name = $1 AND pid <> pg_backend_pid()",
+                f"sieve:{c.settings.database_schema}",
+            )
         finally:
             await conn.close()
         assert dropped > 0
@@ -110,7 +116,8 @@ async def test_postgresql_connections_dropped_lose_nothing(
 
 
 async def test_a_frozen_worker_past_its_lease_has_its_late_results_refused(
-        fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis) -> None:
+    fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis
+) -> None:
     c = fault_cluster
     await start_services(c, workers=2)
 
@@ -129,11 +136,13 @@ async def test_a_frozen_worker_past_its_lease_has_its_late_results_refused(
 
 
 async def test_one_idempotency_key_from_twenty_clients_makes_one_task(
-        fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis) -> None:
+    fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis
+) -> None:
     c = fault_cluster
     await start_services(c, workers=2)
-    spec = intake_pb2.TaskSpec(device_id="0F:00:00:00:99:00", type=types_pb2.TASK_TYPE_TEXT, text="once only",
-                               idempotency_key="the-one")
+    spec = intake_pb2.TaskSpec(
+        device_id="0F:00:00:00:99:00", type=types_pb2.TASK_TYPE_TEXT, text="once only", idempotency_key="the-one"
+    )
 
     async def one_client() -> tuple[str, bool]:
         async with rpc.channel(c.settings.intake_addr, c.settings) as channel:

@@ -65,8 +65,10 @@ PG_OPTIONS = {"synchronous_commit": "on", "autovacuum": "off"}
 WRITE_FAILED = re.compile(r"(start|results): write failed")
 UNPROVEN = re.compile(r"acked (\d+) tasks without a stored result")
 #: the last line of a stack that says only that PostgreSQL was away (refused, reset, closed, starting up)
-STORE_AWAY = re.compile(r"ConnectionRefusedError|ConnectionResetError|ConnectionDoesNotExistError|"
-                        r"CannotConnectNowError|connection was closed|Connect call failed|the database system is")
+STORE_AWAY = re.compile(
+    r"ConnectionRefusedError|ConnectionResetError|ConnectionDoesNotExistError|"
+    r"CannotConnectNowError|connection was closed|Connect call failed|the database system is"
+)
 
 
 def _open_gate() -> asyncio.Event:
@@ -126,13 +128,15 @@ def pg_server() -> Iterator[PostgresProcess]:
 
 
 @pytest.fixture
-def pg_cluster(settings: Settings, redis_server: RedisProcess, pg_server: PostgresProcess,
-               tmp_path: Path) -> Iterator[Cluster]:
+def pg_cluster(
+    settings: Settings, redis_server: RedisProcess, pg_server: PostgresProcess, tmp_path: Path
+) -> Iterator[Cluster]:
     """A cluster on the test's own Redis and PostgreSQL servers (services not started yet)."""
     settings = on_free_ports(settings.replace(redis_url=redis_server.url, database_url=pg_server.url))
     # metrics on ports of their own (the default ports are one per host)
-    env = service_env(settings, **{f"SIEVE_{n}_METRICS_ADDR": "127.0.0.1:0"
-                                   for n in ("INTAKE", "SCHEDULER", "REGISTRY", "WORKER")})
+    env = service_env(
+        settings, **{f"SIEVE_{n}_METRICS_ADDR": "127.0.0.1:0" for n in ("INTAKE", "SCHEDULER", "REGISTRY", "WORKER")}
+    )
     cluster = Cluster.create(settings, env, tmp_path)
     yield cluster
     cluster.kill_all()
@@ -161,8 +165,13 @@ def stop_immediately(server: PostgresProcess, paused_walwriter: int) -> None:
     """`pg_ctl stop -m immediate`: the postmaster sends every server process SIGQUIT, and they quit at once,
     nothing checkpointed or written out; the next start runs crash recovery. The paused WAL writer is continued
     only once the SIGQUIT waits for it, so that it quits before anything else."""
-    subprocess.run([postgres_bin("pg_ctl"), "stop", "-D", str(server.data), "-m", "immediate", "-W"], check=True,
-                   capture_output=True, user=server.user, timeout=30)
+    subprocess.run(
+        [postgres_bin("pg_ctl"), "stop", "-D", str(server.data), "-m", "immediate", "-W"],
+        check=True,
+        capture_output=True,
+        user=server.user,
+        timeout=30,
+    )
     deadline = time.monotonic() + 20
     while not sigquit_pending(paused_walwriter):
         assert time.monotonic() < deadline, "the WAL writer was never told to quit"
@@ -228,7 +237,8 @@ def log_counts(logs: Path) -> tuple[int, int]:
 
 
 async def test_postgresql_stopped_immediately_and_started_again_under_load_loses_nothing(
-        pg_cluster: Cluster, pg_server: PostgresProcess, own_pg: list[asyncpg.Pool], own_redis: Redis) -> None:
+    pg_cluster: Cluster, pg_server: PostgresProcess, own_pg: list[asyncpg.Pool], own_redis: Redis
+) -> None:
     c = pg_cluster
     schema = c.settings.database_schema
     # fixed resource readings: this busy host's CPU must not hold the workers back (recovery is measured)
@@ -294,15 +304,22 @@ async def test_postgresql_stopped_immediately_and_started_again_under_load_loses
         "SELECT count(*) FROM tasks t JOIN unnest($1::uuid[], $2::int[]) AS r(id, lease) ON r.id = t.id "
         "WHERE NOT EXISTS (SELECT 1 FROM jsonb_array_elements(t.history) h "
         "                  WHERE h->>'status' = 'RUNNING' AND (h->>'lease')::int = r.lease)",
-        list(running), list(running.values()))
+        list(running),
+        list(running.values()),
+    )
     ran_again = await pool.fetchval(
         "SELECT count(*) FROM tasks t JOIN unnest($1::uuid[], $2::int[]) AS r(id, lease) ON r.id = t.id "
-        "WHERE t.status = 'SUCCEEDED' AND t.lease > r.lease", list(running), list(running.values()))
+        "WHERE t.status = 'SUCCEEDED' AND t.lease > r.lease",
+        list(running),
+        list(running.values()),
+    )
     failed_writes, unproven = log_counts(c.log_dir)
-    a.note = (f"{len(running)} RUNNING at stop, {marked_after} of them after the last WAL write ({unwritten} B); "
-              f"{lost} marks lost, "
-              f"{failed_writes} failed writes retried, {unproven} put back, {load.retries} client retries; "
-              f"back->in-flight final {in_flight_s:.1f}s, ->all final {all_s:.1f}s")
+    a.note = (
+        f"{len(running)} RUNNING at stop, {marked_after} of them after the last WAL write ({unwritten} B); "
+        f"{lost} marks lost, "
+        f"{failed_writes} failed writes retried, {unproven} put back, {load.retries} client retries; "
+        f"back->in-flight final {in_flight_s:.1f}s, ->all final {all_s:.1f}s"
+    )
     AUDITS.append(a)
     print(f"\n{a.case}: {a.note}; duplicates executed (fencing refusals) {a.refusals}")
 
@@ -310,8 +327,12 @@ async def test_postgresql_stopped_immediately_and_started_again_under_load_loses
     assert a.accepted == TASKS and len(set(load.accepted.values())) == TASKS, a
     assert a.succeeded == a.results == TASKS, a
     assert (a.duplicates, a.lost, a.extra_rows, a.pending_left) == (0, 0, 0, 0), a
-    assert await pool.fetchval("SELECT count(DISTINCT task_id) FROM results r JOIN tasks t ON t.id = r.task_id "
-                               "AND t.status = 'SUCCEEDED'") == TASKS
+    assert (
+        await pool.fetchval(
+            "SELECT count(DISTINCT task_id) FROM results r JOIN tasks t ON t.id = r.task_id AND t.status = 'SUCCEEDED'"
+        )
+        == TASKS
+    )
     # and the fault hit work in flight: the marks that did not wait for the WAL were lost with it, and harmlessly
     assert marked_after > 0 and unwritten > 0, (marked_after, unwritten)
     assert lost >= marked_after, (lost, marked_after, len(running))

@@ -67,12 +67,16 @@ class FaultRow:
     hit: str
     recovery_s: float
 
-    HEADER = (f"{'case':<38} {'accepted':>8} {'succeeded':>9} {'dup. executed':>13} {'reconciled':>10} "
-              f"{'recovery s':>10}  fault hit")
+    HEADER = (
+        f"{'case':<38} {'accepted':>8} {'succeeded':>9} {'dup. executed':>13} {'reconciled':>10} "
+        f"{'recovery s':>10}  fault hit"
+    )
 
     def row(self) -> str:
-        return (f"{self.case:<38} {self.accepted:>8} {self.succeeded:>9} {self.duplicates_executed:>13} "
-                f"{self.reconciled:>10} {self.recovery_s:>10.1f}  {self.hit}")
+        return (
+            f"{self.case:<38} {self.accepted:>8} {self.succeeded:>9} {self.duplicates_executed:>13} "
+            f"{self.reconciled:>10} {self.recovery_s:>10.1f}  {self.hit}"
+        )
 
 
 ROWS: list[FaultRow] = []
@@ -120,7 +124,8 @@ async def counters_exact(redis: Redis, queues: QueueStore) -> None:
 
 
 async def test_deleted_queue_lists_and_meta_of_busy_devices_are_requeued_and_all_finish(
-        fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis) -> None:
+    fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis
+) -> None:
     c = fault_cluster
     c.env["SIEVE_WORKER_CONCURRENCY"] = "4"  # the workers drain slower than the load comes: queues have work
     await start_services(c, workers=2)
@@ -165,19 +170,31 @@ async def test_deleted_queue_lists_and_meta_of_busy_devices_are_requeued_and_all
     # the fault hit queued work, and exactly that work was re-queued by reconciliation (no false positive)
     assert len(lost) >= 20 and len(set(lost)) == len(lost)
     assert reconciled == len(lost), (reconciled, len(lost))
-    noted = await pg.fetchval("SELECT count(*) FROM tasks WHERE id = ANY($1::uuid[]) AND history::text LIKE "
-                              "'%re-queued by reconciliation%'", lost)
+    noted = await pg.fetchval(
+        "SELECT count(*) FROM tasks WHERE id = ANY($1::uuid[]) AND history::text LIKE '%re-queued by reconciliation%'",
+        lost,
+    )
     assert noted == len(lost)
     await counters_exact(own_redis, queues)
-    ROWS.append(FaultRow("(a) Redis keys of 3 devices deleted", a.accepted, a.succeeded,
-                         count_refusals(c.log_dir), reconciled, f"{len(lost)} queued tasks deleted", recovery))
+    ROWS.append(
+        FaultRow(
+            "(a) Redis keys of 3 devices deleted",
+            a.accepted,
+            a.succeeded,
+            count_refusals(c.log_dir),
+            reconciled,
+            f"{len(lost)} queued tasks deleted",
+            recovery,
+        )
+    )
 
 
 # --- (b) a worker that acks without results ----------------------------------------------------------------
 
 
 async def test_a_worker_that_acks_without_results_loses_nothing_and_reconciliation_requeues_nothing(
-        fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis) -> None:
+    fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis
+) -> None:
     c = fault_cluster
     # a task the liar takes several times is neither dead-lettered for it nor kept waiting long
     c.env.update({"SIEVE_MAX_ATTEMPTS": "50", "SIEVE_RETRY_BACKOFF_MAX_S": "1"})
@@ -191,9 +208,12 @@ async def test_a_worker_that_acks_without_results_loses_nothing_and_reconciliati
         async with rpc.channel(c.settings.registry_addr, liar) as channel:
             stub = registry_pb2_grpc.RegistryServiceStub(channel)
             while True:
-                await stub.Register(registry_pb2.RegisterRequest(
-                    worker_id="liar", hostname="liar", pid=1, task_types=[types_pb2.TASK_TYPE_TEXT],
-                    concurrency=10), timeout=5)
+                await stub.Register(
+                    registry_pb2.RegisterRequest(
+                        worker_id="liar", hostname="liar", pid=1, task_types=[types_pb2.TASK_TYPE_TEXT], concurrency=10
+                    ),
+                    timeout=5,
+                )
                 await asyncio.sleep(1)
 
     load = Load(c.settings)
@@ -220,17 +240,24 @@ async def test_a_worker_that_acks_without_results_loses_nothing_and_reconciliati
     # the fault hit work in flight: the liar got tasks and each of its acks was refused (the task put back)
     unproven = log_count(c.log_dir, UNPROVEN)
     # (all but what it held when it left: those went back when its stream closed)
-    assert len(scripted.received) >= 100 and unproven >= len(scripted.received) - 10, (len(scripted.received),
-                                                                                      unproven)
+    assert len(scripted.received) >= 100 and unproven >= len(scripted.received) - 10, (len(scripted.received), unproven)
     results_by_liar = await pg.fetchval("SELECT count(*) FROM results WHERE worker_id = 'liar'")
     assert results_by_liar == 0
     # and reconciliation, looking at tasks bouncing between leases, the delayed set and queues, queued none again
     reconciled = log_count(c.log_dir, REQUEUED)
     assert reconciled == 0
     await counters_exact(own_redis, queues)
-    ROWS.append(FaultRow("(b) worker acks without results", a.accepted, a.succeeded, count_refusals(c.log_dir),
-                         reconciled, f"{len(scripted.received)} hand-outs acked empty, {unproven} put back",
-                         recovery))
+    ROWS.append(
+        FaultRow(
+            "(b) worker acks without results",
+            a.accepted,
+            a.succeeded,
+            count_refusals(c.log_dir),
+            reconciled,
+            f"{len(scripted.received)} hand-outs acked empty, {unproven} put back",
+            recovery,
+        )
+    )
 
 
 # --- (c) intake killed between rows and enqueues ------------------------------------------------------------
@@ -297,21 +324,29 @@ class Clients:
         return {k: v for load in self.loads for k, v in load.accepted.items()}
 
     async def run(self) -> None:
-        specs = [intake_pb2.TaskSpec(device_id=f"0F:00:00:00:{i % 50:02x}:00", type=types_pb2.TASK_TYPE_TEXT,
-                                     text=f"hello {i}", idempotency_key=f"kill-{i}") for i in range(self.tasks)]
+        specs = [
+            intake_pb2.TaskSpec(
+                device_id=f"0F:00:00:00:{i % 50:02x}:00",
+                type=types_pb2.TASK_TYPE_TEXT,
+                text=f"hello {i}",
+                idempotency_key=f"kill-{i}",
+            )
+            for i in range(self.tasks)
+        ]
         share = len(specs) // len(self.loads) + 1
 
         async def one(load: Load, mine: list[intake_pb2.TaskSpec]) -> None:
             async with rpc.channel(load.settings.intake_addr, load.settings) as channel:
                 stub = intake_pb2_grpc.IntakeServiceStub(channel)
                 for i in range(0, len(mine), self.batch):
-                    await load._submit(stub, mine[i: i + self.batch])
+                    await load._submit(stub, mine[i : i + self.batch])
 
-        await asyncio.gather(*(one(load, specs[n * share:(n + 1) * share]) for n, load in enumerate(self.loads)))
+        await asyncio.gather(*(one(load, specs[n * share : (n + 1) * share]) for n, load in enumerate(self.loads)))
 
 
 async def test_intake_killed_five_times_between_rows_and_enqueues_loses_no_accepted_task(
-        fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis, redis_server: object) -> None:
+    fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis, redis_server: object
+) -> None:
     c = fault_cluster
     tasks = 4000
     c.env.update(FAST_ENV)
@@ -370,9 +405,17 @@ async def test_intake_killed_five_times_between_rows_and_enqueues_loses_no_accep
     done_s = max(_at(h, "SUCCEEDED") - _at(h, "PENDING") for h in histories)
     assert back_s <= 2 * 3 + 4, back_s
     await counters_exact(own_redis, QueueStore(own_redis, c.settings))
-    ROWS.append(FaultRow("(c) intake kill -9 x5, 20 clients", len(accepted), a.succeeded, count_refusals(c.log_dir),
-                         reconciled, f"{reconciled} rows never enqueued; re-queued <= {back_s:.1f}s, done <= "
-                                     f"{done_s:.1f}s after accepted", recovery))
+    ROWS.append(
+        FaultRow(
+            "(c) intake kill -9 x5, 20 clients",
+            len(accepted),
+            a.succeeded,
+            count_refusals(c.log_dir),
+            reconciled,
+            f"{reconciled} rows never enqueued; re-queued <= {back_s:.1f}s, done <= {done_s:.1f}s after accepted",
+            recovery,
+        )
+    )
 
 
 def _at(history: list[dict[str, object]], status: str) -> float:
@@ -383,5 +426,8 @@ def _at(history: list[dict[str, object]], status: str) -> float:
 
 def _noted(history: list[dict[str, object]]) -> float:
     """When reconciliation noted that it queued the task again."""
-    return max(datetime.fromisoformat(str(h["at"])).timestamp() for h in history
-               if "re-queued by reconciliation" in str(h["detail"]))
+    return max(
+        datetime.fromisoformat(str(h["at"])).timestamp()
+        for h in history
+        if "re-queued by reconciliation" in str(h["detail"])
+    )

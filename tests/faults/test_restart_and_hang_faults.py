@@ -83,8 +83,10 @@ async def wait_settled(pg: asyncpg.Pool, redis: Redis, prefix: str, ids: list[st
     settled, not left to expire); fails after `timeout_s`."""
     began = time.monotonic()
     while True:
-        left = await pg.fetchval("SELECT count(*) FROM tasks WHERE id = ANY($1::uuid[]) "
-                                 "AND status IN ('PENDING', 'ASSIGNED', 'RUNNING')", ids)
+        left = await pg.fetchval(
+            "SELECT count(*) FROM tasks WHERE id = ANY($1::uuid[]) AND status IN ('PENDING', 'ASSIGNED', 'RUNNING')",
+            ids,
+        )
         scores = await redis.zmscore(Keys(prefix).leases, ids) if ids else []
         leased = sum(1 for score in scores if score is not None)
         if not left and not leased:
@@ -94,12 +96,19 @@ async def wait_settled(pg: asyncpg.Pool, redis: Redis, prefix: str, ids: list[st
 
 
 async def test_the_only_scheduler_killed_and_restarted_under_load_settles_in_flight_work_within_seconds(
-        fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis) -> None:
+    fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis
+) -> None:
     c = fault_cluster
     # one-minute leases: only the reconnect (not a lease expiry) can settle in-flight work within seconds
     # (ten slots a worker: a backlog builds up, so there is work in flight at every kill)
-    await start_platform(c, workers=2, SIEVE_LEASE_TTL_S="60", SIEVE_WORKER_TTL_S="60",
-                         SIEVE_HOUSEKEEPING_INTERVAL_S="0.3", SIEVE_WORKER_CONCURRENCY="10")
+    await start_platform(
+        c,
+        workers=2,
+        SIEVE_LEASE_TTL_S="60",
+        SIEVE_WORKER_TTL_S="60",
+        SIEVE_HOUSEKEEPING_INTERVAL_S="0.3",
+        SIEVE_WORKER_CONCURRENCY="10",
+    )
     load = Load(c.settings)
     submitting = asyncio.create_task(load.run(batch=50, pause_s=0.3))  # ~15 s of load
     recoveries: list[float] = []
@@ -123,8 +132,10 @@ async def test_the_only_scheduler_killed_and_restarted_under_load_settles_in_fli
         adopted += int(reconnect.get('{outcome="adopted"}', 0))
         acked += int(reconnect.get('{outcome="acked"}', 0))
         orphans += int(sum(metric(address, "sieve_orphaned_leases").values()))
-        print(f"kill {kill}: {len(flying)} in flight, final {took:.2f}s after the restart served; "
-              f"reconnect {reconnect}, orphans put back {orphans}")
+        print(
+            f"kill {kill}: {len(flying)} in flight, final {took:.2f}s after the restart served; "
+            f"reconnect {reconnect}, orphans put back {orphans}"
+        )
     await submitting
     a = await audit("kill -9 the only scheduler x3", load, pg, own_redis, c.settings, c.log_dir)
     AUDITS.append(a)
@@ -137,8 +148,13 @@ async def test_the_only_scheduler_killed_and_restarted_under_load_settles_in_fli
 
 
 #: one slot each; fixed resource readings, so that this busy host's load cannot hold a worker back
-OCR_ENV = {"SIEVE_WORKER_TASK_TYPES": "OCR_IMAGE", "SIEVE_WORKER_CONCURRENCY": "1", "SIEVE_TEST_HOOKS": "true",
-           "SIEVE_OCR_CPU_THREADS": "1", "SIEVE_FIXED_RESOURCES": "cpu=10,memory=20,gpu_memory=0"}
+OCR_ENV = {
+    "SIEVE_WORKER_TASK_TYPES": "OCR_IMAGE",
+    "SIEVE_WORKER_CONCURRENCY": "1",
+    "SIEVE_TEST_HOOKS": "true",
+    "SIEVE_OCR_CPU_THREADS": "1",
+    "SIEVE_FIXED_RESOURCES": "cpu=10,memory=20,gpu_memory=0",
+}
 
 
 def _ocr_available() -> bool:
@@ -151,9 +167,19 @@ async def _submit_images(c: Cluster, count: int, **kw: object) -> list[str]:
     font = require_cjk_font()
     async with rpc.channel(c.settings.intake_addr, c.settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
-        reply = await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=[
-            intake_pb2.TaskSpec(device_id=f"0C:00:00:00:00:{i:02x}", type=types_pb2.TASK_TYPE_OCR_IMAGE,
-                                image=render(SAMPLES[i % len(SAMPLES)], font), **kw) for i in range(count)]))
+        reply = await stub.SubmitBatch(
+            intake_pb2.SubmitBatchRequest(
+                tasks=[
+                    intake_pb2.TaskSpec(
+                        device_id=f"0C:00:00:00:00:{i:02x}",
+                        type=types_pb2.TASK_TYPE_OCR_IMAGE,
+                        image=render(SAMPLES[i % len(SAMPLES)], font),
+                        **kw,
+                    )
+                    for i in range(count)
+                ]
+            )
+        )
         return [item.task.task_id for item in reply.items]
 
 
@@ -176,10 +202,17 @@ async def _ocr_worker(c: Cluster, name: str, **env: str) -> None:
 
 @pytest.mark.skipif(not _ocr_available(), reason="the `ocr` extra or the OCR models are not installed")
 async def test_a_hung_ocr_inference_is_abandoned_at_its_timeout_and_another_attempt_finishes_it(
-        fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis) -> None:
+    fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis
+) -> None:
     c = fault_cluster
-    await start_platform(c, workers=2, SIEVE_NO_GPU_STRATEGY="cpu", SIEVE_OCR_TIMEOUT_S="4",
-                         SIEVE_EXECUTION_TIMEOUT_GRACE_S="30", SIEVE_LEASE_TTL_S="60")
+    await start_platform(
+        c,
+        workers=2,
+        SIEVE_NO_GPU_STRATEGY="cpu",
+        SIEVE_OCR_TIMEOUT_S="4",
+        SIEVE_EXECUTION_TIMEOUT_GRACE_S="30",
+        SIEVE_LEASE_TTL_S="60",
+    )
     # Given a worker whose first inference hangs for good, and a healthy one, while 2 000 texts flow beside them
     await _ocr_worker(c, "ocr-hangs", SIEVE_OCR_FAULT="hang_once")
     await _ocr_worker(c, "ocr-fine")
@@ -207,17 +240,31 @@ async def test_a_hung_ocr_inference_is_abandoned_at_its_timeout_and_another_atte
     # and the hung thread keeps its slot (the worker takes nothing more)
     assert "abandoned after 4s (inference); its inference thread still runs" in c.log_of("ocr-hangs", 400)
     refusals = _refusals(c)
-    ROWS.append(("OCR inference hangs (worker timeout), 2 000 texts beside", len(ids) + a.accepted,
-                 len(tasks) + a.succeeded, refusals, f"{recovered:.1f}"))
+    ROWS.append(
+        (
+            "OCR inference hangs (worker timeout), 2 000 texts beside",
+            len(ids) + a.accepted,
+            len(tasks) + a.succeeded,
+            refusals,
+            f"{recovered:.1f}",
+        )
+    )
 
 
 @pytest.mark.skipif(not _ocr_available(), reason="the `ocr` extra or the OCR models are not installed")
 async def test_when_every_inference_hangs_the_scheduler_takes_hand_outs_back_and_dead_letters_at_max_attempts(
-        fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis) -> None:
+    fault_cluster: Cluster, pg: asyncpg.Pool, own_redis: Redis
+) -> None:
     c = fault_cluster
     # the scheduler allows 2 s + 1 s; the workers would wait ten minutes
-    await start_platform(c, workers=2, SIEVE_NO_GPU_STRATEGY="cpu", SIEVE_OCR_TIMEOUT_S="2",
-                         SIEVE_EXECUTION_TIMEOUT_GRACE_S="1", SIEVE_LEASE_TTL_S="60")
+    await start_platform(
+        c,
+        workers=2,
+        SIEVE_NO_GPU_STRATEGY="cpu",
+        SIEVE_OCR_TIMEOUT_S="2",
+        SIEVE_EXECUTION_TIMEOUT_GRACE_S="1",
+        SIEVE_LEASE_TTL_S="60",
+    )
     for name in ("ocr-hangs-1", "ocr-hangs-2"):
         await _ocr_worker(c, name, SIEVE_OCR_FAULT="hang", SIEVE_OCR_TIMEOUT_S="600")
     load = Load(c.settings)  # 2 000 texts flow beside the hung OCR workers
@@ -232,15 +279,23 @@ async def test_when_every_inference_hangs_the_scheduler_takes_hand_outs_back_and
     assert a.accepted == a.succeeded == a.results == TASKS, a
     assert (a.duplicates, a.lost, a.extra_rows, a.pending_left) == (0, 0, 1, 0), a
     assert task.status == types_pb2.TASK_STATUS_DEAD_LETTERED, task
-    assert [a.worker_id for a in task.attempt_log] == ["ocr-hangs-1", "ocr-hangs-2"] or \
-        [a.worker_id for a in task.attempt_log] == ["ocr-hangs-2", "ocr-hangs-1"], list(task.attempt_log)
+    assert [a.worker_id for a in task.attempt_log] == ["ocr-hangs-1", "ocr-hangs-2"] or [
+        a.worker_id for a in task.attempt_log
+    ] == ["ocr-hangs-2", "ocr-hangs-1"], list(task.attempt_log)
     first, second = task.attempt_log
     assert first.outcome == types_pb2.TASK_STATUS_PENDING and first.counted
     assert first.detail == "execution timed out: ran longer than 2s"
     assert second.outcome == types_pb2.TASK_STATUS_DEAD_LETTERED
     assert metric(c.metrics["scheduler"], "sieve_execution_timeouts") == {'{type="OCR_IMAGE"}': 2.0}
-    ROWS.append(("every OCR inference hangs (scheduler timeout), 2 000 texts beside", 1 + a.accepted,
-                 1 + a.succeeded, _refusals(c), f"{took:.1f}"))
+    ROWS.append(
+        (
+            "every OCR inference hangs (scheduler timeout), 2 000 texts beside",
+            1 + a.accepted,
+            1 + a.succeeded,
+            _refusals(c),
+            f"{took:.1f}",
+        )
+    )
 
 
 def _refusals(c: Cluster) -> int:

@@ -31,16 +31,22 @@ pytestmark = pytest.mark.e2e
 STORE_DELAY_S = float(os.environ.get("SIEVE_TEST_STORE_DELAY_S", "8"))
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-FAST_ENV = {"SIEVE_HEARTBEAT_INTERVAL_S": "1", "SIEVE_WORKER_TTL_S": "4", "SIEVE_LEASE_TTL_S": "5",
-            "SIEVE_HOUSEKEEPING_INTERVAL_S": "0.3", "SIEVE_SHUTDOWN_GRACE_S": "5"}
+FAST_ENV = {
+    "SIEVE_HEARTBEAT_INTERVAL_S": "1",
+    "SIEVE_WORKER_TTL_S": "4",
+    "SIEVE_LEASE_TTL_S": "5",
+    "SIEVE_HOUSEKEEPING_INTERVAL_S": "0.3",
+    "SIEVE_SHUTDOWN_GRACE_S": "5",
+}
 
 
 async def health(address: str, settings: Settings, service: str = "") -> int | None:
     """The health status at `address`, or None while nothing answers there."""
     async with rpc.channel(address, settings) as channel:
         try:
-            reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
-                                                                    timeout=1)
+            reply = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=1
+            )
         except grpc.aio.AioRpcError:
             return None
         return reply.status
@@ -58,8 +64,10 @@ async def until(cluster: Cluster, addresses: dict[str, str], status: int, timeou
                 took[name] = time.monotonic() - started
         if time.monotonic() - started > timeout_s:
             missing = sorted(set(addresses) - set(took))
-            raise AssertionError(f"{missing} not {health_pb2.HealthCheckResponse.ServingStatus.Name(status)} in "
-                                 f"{timeout_s}s:\n" + "\n".join(cluster.log_of(n, 15) for n in missing))
+            raise AssertionError(
+                f"{missing} not {health_pb2.HealthCheckResponse.ServingStatus.Name(status)} in "
+                f"{timeout_s}s:\n" + "\n".join(cluster.log_of(n, 15) for n in missing)
+            )
         await asyncio.sleep(0.1)
     return took
 
@@ -82,25 +90,33 @@ async def submit_and_finish(cluster: Cluster, text: str, timeout_s: float = 45) 
             task = (await stub.GetTask(intake_pb2.GetTaskRequest(task_id=task_id), timeout=5)).task
             if task.status == types_pb2.TASK_STATUS_SUCCEEDED:
                 return time.monotonic() - started
-            assert task.status in (types_pb2.TASK_STATUS_PENDING, types_pb2.TASK_STATUS_ASSIGNED,
-                                   types_pb2.TASK_STATUS_RUNNING), task
+            assert task.status in (
+                types_pb2.TASK_STATUS_PENDING,
+                types_pb2.TASK_STATUS_ASSIGNED,
+                types_pb2.TASK_STATUS_RUNNING,
+            ), task
             assert time.monotonic() - started < timeout_s, f"task still {task.status} after {timeout_s}s"
             await asyncio.sleep(0.2)
 
 
 @pytest.mark.timeout(240 + 2 * STORE_DELAY_S)
 async def test_services_started_before_their_stores_wait_then_serve_and_survive_a_redis_restart(
-        settings: Settings, tmp_path: Path) -> None:
+    settings: Settings, tmp_path: Path
+) -> None:
     redis = RedisProcess(tmp_path)
     pg = PostgresProcess()
     ports = {name: free_port() for name in ("intake", "scheduler", "registry", "worker")}
-    settings = settings.replace(redis_url=redis.url, database_url=pg.url,
-                                intake_addr=f"127.0.0.1:{ports['intake']}",
-                                scheduler_addr=f"127.0.0.1:{ports['scheduler']}",
-                                registry_addr=f"127.0.0.1:{ports['registry']}")
+    settings = settings.replace(
+        redis_url=redis.url,
+        database_url=pg.url,
+        intake_addr=f"127.0.0.1:{ports['intake']}",
+        scheduler_addr=f"127.0.0.1:{ports['scheduler']}",
+        registry_addr=f"127.0.0.1:{ports['registry']}",
+    )
     env = service_env(settings, **FAST_ENV)
-    env.update({f"SIEVE_{n.upper()}_METRICS_ADDR": "127.0.0.1:0" for n in ("intake", "scheduler", "registry",
-                                                                           "worker")})
+    env.update(
+        {f"SIEVE_{n.upper()}_METRICS_ADDR": "127.0.0.1:0" for n in ("intake", "scheduler", "registry", "worker")}
+    )
     cluster = Cluster.create(settings, env, tmp_path)
     addresses = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
     try:
@@ -109,14 +125,14 @@ async def test_services_started_before_their_stores_wait_then_serve_and_survive_
         cluster.start("registry", "registry_svc")
         cluster.start("scheduler", "scheduler_svc")
         cluster.start("intake", "intake_svc")
-        cluster.start("worker", "worker_svc", SIEVE_WORKER_ID="worker-1",
-                      SIEVE_WORKER_HEALTH_ADDR=addresses["worker"])
+        cluster.start("worker", "worker_svc", SIEVE_WORKER_ID="worker-1", SIEVE_WORKER_HEALTH_ADDR=addresses["worker"])
         # Then each listens and answers NOT_SERVING, and calls get a clean UNAVAILABLE
         listening = await until(cluster, addresses, NOT_SERVING, timeout_s=60)
         async with rpc.channel(settings.intake_addr, cluster.settings) as channel:
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await intake_pb2_grpc.IntakeServiceStub(channel).GetTask(
-                    intake_pb2.GetTaskRequest(task_id="00000000-0000-0000-0000-000000000000"), timeout=5)
+                    intake_pb2.GetTaskRequest(task_id="00000000-0000-0000-0000-000000000000"), timeout=5
+                )
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "not ready" in (refused.value.details() or "")
         # and they stay alive and NOT_SERVING while the stores are away
@@ -134,14 +150,18 @@ async def test_services_started_before_their_stores_wait_then_serve_and_survive_
         first = await submit_and_finish(cluster, "加 微 信 first")
         logs = {name: (tmp_path / f"{name}.log").read_text(errors="replace") for name in addresses}
         assert all("not ready (attempt" in text for text in logs.values()), "one line per attempt is logged"
-        traced = {name: text[max(0, text.index("Traceback") - 300):][:1500]
-                  for name, text in logs.items() if "Traceback" in text}
+        traced = {
+            name: text[max(0, text.index("Traceback") - 300) :][:1500]
+            for name, text in logs.items()
+            if "Traceback" in text
+        }
         assert not traced, f"no stack trace while waiting: {traced}"
 
         # When Redis goes away
         redis.kill()
-        lost = await until(cluster, {n: addresses[n] for n in ("intake", "scheduler", "registry")}, NOT_SERVING,
-                           timeout_s=30)
+        lost = await until(
+            cluster, {n: addresses[n] for n in ("intake", "scheduler", "registry")}, NOT_SERVING, timeout_s=30
+        )
         assert await health(addresses["worker"], cluster.settings) == SERVING  # the worker needs PostgreSQL only
         # and comes back empty
         redis.start()
@@ -149,13 +169,16 @@ async def test_services_started_before_their_stores_wait_then_serve_and_survive_
         second = await submit_and_finish(cluster, "加 微 信 second")
         assert "Redis rebuilt from PostgreSQL" in cluster.log_of("scheduler", 400)
 
-        print(f"\nstart order (stores up {STORE_DELAY_S:.0f}s after the services): listening in "
-              f"{max(listening.values()):.1f}s; stores up -> SERVING "
-              + ", ".join(f"{n} {t:.1f}s" for n, t in ready.items())
-              + f"; first task done {first:.1f}s later; Redis killed -> NOT_SERVING "
-              + ", ".join(f"{n} {t:.1f}s" for n, t in lost.items())
-              + "; Redis back -> SERVING " + ", ".join(f"{n} {t:.1f}s" for n, t in back.items())
-              + f"; task after that done in {second:.1f}s")
+        print(
+            f"\nstart order (stores up {STORE_DELAY_S:.0f}s after the services): listening in "
+            f"{max(listening.values()):.1f}s; stores up -> SERVING "
+            + ", ".join(f"{n} {t:.1f}s" for n, t in ready.items())
+            + f"; first task done {first:.1f}s later; Redis killed -> NOT_SERVING "
+            + ", ".join(f"{n} {t:.1f}s" for n, t in lost.items())
+            + "; Redis back -> SERVING "
+            + ", ".join(f"{n} {t:.1f}s" for n, t in back.items())
+            + f"; task after that done in {second:.1f}s"
+        )
         # And SIGTERM still stops everything cleanly
         codes = cluster.terminate_all()
         assert codes == dict.fromkeys(codes, 0), {n: cluster.log_of(n) for n, c in codes.items() if c}
@@ -168,8 +191,12 @@ async def test_services_started_before_their_stores_wait_then_serve_and_survive_
 async def test_a_service_waiting_for_its_stores_stops_cleanly_on_sigterm(settings: Settings, tmp_path: Path) -> None:
     redis = RedisProcess(tmp_path)  # never started
     port = free_port()
-    settings = settings.replace(redis_url=redis.url, database_url=f"postgresql://postgres@127.0.0.1:{free_port()}/x",
-                                registry_addr=f"127.0.0.1:{port}", intake_addr=f"127.0.0.1:{free_port()}")
+    settings = settings.replace(
+        redis_url=redis.url,
+        database_url=f"postgresql://postgres@127.0.0.1:{free_port()}/x",
+        registry_addr=f"127.0.0.1:{port}",
+        intake_addr=f"127.0.0.1:{free_port()}",
+    )
     env = service_env(settings, SIEVE_REGISTRY_METRICS_ADDR="", SIEVE_INTAKE_METRICS_ADDR="")
     cluster = Cluster.create(settings, env, tmp_path)
     addresses = {"registry": settings.registry_addr, "intake": settings.intake_addr}

@@ -66,8 +66,9 @@ class ScriptedWorker:
                         else:
                             nack.task_id, nack.lease_token = a.task_id, a.lease_token
                             nacks.append(nack)
-                    self._outbox.put_nowait(scheduler_pb2.PullRequest(
-                        acks=acks, nacks=nacks, credits=len(response.batch.assignments)))
+                    self._outbox.put_nowait(
+                        scheduler_pb2.PullRequest(acks=acks, nacks=nacks, credits=len(response.batch.assignments))
+                    )
             except grpc.aio.AioRpcError as exc:
                 self.error = exc
 

@@ -37,8 +37,13 @@ from tests.support.inprocess import start_servers
 from worker_svc.app import WorkerApp
 from worker_svc.server import build as build_worker
 
-FINAL = {types_pb2.TASK_STATUS_SUCCEEDED, types_pb2.TASK_STATUS_FAILED, types_pb2.TASK_STATUS_EXPIRED,
-         types_pb2.TASK_STATUS_CANCELLED, types_pb2.TASK_STATUS_DEAD_LETTERED}
+FINAL = {
+    types_pb2.TASK_STATUS_SUCCEEDED,
+    types_pb2.TASK_STATUS_FAILED,
+    types_pb2.TASK_STATUS_EXPIRED,
+    types_pb2.TASK_STATUS_CANCELLED,
+    types_pb2.TASK_STATUS_DEAD_LETTERED,
+}
 
 
 @dataclass
@@ -107,33 +112,50 @@ class SecureStack:
 
     async def add_worker(self, worker_id: str, token: str, **overrides: object) -> WorkerApp:
         """A real worker (detection, result writes, registration) under a worker credential."""
-        worker = await build_worker(self.as_caller(token).replace(worker_id=worker_id, **overrides),
-                                    Stores.of(pool=self.pg))
+        worker = await build_worker(
+            self.as_caller(token).replace(worker_id=worker_id, **overrides), Stores.of(pool=self.pg)
+        )
         self.workers.append(worker)
         return worker
 
-    async def register(self, worker_id: str, token: str, concurrency: int,
-                       task_types: tuple[int, ...] = (types_pb2.TASK_TYPE_TEXT,)) -> None:
-        await self.registry(token).Register(registry_pb2.RegisterRequest(
-            worker_id=worker_id, hostname="test", pid=1, task_types=list(task_types), concurrency=concurrency),
-            timeout=5)
+    async def register(
+        self, worker_id: str, token: str, concurrency: int, task_types: tuple[int, ...] = (types_pb2.TASK_TYPE_TEXT,)
+    ) -> None:
+        await self.registry(token).Register(
+            registry_pb2.RegisterRequest(
+                worker_id=worker_id, hostname="test", pid=1, task_types=list(task_types), concurrency=concurrency
+            ),
+            timeout=5,
+        )
 
     async def status(self, task_id: str) -> str:
         return await self.pg.fetchval("SELECT status FROM tasks WHERE id = $1::uuid", task_id)
 
 
 @asynccontextmanager
-async def secure_stack(settings: Settings, redis: Redis, pg: asyncpg.Pool, credentials: Credentials,
-                       **overrides: object) -> AsyncIterator[SecureStack]:
+async def secure_stack(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool, credentials: Credentials, **overrides: object
+) -> AsyncIterator[SecureStack]:
     """The three servers, accepting `credentials` only (SIEVE_AUTH_TOKENS), with `overrides` applied."""
     settings = settings.replace(**{"allow_anonymous": False, "auth_tokens": credentials.text, **overrides})
-    servers = await start_servers(settings, {"registry": Stores.of(redis=redis),
-                                             "scheduler": Stores.of(redis=redis, pool=pg),
-                                             "intake": Stores.of(redis=redis, pool=pg)})
+    servers = await start_servers(
+        settings,
+        {
+            "registry": Stores.of(redis=redis),
+            "scheduler": Stores.of(redis=redis, pool=pg),
+            "intake": Stores.of(redis=redis, pool=pg),
+        },
+    )
     settings = servers.settings
-    stack = SecureStack(settings, {"intake": settings.intake_addr, "scheduler": settings.scheduler_addr,
-                                   "registry": settings.registry_addr}, servers.hosts, servers.scheduler, pg, redis,
-                        credentials)
+    stack = SecureStack(
+        settings,
+        {"intake": settings.intake_addr, "scheduler": settings.scheduler_addr, "registry": settings.registry_addr},
+        servers.hosts,
+        servers.scheduler,
+        pg,
+        redis,
+        credentials,
+    )
     try:
         yield stack
     finally:
@@ -159,10 +181,22 @@ class RawPull:
     _task: asyncio.Task[None] | None = None
 
     @classmethod
-    def hello(cls, settings: Settings, worker_id: str, *, credits: int = 0, gpu: bool = False,
-              task_types: tuple[int, ...] = (types_pb2.TASK_TYPE_TEXT,)) -> RawPull:
-        return cls(settings, scheduler_pb2.PullRequest(hello=scheduler_pb2.WorkerHello(
-            worker_id=worker_id, task_types=list(task_types), gpu=gpu), credits=credits))
+    def hello(
+        cls,
+        settings: Settings,
+        worker_id: str,
+        *,
+        credits: int = 0,
+        gpu: bool = False,
+        task_types: tuple[int, ...] = (types_pb2.TASK_TYPE_TEXT,),
+    ) -> RawPull:
+        return cls(
+            settings,
+            scheduler_pb2.PullRequest(
+                hello=scheduler_pb2.WorkerHello(worker_id=worker_id, task_types=list(task_types), gpu=gpu),
+                credits=credits,
+            ),
+        )
 
     async def __aenter__(self) -> RawPull:
         self._outbox.put_nowait(self.first)
@@ -194,8 +228,11 @@ class RawPull:
             self.ended.set()
 
     async def wait_for(self, count: int, timeout_s: float = 10) -> list[scheduler_pb2.Assignment]:
-        await eventually(lambda: _at_least(self.received, count), timeout_s,
-                         f"got {len(self.received)} of {count} assignments (error: {self.error})")
+        await eventually(
+            lambda: _at_least(self.received, count),
+            timeout_s,
+            f"got {len(self.received)} of {count} assignments (error: {self.error})",
+        )
         return self.received
 
     async def refused(self, timeout_s: float = 5) -> grpc.StatusCode:

@@ -41,8 +41,9 @@ def credentials() -> Credentials:
 
 
 @pytest.fixture
-async def stack(settings: Settings, redis: Redis, pg: asyncpg.Pool,
-                credentials: Credentials) -> AsyncIterator[SecureStack]:
+async def stack(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool, credentials: Credentials
+) -> AsyncIterator[SecureStack]:
     async with secure_stack(settings, redis, pg, credentials, max_attempts=1) as s:
         yield s
 
@@ -60,8 +61,11 @@ async def dead_letter(stack: SecureStack, credentials: Credentials, device: str)
     alice = stack.intake(credentials.tokens["alice"])
     task_id = (await alice.Submit(intake_pb2.SubmitRequest(task=text(device, "hello")), timeout=5)).task.task_id
     await stack.register("w1", credentials.tokens["w1"], concurrency=4)
-    async with ScriptedWorker(stack.as_caller(credentials.tokens["w1"]), worker_id="w1",
-                              policy=lambda _: scheduler_pb2.Nack(reason="transient failure", count_attempt=True)):
+    async with ScriptedWorker(
+        stack.as_caller(credentials.tokens["w1"]),
+        worker_id="w1",
+        policy=lambda _: scheduler_pb2.Nack(reason="transient failure", count_attempt=True),
+    ):
         await eventually(lambda: _status_is(stack, task_id, "DEAD_LETTERED"), 15, "task not dead-lettered")
     return task_id
 
@@ -72,7 +76,8 @@ async def _status_is(stack: SecureStack, task_id: str, status: str) -> bool:
 
 # --- operator actions --------------------------------------------------------------------------------------
 async def test_operator_actions_are_recorded_with_who_what_when_peer_and_outcome(
-        stack: SecureStack, credentials: Credentials) -> None:
+    stack: SecureStack, credentials: Credentials
+) -> None:
     task_id = await dead_letter(stack, credentials, "AA-BB-CC-DD-EE-01")
     ops = stack.scheduler_stub(credentials.tokens["ops"])
     before = datetime.now(UTC) - timedelta(seconds=1)
@@ -82,21 +87,28 @@ async def test_operator_actions_are_recorded_with_who_what_when_peer_and_outcome
     await ops.GetWatermark(scheduler_pb2.GetWatermarkRequest(), timeout=5)
     listed = await ops.ListDeadLetters(scheduler_pb2.ListDeadLettersRequest(limit=5), timeout=5)
     assert [d.task_id for d in listed.dead_letters] == [task_id]
-    requeued = await ops.RequeueDeadLetters(scheduler_pb2.RequeueDeadLettersRequest(
-        filter=scheduler_pb2.DeadLetterFilter(task_id=task_id)), timeout=5)
+    requeued = await ops.RequeueDeadLetters(
+        scheduler_pb2.RequeueDeadLettersRequest(filter=scheduler_pb2.DeadLetterFilter(task_id=task_id)), timeout=5
+    )
     assert list(requeued.task_ids) == [task_id]
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await ops.PurgeDeadLetters(scheduler_pb2.PurgeDeadLettersRequest(), timeout=5)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    await ops.PurgeDeadLetters(scheduler_pb2.PurgeDeadLettersRequest(
-        filter=scheduler_pb2.DeadLetterFilter(device_id="AA:BB:CC:DD:EE:09")), timeout=5)
+    await ops.PurgeDeadLetters(
+        scheduler_pb2.PurgeDeadLettersRequest(filter=scheduler_pb2.DeadLetterFilter(device_id="AA:BB:CC:DD:EE:09")),
+        timeout=5,
+    )
     after = datetime.now(UTC) + timedelta(seconds=1)
 
     # Then each call is one row, written before its answer came back
     found = await rows(stack.pg, "kind = 'operator'")
     assert [(r["method"], r["outcome"]) for r in found] == [
-        (SCHED + "GetWatermark", "OK"), (SCHED + "ListDeadLetters", "OK"), (SCHED + "RequeueDeadLetters", "OK"),
-        (SCHED + "PurgeDeadLetters", "INVALID_ARGUMENT"), (SCHED + "PurgeDeadLetters", "OK")]
+        (SCHED + "GetWatermark", "OK"),
+        (SCHED + "ListDeadLetters", "OK"),
+        (SCHED + "RequeueDeadLetters", "OK"),
+        (SCHED + "PurgeDeadLetters", "INVALID_ARGUMENT"),
+        (SCHED + "PurgeDeadLetters", "OK"),
+    ]
     for r in found:
         assert (r["principal"], list(r["roles"]), r["tenant"]) == ("ops", ["operator"], None)
         assert is_loopback_peer(r["peer"]), r["peer"]
@@ -110,14 +122,15 @@ async def test_operator_actions_are_recorded_with_who_what_when_peer_and_outcome
 
 # --- cross-tenant reads ------------------------------------------------------------------------------------
 async def test_an_operators_get_and_cancel_of_another_callers_task_are_recorded_and_own_reads_are_not(
-        stack: SecureStack, credentials: Credentials) -> None:
+    stack: SecureStack, credentials: Credentials
+) -> None:
     alice = stack.intake(credentials.tokens["alice"])
     ops = stack.intake(credentials.tokens["ops"])
     bob = stack.intake(credentials.tokens["bob"])
-    task_id = (await alice.Submit(intake_pb2.SubmitRequest(task=text("AA-BB-CC-DD-EE-02", "hi")),
-                                  timeout=5)).task.task_id
-    own = (await ops.Submit(intake_pb2.SubmitRequest(task=text("AA-BB-CC-DD-EE-03", "mine")),
-                            timeout=5)).task.task_id
+    task_id = (
+        await alice.Submit(intake_pb2.SubmitRequest(task=text("AA-BB-CC-DD-EE-02", "hi")), timeout=5)
+    ).task.task_id
+    own = (await ops.Submit(intake_pb2.SubmitRequest(task=text("AA-BB-CC-DD-EE-03", "mine")), timeout=5)).task.task_id
 
     # When alice reads her task, bob tries to (NOT_FOUND), and the operator reads its own task and alice's,
     # then cancels alice's
@@ -134,14 +147,16 @@ async def test_an_operators_get_and_cancel_of_another_callers_task_are_recorded_
     found = await rows(stack.pg)
     assert [(r["kind"], r["method"], r["principal"], r["tenant"], r["target"], r["outcome"]) for r in found] == [
         ("cross_tenant", INTAKE + "GetTask", "ops", "alice", f"task {task_id}", "OK"),
-        ("cross_tenant", INTAKE + "CancelTask", "ops", "alice", f"task {task_id}", "OK")]
+        ("cross_tenant", INTAKE + "CancelTask", "ops", "alice", f"task {task_id}", "OK"),
+    ]
     assert all(is_loopback_peer(r["peer"]) and list(r["roles"]) == ["operator"] for r in found)
     assert await stack.status(task_id) == "CANCELLED"
 
 
 # --- refused attempts --------------------------------------------------------------------------------------
 async def test_refused_attempts_at_operator_rpcs_are_recorded_and_change_nothing(
-        stack: SecureStack, credentials: Credentials) -> None:
+    stack: SecureStack, credentials: Credentials
+) -> None:
     task_id = await dead_letter(stack, credentials, "AA-BB-CC-DD-EE-04")
     addr = stack.addresses["scheduler"]
 
@@ -149,21 +164,24 @@ async def test_refused_attempts_at_operator_rpcs_are_recorded_and_change_nothing
     # credential to requeue, and one with an unknown token to read the watermark
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stack.scheduler_stub(credentials.tokens["alice"]).PurgeDeadLetters(
-            scheduler_pb2.PurgeDeadLettersRequest(all=True), timeout=5)
+            scheduler_pb2.PurgeDeadLettersRequest(all=True), timeout=5
+        )
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stack.scheduler_stub(credentials.tokens["w1"]).ListAuditEvents(
-            scheduler_pb2.ListAuditEventsRequest(), timeout=5)
+            scheduler_pb2.ListAuditEventsRequest(), timeout=5
+        )
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     async with grpc.aio.insecure_channel(addr) as ch:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await scheduler_pb2_grpc.SchedulerServiceStub(ch).RequeueDeadLetters(
-                scheduler_pb2.RequeueDeadLettersRequest(all=True), timeout=5)
+                scheduler_pb2.RequeueDeadLettersRequest(all=True), timeout=5
+            )
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await scheduler_pb2_grpc.SchedulerServiceStub(ch).GetWatermark(
-                scheduler_pb2.GetWatermarkRequest(), metadata=(("authorization", "Bearer sv_not-a-token"),),
-                timeout=5)
+                scheduler_pb2.GetWatermarkRequest(), metadata=(("authorization", "Bearer sv_not-a-token"),), timeout=5
+            )
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
     # Then each attempt is recorded (in the background, batched), naming the credential when it was a valid one
@@ -187,10 +205,12 @@ async def test_refused_attempts_at_operator_rpcs_are_recorded_and_change_nothing
 
 
 async def test_calls_of_clients_and_workers_to_their_own_rpcs_are_not_audited(
-        stack: SecureStack, credentials: Credentials) -> None:
+    stack: SecureStack, credentials: Credentials
+) -> None:
     alice = stack.intake(credentials.tokens["alice"])
-    task_id = (await alice.Submit(intake_pb2.SubmitRequest(task=text("AA-BB-CC-DD-EE-05", "x")),
-                                  timeout=5)).task.task_id
+    task_id = (
+        await alice.Submit(intake_pb2.SubmitRequest(task=text("AA-BB-CC-DD-EE-05", "x")), timeout=5)
+    ).task.task_id
     await alice.GetTask(intake_pb2.GetTaskRequest(task_id=task_id), timeout=5)
     await stack.register("w1", credentials.tokens["w1"], concurrency=2)
     await asyncio.sleep(0.3)
@@ -199,7 +219,8 @@ async def test_calls_of_clients_and_workers_to_their_own_rpcs_are_not_audited(
 
 # --- listing -----------------------------------------------------------------------------------------------
 async def test_operators_list_the_log_newest_first_with_filters_and_pages(
-        stack: SecureStack, credentials: Credentials) -> None:
+    stack: SecureStack, credentials: Credentials
+) -> None:
     ops = stack.scheduler_stub(credentials.tokens["ops"])
     alice = stack.scheduler_stub(credentials.tokens["alice"])
     for _ in range(3):
@@ -207,8 +228,12 @@ async def test_operators_list_the_log_newest_first_with_filters_and_pages(
     await ops.ListDeadLetters(scheduler_pb2.ListDeadLettersRequest(), timeout=5)
     middle = datetime.now(UTC)
     await asyncio.sleep(0.01)
-    await ops.PurgeDeadLetters(scheduler_pb2.PurgeDeadLettersRequest(
-        filter=scheduler_pb2.DeadLetterFilter(task_id="00000000-0000-0000-0000-000000000000")), timeout=5)
+    await ops.PurgeDeadLetters(
+        scheduler_pb2.PurgeDeadLettersRequest(
+            filter=scheduler_pb2.DeadLetterFilter(task_id="00000000-0000-0000-0000-000000000000")
+        ),
+        timeout=5,
+    )
     with pytest.raises(grpc.aio.AioRpcError):
         await alice.PurgeDeadLetters(scheduler_pb2.PurgeDeadLettersRequest(all=True), timeout=5)
     await eventually(lambda: _count(stack, "kind = 'refused'", 1), 10, "refusal not recorded")
@@ -219,7 +244,13 @@ async def test_operators_list_the_log_newest_first_with_filters_and_pages(
     # everything, newest first (the listing calls themselves are recorded after they answer)
     events = (await ops.ListAuditEvents(listing(), timeout=5)).events
     assert [e.method.rsplit("/", 1)[1] for e in events] == [
-        "PurgeDeadLetters", "PurgeDeadLetters", "ListDeadLetters", "GetWatermark", "GetWatermark", "GetWatermark"]
+        "PurgeDeadLetters",
+        "PurgeDeadLetters",
+        "ListDeadLetters",
+        "GetWatermark",
+        "GetWatermark",
+        "GetWatermark",
+    ]
     assert events[0].kind == scheduler_pb2.AUDIT_KIND_REFUSED and events[0].principal == "alice"
     assert events[1].kind == scheduler_pb2.AUDIT_KIND_OPERATOR and list(events[1].roles) == ["operator"]
     assert all(e.id and e.at.seconds and e.peer for e in events)
@@ -271,7 +302,8 @@ def _now_stamp() -> timestamp_pb2.Timestamp:
 
 
 async def test_bad_listing_requests_are_invalid_argument_naming_the_field(
-        stack: SecureStack, credentials: Credentials) -> None:
+    stack: SecureStack, credentials: Credentials
+) -> None:
     ops = stack.scheduler_stub(credentials.tokens["ops"])
     cases = {
         "limit": scheduler_pb2.ListAuditEventsRequest(limit=1001),
@@ -295,13 +327,15 @@ async def test_clients_and_workers_cannot_list_the_audit_log(stack: SecureStack,
     for name in ("alice", "w1"):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stack.scheduler_stub(credentials.tokens[name]).ListAuditEvents(
-                scheduler_pb2.ListAuditEventsRequest(principal=name), timeout=5)
+                scheduler_pb2.ListAuditEventsRequest(principal=name), timeout=5
+            )
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, name
 
 
 # --- failures of the log itself ----------------------------------------------------------------------------
 async def test_an_audit_write_that_fails_is_logged_and_does_not_fail_the_call(
-        stack: SecureStack, credentials: Credentials, caplog: pytest.LogCaptureFixture) -> None:
+    stack: SecureStack, credentials: Credentials, caplog: pytest.LogCaptureFixture
+) -> None:
     # Given an audit table that cannot take rows (a real PostgreSQL error: the table is gone)
     await stack.pg.execute("ALTER TABLE audit_events RENAME TO audit_events_away")
     ops = stack.scheduler_stub(credentials.tokens["ops"])
@@ -316,13 +350,15 @@ async def test_an_audit_write_that_fails_is_logged_and_does_not_fail_the_call(
 
 
 async def test_the_registrys_operator_rpc_is_audited_in_its_log(
-        stack: SecureStack, credentials: Credentials, caplog: pytest.LogCaptureFixture) -> None:
+    stack: SecureStack, credentials: Credentials, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.INFO, logger="sieve.rpc.audit"):
         await stack.registry(credentials.tokens["ops"]).ListWorkers(registry_pb2.ListWorkersRequest(), timeout=5)
     entries = [getattr(r, "audit", None) for r in caplog.records if r.name == "sieve.rpc.audit"]
     entries = [e for e in entries if e]
     assert [(e["kind"], e["method"], e["principal"], e["outcome"]) for e in entries] == [
-        ("operator", "/sieve.v1.RegistryService/ListWorkers", "ops", "OK")]
+        ("operator", "/sieve.v1.RegistryService/ListWorkers", "ops", "OK")
+    ]
     assert is_loopback_peer(entries[0]["peer"])
     assert await rows(stack.pg) == []  # the registry holds no PostgreSQL credentials
 
@@ -338,7 +374,8 @@ def test_page_tokens_round_trip_and_foreign_ones_are_refused() -> None:
 
 def test_a_request_is_described_as_compact_sorted_json_and_truncated() -> None:
     request = scheduler_pb2.RequeueDeadLettersRequest(
-        filter=scheduler_pb2.DeadLetterFilter(error_contains="x" * 5000, device_id="AA:BB:CC:DD:EE:01"), all=True)
+        filter=scheduler_pb2.DeadLetterFilter(error_contains="x" * 5000, device_id="AA:BB:CC:DD:EE:01"), all=True
+    )
     described = describe_request(request)
     assert described.startswith('{"all":true,"filter":{"device_id":"AA:BB:CC:DD:EE:01","error_contains":"xxx')
     assert len(described) == MAX_TARGET_CHARS

@@ -108,8 +108,9 @@ def credentials() -> Credentials:
 
 
 @pytest.fixture
-async def stack(settings: Settings, redis: Redis, pg: asyncpg.Pool,
-                credentials: Credentials) -> AsyncIterator[SecureStack]:
+async def stack(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool, credentials: Credentials
+) -> AsyncIterator[SecureStack]:
     async with secure_stack(settings, redis, pg, credentials, grpc_reflection=False) as s:
         yield s
 
@@ -146,7 +147,8 @@ def test_the_servers_host_exactly_the_services_of_the_table(stack: SecureStack) 
 
 # --- no credential, bad credentials ----------------------------------------------------------------------
 async def test_every_rpc_refuses_a_call_without_a_credential_or_with_a_bad_one(
-        stack: SecureStack, credentials: Credentials) -> None:
+    stack: SecureStack, credentials: Credentials
+) -> None:
     stored_hash = hash_token(credentials.tokens["ops"])
     bad = {
         "none": (),
@@ -169,8 +171,11 @@ async def test_every_rpc_refuses_a_call_without_a_credential_or_with_a_bad_one(
 
 
 async def test_every_rpc_admits_exactly_its_roles(stack: SecureStack, credentials: Credentials) -> None:
-    as_role = {CLIENT: credentials.tokens["alice"], WORKER: credentials.tokens["w1"],
-               OPERATOR: credentials.tokens["ops"]}
+    as_role = {
+        CLIENT: credentials.tokens["alice"],
+        WORKER: credentials.tokens["w1"],
+        OPERATOR: credentials.tokens["ops"],
+    }
     for path, address in hosted(stack):
         allowed = {r.value for r in METHOD_ROLES[path]}
         for role, token in as_role.items():
@@ -182,7 +187,8 @@ async def test_every_rpc_admits_exactly_its_roles(stack: SecureStack, credential
 
 
 async def test_operator_rpcs_refuse_clients_and_workers_and_client_rpcs_refuse_workers(
-        stack: SecureStack, credentials: Credentials) -> None:
+    stack: SecureStack, credentials: Credentials
+) -> None:
     assert OPERATOR_ONLY and CLIENT_RPCS
     for path in OPERATOR_ONLY:
         address = stack.hosts[path.lstrip("/").split("/")[0]]
@@ -193,15 +199,17 @@ async def test_operator_rpcs_refuse_clients_and_workers_and_client_rpcs_refuse_w
         assert await call(address, path, bearer(credentials.tokens["w1"])) == grpc.StatusCode.PERMISSION_DENIED
     # and a worker that tries to submit through the sieve client gets nothing into the queue
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await stack.intake(credentials.tokens["w1"]).Submit(intake_pb2.SubmitRequest(
-            task=text("AA-BB-CC-DD-EE-01", "hello")), timeout=5)
+        await stack.intake(credentials.tokens["w1"]).Submit(
+            intake_pb2.SubmitRequest(task=text("AA-BB-CC-DD-EE-01", "hello")), timeout=5
+        )
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert await stack.pg.fetchval("SELECT count(*) FROM tasks") == 0
     assert await stack.scheduler.queues.pending() == 0
 
 
 async def test_a_method_without_roles_is_refused_to_everyone_even_operators(
-        settings: Settings, redis: Redis, credentials: Credentials) -> None:
+    settings: Settings, redis: Redis, credentials: Credentials
+) -> None:
     # Given a server that also serves a method nobody gave roles to
     def probe(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return b"served"
@@ -211,8 +219,13 @@ async def test_a_method_without_roles_is_refused_to_everyone_even_operators(
 
     def register_with_probe(server: grpc.aio.Server) -> None:
         register(server)
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-            "sieve.test.Probe", {"Call": grpc.unary_unary_rpc_method_handler(probe)})])
+        server.add_generic_rpc_handlers(
+            [
+                grpc.method_handlers_generic_handler(
+                    "sieve.test.Probe", {"Call": grpc.unary_unary_rpc_method_handler(probe)}
+                )
+            ]
+        )
 
     service.register = register_with_probe
     server_settings = settings.replace(allow_anonymous=False, auth_tokens=credentials.text)
@@ -232,22 +245,28 @@ async def test_a_method_without_roles_is_refused_to_everyone_even_operators(
 
 
 async def test_with_anonymous_callers_allowed_a_presented_bad_token_is_still_refused(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool, credentials: Credentials) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool, credentials: Credentials
+) -> None:
     async with secure_stack(settings, redis, pg, credentials, allow_anonymous=True) as s:
         address = s.addresses["registry"]
         assert await call(address, "/sieve.v1.RegistryService/ListWorkers") == grpc.StatusCode.OK  # anonymous
-        assert await call(address, "/sieve.v1.RegistryService/ListWorkers",
-                          bearer(new_token())) == grpc.StatusCode.UNAUTHENTICATED
-        assert await call(address, "/sieve.v1.RegistryService/ListWorkers",
-                          (("authorization", "Bearer "),)) == grpc.StatusCode.UNAUTHENTICATED
+        assert (
+            await call(address, "/sieve.v1.RegistryService/ListWorkers", bearer(new_token()))
+            == grpc.StatusCode.UNAUTHENTICATED
+        )
+        assert (
+            await call(address, "/sieve.v1.RegistryService/ListWorkers", (("authorization", "Bearer "),))
+            == grpc.StatusCode.UNAUTHENTICATED
+        )
         # a real credential keeps its own role, not the anonymous one's
-        assert await call(address, "/sieve.v1.RegistryService/ListWorkers",
-                          bearer(credentials.tokens["alice"])) == grpc.StatusCode.PERMISSION_DENIED
+        assert (
+            await call(address, "/sieve.v1.RegistryService/ListWorkers", bearer(credentials.tokens["alice"]))
+            == grpc.StatusCode.PERMISSION_DENIED
+        )
 
 
 # --- open endpoints ------------------------------------------------------------------------------------
-async def test_health_is_open_and_reflection_is_absent_when_off(stack: SecureStack,
-                                                                credentials: Credentials) -> None:
+async def test_health_is_open_and_reflection_is_absent_when_off(stack: SecureStack, credentials: Credentials) -> None:
     for address in stack.addresses.values():
         async with grpc.aio.insecure_channel(address) as channel:
             reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
@@ -260,12 +279,15 @@ async def test_health_is_open_and_reflection_is_absent_when_off(stack: SecureSta
             assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-async def test_reflection_is_open_when_on(settings: Settings, redis: Redis, pg: asyncpg.Pool,
-                                          credentials: Credentials) -> None:
+async def test_reflection_is_open_when_on(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool, credentials: Credentials
+) -> None:
     async with secure_stack(settings, redis, pg, credentials, grpc_reflection=True) as s:
-        for service, address in (("sieve.v1.IntakeService", s.addresses["intake"]),
-                                 ("sieve.v1.SchedulerService", s.addresses["scheduler"]),
-                                 ("sieve.v1.RegistryService", s.addresses["registry"])):
+        for service, address in (
+            ("sieve.v1.IntakeService", s.addresses["intake"]),
+            ("sieve.v1.SchedulerService", s.addresses["scheduler"]),
+            ("sieve.v1.RegistryService", s.addresses["registry"]),
+        ):
             async with grpc.aio.insecure_channel(address) as channel:
                 assert service in await _list_services(channel)
                 # the RPCs it describes still need a credential
@@ -275,20 +297,25 @@ async def test_reflection_is_open_when_on(settings: Settings, redis: Redis, pg: 
 
 async def _list_services(channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...] = ()) -> list[str]:
     stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-    stream = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
-                                       metadata=metadata, timeout=5)
+    stream = stub.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), metadata=metadata, timeout=5
+    )
     async for reply in stream:
         return [s.name for s in reply.list_services_response.service]
     return []
 
 
 # --- starting without credentials ----------------------------------------------------------------------
-async def test_a_service_without_credentials_refuses_to_start(settings: Settings, redis: Redis,
-                                                              pg: asyncpg.Pool, tmp_path: Path) -> None:
+async def test_a_service_without_credentials_refuses_to_start(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool, tmp_path: Path
+) -> None:
     bare = settings.replace(allow_anonymous=False, auth_tokens="", auth_tokens_file="")
     stores = Stores.of(redis=redis, pool=pg)
-    for service in ((await build_registry(bare, stores)).service, (await build_scheduler(bare, stores)).service,
-                    (await build_intake(bare, stores)).service):
+    for service in (
+        (await build_registry(bare, stores)).service,
+        (await build_scheduler(bare, stores)).service,
+        (await build_intake(bare, stores)).service,
+    ):
         with pytest.raises(AuthError, match="SIEVE_ALLOW_ANONYMOUS"):
             await rpc.create_server(service, "127.0.0.1:0", bare)
     missing = bare.replace(auth_tokens_file=str(tmp_path / "no-such-file"))
@@ -298,34 +325,50 @@ async def test_a_service_without_credentials_refuses_to_start(settings: Settings
 
 def test_a_service_process_without_credentials_exits_saying_why(settings: Settings) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SIEVE_")}
-    env.update({"SIEVE_REDIS_URL": settings.redis_url, "SIEVE_REDIS_PREFIX": settings.redis_prefix,
-                "SIEVE_REGISTRY_ADDR": "127.0.0.1:0", "SIEVE_REGISTRY_METRICS_ADDR": "",
-                "PYTHONPATH": str(ROOT)})
-    done = subprocess.run([sys.executable, "-m", "registry_svc"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=30)
+    env.update(
+        {
+            "SIEVE_REDIS_URL": settings.redis_url,
+            "SIEVE_REDIS_PREFIX": settings.redis_prefix,
+            "SIEVE_REGISTRY_ADDR": "127.0.0.1:0",
+            "SIEVE_REGISTRY_METRICS_ADDR": "",
+            "PYTHONPATH": str(ROOT),
+        }
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "registry_svc"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode != 0
     assert "SIEVE_ALLOW_ANONYMOUS" in done.stdout + done.stderr
 
 
 def test_a_worker_process_without_its_token_exits_saying_why(settings: Settings) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SIEVE_")}
-    env.update({"SIEVE_DATABASE_URL": settings.database_url, "SIEVE_DATABASE_SCHEMA": settings.database_schema,
-                "SIEVE_WORKER_METRICS_ADDR": "", "PYTHONPATH": str(ROOT)})
-    done = subprocess.run([sys.executable, "-m", "worker_svc"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=30)
+    env.update(
+        {
+            "SIEVE_DATABASE_URL": settings.database_url,
+            "SIEVE_DATABASE_SCHEMA": settings.database_schema,
+            "SIEVE_WORKER_METRICS_ADDR": "",
+            "PYTHONPATH": str(ROOT),
+        }
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "worker_svc"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode != 0
     assert "SIEVE_AUTH_TOKEN" in done.stdout + done.stderr and "SIEVE_ALLOW_ANONYMOUS" in done.stdout + done.stderr
 
 
 # --- rotation and reloading ---------------------------------------------------------------------------
-async def test_two_tokens_of_one_name_both_work_as_the_same_caller(settings: Settings, redis: Redis,
-                                                                 pg: asyncpg.Pool) -> None:
+async def test_two_tokens_of_one_name_both_work_as_the_same_caller(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     creds = Credentials()
     old, new = creds.add("alice", CLIENT), creds.add("alice", CLIENT)
     other = creds.add("bob", CLIENT)
     async with secure_stack(settings, redis, pg, creds) as s:
-        task_id = (await s.intake(old).Submit(intake_pb2.SubmitRequest(
-            task=text("AA-BB-CC-DD-EE-01", "hello")), timeout=5)).task.task_id
+        task_id = (
+            await s.intake(old).Submit(intake_pb2.SubmitRequest(task=text("AA-BB-CC-DD-EE-01", "hello")), timeout=5)
+        ).task.task_id
         # the new token is the same caller: it sees the task the old one submitted
         seen = (await s.intake(new).GetTask(intake_pb2.GetTaskRequest(task_id=task_id), timeout=5)).task
         assert seen.task_id == task_id
@@ -334,8 +377,9 @@ async def test_two_tokens_of_one_name_both_work_as_the_same_caller(settings: Set
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-async def test_the_credentials_file_is_reloaded_without_a_restart(settings: Settings, redis: Redis,
-                                                                   pg: asyncpg.Pool, tmp_path: Path) -> None:
+async def test_the_credentials_file_is_reloaded_without_a_restart(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool, tmp_path: Path
+) -> None:
     path = tmp_path / "credentials"
     creds = Credentials()
     revoked = creds.add("alice", CLIENT)

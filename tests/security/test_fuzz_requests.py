@@ -63,11 +63,19 @@ from tests.support.tasks import PNG
 pytestmark = pytest.mark.timeout(240)
 
 #: what a fuzzed request may be answered with
-CLEAN_CODES = frozenset({
-    grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-    grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.PERMISSION_DENIED,
-    grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE,
-})
+CLEAN_CODES = frozenset(
+    {
+        grpc.StatusCode.OK,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.OUT_OF_RANGE,
+    }
+)
 #: examples per RPC (moderate: the whole file runs in well under a minute on two cores)
 EXAMPLES = int(os.environ.get("SIEVE_FUZZ_EXAMPLES", "300"))
 CALL_TIMEOUT_S = 20.0
@@ -120,15 +128,52 @@ def _invalid_utf8(data: bytes) -> bool:
     return False
 
 
-BAD_UTF8 = [b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b"a\xed\xbf\xbfb", b"\xe4\xb8", b"ok\x80", b"\xf4\x90\x80\x80",
-            b"\xfe\xfe\xff\xff", b"\xf0\x9f\x98"]
+BAD_UTF8 = [
+    b"\xff",
+    b"\xc0\x80",
+    b"\xed\xa0\x80",
+    b"a\xed\xbf\xbfb",
+    b"\xe4\xb8",
+    b"ok\x80",
+    b"\xf4\x90\x80\x80",
+    b"\xfe\xfe\xff\xff",
+    b"\xf0\x9f\x98",
+]
 bad_utf8 = st.one_of(st.sampled_from(BAD_UTF8), st.binary(min_size=1, max_size=24).filter(_invalid_utf8))
 
 
 # --- values -----------------------------------------------------------------------------------------
-NASTY = ["", " ", "\x00", "a\x00b", "\n", "\r\n", "\t", "\u202e", "\ufeff", "\uffff", "\U0010ffff", "😀", "%s%n",
-         "' OR 1=1 --", "${jndi:x}", "{x}", "../../etc/passwd", "|", "||||||||||", "a|1|2|3", ":", "*", "\\",
-         "NaN", "-1", "0", "null", "\u0085", "\u2028"]
+NASTY = [
+    "",
+    " ",
+    "\x00",
+    "a\x00b",
+    "\n",
+    "\r\n",
+    "\t",
+    "\u202e",
+    "\ufeff",
+    "\uffff",
+    "\U0010ffff",
+    "😀",
+    "%s%n",
+    "' OR 1=1 --",
+    "${jndi:x}",
+    "{x}",
+    "../../etc/passwd",
+    "|",
+    "||||||||||",
+    "a|1|2|3",
+    ":",
+    "*",
+    "\\",
+    "NaN",
+    "-1",
+    "0",
+    "null",
+    "\u0085",
+    "\u2028",
+]
 LONG = [100, 1_000, 70_000, 300_000]
 strings = st.one_of(
     st.text(max_size=40),
@@ -141,21 +186,45 @@ int32 = st.one_of(st.integers(-2, 8), st.sampled_from([-(2**31), 2**31 - 1]), st
 uint32 = st.one_of(st.integers(0, 8), st.sampled_from([2**32 - 1, 2**31]), st.integers(0, 2**32 - 1))
 uint64 = st.one_of(st.integers(0, 8), st.sampled_from([2**64 - 1, 2**63, 2**60 + 1]), st.integers(0, 2**64 - 1))
 doubles = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, -0.0, 50.0, 100.0]))
-durations = st.tuples(st.one_of(st.integers(-5, 10), st.sampled_from([-(2**63), 2**63 - 1, 315_576_000_001]),
-                                st.integers(-(2**63), 2**63 - 1)),
-                      st.one_of(st.integers(-2, 2), st.integers(-(2**31), 2**31 - 1)))
+durations = st.tuples(
+    st.one_of(
+        st.integers(-5, 10), st.sampled_from([-(2**63), 2**63 - 1, 315_576_000_001]), st.integers(-(2**63), 2**63 - 1)
+    ),
+    st.one_of(st.integers(-2, 2), st.integers(-(2**31), 2**31 - 1)),
+)
 KEYS = ["k1", "k2", "k3"]  # few keys, so that keys are reused with other payloads
-URLS = ["http://example.com/a.png", "https://example.com/x.jpg", "http://[::1", "http://127.0.0.1/x",
-        "https://example.com:99999/", "http://a/\x00", "ftp://example.com/a.png", "http://%zz/", "http://exa mple.com/",
-        "http://example.com/\n", "http://\u0130.com/", "http:///x", "http://[v1.x]/", "http://example.com:-1/"]
+URLS = [
+    "http://example.com/a.png",
+    "https://example.com/x.jpg",
+    "http://[::1",
+    "http://127.0.0.1/x",
+    "https://example.com:99999/",
+    "http://a/\x00",
+    "ftp://example.com/a.png",
+    "http://%zz/",
+    "http://exa mple.com/",
+    "http://example.com/\n",
+    "http://\u0130.com/",
+    "http:///x",
+    "http://[v1.x]/",
+    "http://example.com:-1/",
+]
 urls = st.one_of(st.sampled_from(URLS), strings, strings.map(lambda s: "http://example.com/" + s))
 ihdr = struct.pack(">I4sIIBBBBB", 13, b"IHDR", 40_001, 40_001, 8, 0, 0, 0, 0)
-images = st.one_of(st.just(PNG), st.binary(max_size=64), st.binary(max_size=64).map(lambda b: PNG[:16] + b),
-                   st.just(b"\x89PNG\r\n\x1a\n" + ihdr + b"\x00" * 4),
-                   st.sampled_from([b"\xff\xd8\xff", b"BM", b"RIFF"]))
+images = st.one_of(
+    st.just(PNG),
+    st.binary(max_size=64),
+    st.binary(max_size=64).map(lambda b: PNG[:16] + b),
+    st.just(b"\x89PNG\r\n\x1a\n" + ihdr + b"\x00" * 4),
+    st.sampled_from([b"\xff\xd8\xff", b"BM", b"RIFF"]),
+)
 enum_values = st.one_of(st.integers(0, 6), int32)
-task_ids = st.one_of(strings, st.uuids().map(str), st.builds(lambda u: "-" * 100 + u.hex, st.uuids()),
-                     st.uuids().map(lambda u: "urn:uuid:" + str(u).upper()))
+task_ids = st.one_of(
+    strings,
+    st.uuids().map(str),
+    st.builds(lambda u: "-" * 100 + u.hex, st.uuids()),
+    st.uuids().map(lambda u: "urn:uuid:" + str(u).upper()),
+)
 
 
 # --- intake -----------------------------------------------------------------------------------------
@@ -182,8 +251,12 @@ def task_specs(draw: st.DrawFn) -> intake_pb2.TaskSpec:
 def plausible_specs(draw: st.DrawFn) -> intake_pb2.TaskSpec:
     """Specs that are mostly valid (so that tasks are accepted, deduplicated and refused for a reused key),
     with one field at a time made random."""
-    spec = intake_pb2.TaskSpec(device_id=draw(st.sampled_from(MACS)), type=types_pb2.TASK_TYPE_TEXT,
-                               priority=draw(st.integers(0, 5)), text=draw(st.sampled_from(["hi", "加 微 信", "x"])))
+    spec = intake_pb2.TaskSpec(
+        device_id=draw(st.sampled_from(MACS)),
+        type=types_pb2.TASK_TYPE_TEXT,
+        priority=draw(st.integers(0, 5)),
+        text=draw(st.sampled_from(["hi", "加 微 信", "x"])),
+    )
     if draw(st.booleans()):
         spec.idempotency_key = draw(st.sampled_from(KEYS))
     wild = draw(st.sampled_from(["none", "none", "text", "device", "key", "ttl", "image", "url"]))
@@ -208,24 +281,33 @@ specs = st.one_of(plausible_specs(), plausible_specs(), plausible_specs(), task_
 SPEC_STRINGS = (1, 4, 6, 7)  # TaskSpec: device_id, text, image_url, idempotency_key
 
 
-def request_bytes(message: st.SearchStrategy[Any],
-                  string_paths: tuple[tuple[int, ...], ...]) -> st.SearchStrategy[bytes]:
+def request_bytes(
+    message: st.SearchStrategy[Any], string_paths: tuple[tuple[int, ...], ...]
+) -> st.SearchStrategy[bytes]:
     """Serialized messages, the same with a string field set to invalid UTF-8, and random bytes."""
     well_formed = message.map(lambda m: m.SerializeToString())
     choices = [well_formed, well_formed, well_formed, well_formed, st.binary(max_size=120)]
     if string_paths:
-        choices.append(st.builds(lambda data, path, raw: data + raw_field(path, raw),
-                                 well_formed, st.sampled_from(string_paths), bad_utf8))
+        choices.append(
+            st.builds(
+                lambda data, path, raw: data + raw_field(path, raw),
+                well_formed,
+                st.sampled_from(string_paths),
+                bad_utf8,
+            )
+        )
     return st.one_of(*choices)
 
 
-submit_requests = request_bytes(st.builds(lambda s: intake_pb2.SubmitRequest(task=s), specs),
-                                tuple((1, n) for n in SPEC_STRINGS))
+submit_requests = request_bytes(
+    st.builds(lambda s: intake_pb2.SubmitRequest(task=s), specs), tuple((1, n) for n in SPEC_STRINGS)
+)
 batch_requests = request_bytes(
-    st.one_of(st.lists(specs, max_size=5),
-              plausible_specs().filter(lambda s: s.ByteSize() < 2000).map(lambda s: [s] * 1001))
-    .map(lambda specs: intake_pb2.SubmitBatchRequest(tasks=specs)),
-    tuple((1, n) for n in SPEC_STRINGS))
+    st.one_of(
+        st.lists(specs, max_size=5), plausible_specs().filter(lambda s: s.ByteSize() < 2000).map(lambda s: [s] * 1001)
+    ).map(lambda specs: intake_pb2.SubmitBatchRequest(tasks=specs)),
+    tuple((1, n) for n in SPEC_STRINGS),
+)
 
 
 def by_id(message_type: Any, known: list[str]) -> st.SearchStrategy[bytes]:
@@ -234,9 +316,13 @@ def by_id(message_type: Any, known: list[str]) -> st.SearchStrategy[bytes]:
 
 
 # --- scheduler --------------------------------------------------------------------------------------
-filters = st.builds(scheduler_pb2.DeadLetterFilter, task_id=st.one_of(st.just(""), task_ids),
-                    device_id=st.one_of(st.just(""), macs), type=enum_values,
-                    error_contains=st.one_of(st.just(""), strings))
+filters = st.builds(
+    scheduler_pb2.DeadLetterFilter,
+    task_id=st.one_of(st.just(""), task_ids),
+    device_id=st.one_of(st.just(""), macs),
+    type=enum_values,
+    error_contains=st.one_of(st.just(""), strings),
+)
 FILTER_STRINGS = tuple((1, n) for n in (1, 2, 4))
 
 
@@ -249,8 +335,13 @@ def pull_messages(draw: st.DrawFn, known: list[str]) -> tuple[list[bytes], float
     long the stream stays open after them (mostly not at all; sometimes long enough to be handed tasks, which
     go back when it ends: after two such ends a task is a dead letter)."""
     worker_ids = st.one_of(st.sampled_from(WORKER_IDS), st.sampled_from(WORKER_IDS), strings)
-    task_types = st.one_of(st.sampled_from([[1], [1, 2], [2]]), st.sampled_from([[1], [1, 2]]),
-                           st.lists(enum_values, max_size=4), st.just([1] * 100_000), st.just([1, 2, 1]))
+    task_types = st.one_of(
+        st.sampled_from([[1], [1, 2], [2]]),
+        st.sampled_from([[1], [1, 2]]),
+        st.lists(enum_values, max_size=4),
+        st.just([1] * 100_000),
+        st.just([1, 2, 1]),
+    )
     lease_tokens = st.one_of(strings, st.integers(-(2**70), 2**70).map(str), st.uuids().map(str))
     ids = st.one_of(task_ids, st.sampled_from(known)) if known else task_ids
     out = []
@@ -269,8 +360,12 @@ def pull_messages(draw: st.DrawFn, known: list[str]) -> tuple[list[bytes], float
             entry = scheduler_pb2.Ack(task_id=draw(short_ids), lease_token=draw(st.integers(0, 2**63).map(str)))
             message.acks.extend([entry] * 10_000)
         for _ in range(draw(st.integers(0, 2))):
-            nack = message.nacks.add(task_id=draw(ids), lease_token=draw(lease_tokens), reason=draw(strings),
-                                     count_attempt=draw(st.booleans()))
+            nack = message.nacks.add(
+                task_id=draw(ids),
+                lease_token=draw(lease_tokens),
+                reason=draw(strings),
+                count_attempt=draw(st.booleans()),
+            )
             if draw(st.booleans()):
                 nack.retry_after.seconds, nack.retry_after.nanos = draw(durations)
         message.draining = draw(st.integers(0, 9)) == 0
@@ -288,12 +383,23 @@ def pull_messages(draw: st.DrawFn, known: list[str]) -> tuple[list[bytes], float
 # --- registry ---------------------------------------------------------------------------------------
 @st.composite
 def resources(draw: st.DrawFn) -> registry_pb2.Resources:
-    message = registry_pb2.Resources(gpu_available=draw(st.booleans()), gpu_count=draw(uint32),
-                                     gpu_memory_total_bytes=draw(uint64), cpu_count=draw(uint32),
-                                     memory_total_bytes=draw(uint64), memory_available_bytes=draw(uint64),
-                                     active_tasks=draw(uint32))
-    for name in ("gpu_util_percent", "gpu_memory_percent", "cpu_percent", "memory_percent", "cpu_own_percent",
-                 "gpu_memory_own_percent"):
+    message = registry_pb2.Resources(
+        gpu_available=draw(st.booleans()),
+        gpu_count=draw(uint32),
+        gpu_memory_total_bytes=draw(uint64),
+        cpu_count=draw(uint32),
+        memory_total_bytes=draw(uint64),
+        memory_available_bytes=draw(uint64),
+        active_tasks=draw(uint32),
+    )
+    for name in (
+        "gpu_util_percent",
+        "gpu_memory_percent",
+        "cpu_percent",
+        "memory_percent",
+        "cpu_own_percent",
+        "gpu_memory_own_percent",
+    ):
         if name in registry_pb2.Resources.DESCRIPTOR.fields_by_name:
             setattr(message, name, draw(st.one_of(doubles, st.floats(0, 100))))
     message.gpu_names.extend(draw(st.one_of(st.lists(strings, max_size=3), st.just(["NVIDIA H200"] * 10_000))))
@@ -305,9 +411,14 @@ def resources(draw: st.DrawFn) -> registry_pb2.Resources:
 @st.composite
 def plausible_resources(draw: st.DrawFn) -> registry_pb2.Resources:
     """Readings a sampler could send, with one field at a time made wild."""
-    message = registry_pb2.Resources(cpu_count=draw(st.integers(1, 64)), cpu_percent=draw(st.floats(0, 100)),
-                                     memory_total_bytes=2**34, memory_available_bytes=2**33,
-                                     memory_percent=draw(st.floats(0, 100)), active_tasks=draw(st.integers(0, 4)))
+    message = registry_pb2.Resources(
+        cpu_count=draw(st.integers(1, 64)),
+        cpu_percent=draw(st.floats(0, 100)),
+        memory_total_bytes=2**34,
+        memory_available_bytes=2**33,
+        memory_percent=draw(st.floats(0, 100)),
+        active_tasks=draw(st.integers(0, 4)),
+    )
     if draw(st.booleans()):
         message.gpu_available, message.gpu_count = True, 1
         message.gpu_names.append("NVIDIA H200")
@@ -316,8 +427,11 @@ def plausible_resources(draw: st.DrawFn) -> registry_pb2.Resources:
     if wild == "all":
         message.CopyFrom(draw(resources()))
     elif wild == "percent":
-        setattr(message, draw(st.sampled_from(["cpu_percent", "memory_percent", "gpu_memory_percent",
-                                               "gpu_util_percent"])), draw(doubles))
+        setattr(
+            message,
+            draw(st.sampled_from(["cpu_percent", "memory_percent", "gpu_memory_percent", "gpu_util_percent"])),
+            draw(doubles),
+        )
     elif wild == "count":
         setattr(message, draw(st.sampled_from(["gpu_count", "cpu_count", "active_tasks"])), draw(uint32))
     elif wild == "names":
@@ -330,20 +444,41 @@ def plausible_resources(draw: st.DrawFn) -> registry_pb2.Resources:
 worker_ids = st.one_of(st.sampled_from(WORKER_IDS), st.sampled_from([*WORKER_IDS, "w" * 200]), strings)
 any_resources = st.one_of(plausible_resources(), plausible_resources(), resources())
 register_requests = request_bytes(
-    st.builds(lambda wid, host, pid, types, res, conc: registry_pb2.RegisterRequest(
-        worker_id=wid, hostname=host, pid=pid, task_types=types, resources=res, concurrency=conc),
-        worker_ids, st.one_of(st.just("host-1"), st.just("host-1"), strings), uint32,
-        st.one_of(st.sampled_from([[1], [1, 2], [2]]), st.sampled_from([[1], [2, 1]]),
-                  st.lists(enum_values, max_size=4), st.just([2] * 100_000), st.just([1, 1])),
-        any_resources, st.one_of(st.integers(0, 8), uint32)),
-    ((1,), (2,), (5, 3), (5, 15)))
+    st.builds(
+        lambda wid, host, pid, types, res, conc: registry_pb2.RegisterRequest(
+            worker_id=wid, hostname=host, pid=pid, task_types=types, resources=res, concurrency=conc
+        ),
+        worker_ids,
+        st.one_of(st.just("host-1"), st.just("host-1"), strings),
+        uint32,
+        st.one_of(
+            st.sampled_from([[1], [1, 2], [2]]),
+            st.sampled_from([[1], [2, 1]]),
+            st.lists(enum_values, max_size=4),
+            st.just([2] * 100_000),
+            st.just([1, 1]),
+        ),
+        any_resources,
+        st.one_of(st.integers(0, 8), uint32),
+    ),
+    ((1,), (2,), (5, 3), (5, 15)),
+)
 heartbeat_requests = request_bytes(
-    st.builds(lambda wid, res, with_res: registry_pb2.HeartbeatRequest(worker_id=wid, resources=res)
-              if with_res else registry_pb2.HeartbeatRequest(worker_id=wid),
-              worker_ids, any_resources, st.booleans()),
-    ((1,), (2, 3)))
+    st.builds(
+        lambda wid, res, with_res: (
+            registry_pb2.HeartbeatRequest(worker_id=wid, resources=res)
+            if with_res
+            else registry_pb2.HeartbeatRequest(worker_id=wid)
+        ),
+        worker_ids,
+        any_resources,
+        st.booleans(),
+    ),
+    ((1,), (2, 3)),
+)
 list_workers_requests = request_bytes(
-    st.builds(registry_pb2.ListWorkersRequest, task_type=enum_values, available_only=st.booleans()), ())
+    st.builds(registry_pb2.ListWorkersRequest, task_type=enum_values, available_only=st.booleans()), ()
+)
 
 
 # --- driving ----------------------------------------------------------------------------------------
@@ -363,8 +498,7 @@ class Caller:
 
     def unary(self, method: str, data: bytes) -> tuple[grpc.StatusCode, bytes | None, str]:
         async def call() -> tuple[grpc.StatusCode, bytes | None, str]:
-            rpc = self.channel.unary_unary(method, request_serializer=lambda b: b,
-                                           response_deserializer=lambda b: b)
+            rpc = self.channel.unary_unary(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
             try:
                 return grpc.StatusCode.OK, await rpc(data, timeout=CALL_TIMEOUT_S), ""
             except grpc.aio.AioRpcError as exc:
@@ -374,8 +508,8 @@ class Caller:
 
     def stream(self, method: str, messages: list[bytes], linger_s: float = 0.0) -> tuple[grpc.StatusCode, str]:
         async def call() -> tuple[grpc.StatusCode, str]:
-            rpc = self.channel.stream_stream(method, request_serializer=lambda b: b,
-                                             response_deserializer=lambda b: b)
+            rpc = self.channel.stream_stream(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+
             async def requests() -> AsyncIterator[bytes]:
                 for message in messages:
                     yield message
@@ -421,17 +555,22 @@ def server_codes() -> Counter[tuple[str, str]]:
 def assert_servers_answered_cleanly(before: Counter[tuple[str, str]]) -> None:
     """No server answered UNKNOWN or INTERNAL (nor anything else unclean) since `before`."""
     after = server_codes()
-    unclean = {key: n - before[key] for key, n in after.items()
-               if n > before[key] and key[1] not in {c.name for c in CLEAN_CODES} | {"CANCELLED"}}
+    unclean = {
+        key: n - before[key]
+        for key, n in after.items()
+        if n > before[key] and key[1] not in {c.name for c in CLEAN_CODES} | {"CANCELLED"}
+    }
     assert not unclean, f"servers answered: {unclean}"
 
 
 def fuzz(strategy: st.SearchStrategy[Any], examples: int = EXAMPLES) -> Callable[[Callable[[Any], None]], Any]:
     """`@given(strategy)` with this file's settings: no deadline, no example database, no health checks
     (requests are large on purpose)."""
+
     def decorate(body: Callable[[Any], None]) -> Any:
-        return hypothesis_settings(max_examples=examples, deadline=None, database=None,
-                                   suppress_health_check=list(HealthCheck))(given(strategy)(body))
+        return hypothesis_settings(
+            max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        )(given(strategy)(body))
 
     return decorate
 
@@ -439,6 +578,7 @@ def fuzz(strategy: st.SearchStrategy[Any], examples: int = EXAMPLES) -> Callable
 async def drive(*runs: Callable[[], None]) -> None:
     """Runs hypothesis tests one after the other in a thread (the servers keep this loop); then checks what the
     servers themselves answered."""
+
     def all_runs() -> None:
         for run in runs:
             run()
@@ -514,9 +654,11 @@ async def stack(settings: Settings, redis: Redis, pg: asyncpg.Pool) -> AsyncIter
     settings = settings.replace(scheduler_addr=f"127.0.0.1:{scheduler.port}")
     intake_app = await build_intake(settings, Stores.of(redis=redis, pool=pg))
     intake = await rpc.create_server(intake_app.service, "127.0.0.1:0", settings)
-    addresses = {"sieve.v1.IntakeService": f"127.0.0.1:{intake.port}",
-                 "sieve.v1.SchedulerService": settings.scheduler_addr,
-                 "sieve.v1.RegistryService": settings.registry_addr}
+    addresses = {
+        "sieve.v1.IntakeService": f"127.0.0.1:{intake.port}",
+        "sieve.v1.SchedulerService": settings.scheduler_addr,
+        "sieve.v1.RegistryService": settings.registry_addr,
+    }
     try:
         yield Stack(settings, addresses, QueueStore(redis, settings), pg, redis)
     finally:
@@ -559,8 +701,12 @@ async def test_intake_answers_every_request_cleanly_and_leaves_nothing_half_writ
         return run
 
     try:
-        await drive(submit, submit_batch, by_task_id("GetTask", intake_pb2.GetTaskRequest),
-                    by_task_id("CancelTask", intake_pb2.CancelTaskRequest))
+        await drive(
+            submit,
+            submit_batch,
+            by_task_id("GetTask", intake_pb2.GetTaskRequest),
+            by_task_id("CancelTask", intake_pb2.CancelTaskRequest),
+        )
     finally:
         await channel.close()
     report("intake", ["Submit", "SubmitBatch", "GetTask", "CancelTask"])
@@ -572,8 +718,9 @@ async def test_intake_answers_every_request_cleanly_and_leaves_nothing_half_writ
 async def test_scheduler_answers_every_request_and_stream_cleanly(stack: Stack) -> None:
     # tasks to hand out on fuzzed streams (which take them and end: after two attempts they are dead letters)
     intake = stack.channel("sieve.v1.IntakeService")
-    specs = [intake_pb2.TaskSpec(device_id=MACS[i % 4], type=types_pb2.TASK_TYPE_TEXT, text=f"task {i}")
-             for i in range(30)]
+    specs = [
+        intake_pb2.TaskSpec(device_id=MACS[i % 4], type=types_pb2.TASK_TYPE_TEXT, text=f"task {i}") for i in range(30)
+    ]
     reply = await intake_pb2_grpc.IntakeServiceStub(intake).SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=specs))
     known = [item.task.task_id for item in reply.items]
     await intake.close()
@@ -600,10 +747,12 @@ async def test_scheduler_answers_every_request_and_stream_cleanly(stack: Stack) 
 
     try:
         await drive(
-            get_watermark, pull,
+            get_watermark,
+            pull,
             dead_letters("ListDeadLetters", lambda f, n: scheduler_pb2.ListDeadLettersRequest(filter=f, limit=int(n))),
-            dead_letters("RequeueDeadLetters", lambda f, a: scheduler_pb2.RequeueDeadLettersRequest(filter=f,
-                                                                                                   all=bool(a))),
+            dead_letters(
+                "RequeueDeadLetters", lambda f, a: scheduler_pb2.RequeueDeadLettersRequest(filter=f, all=bool(a))
+            ),
             dead_letters("PurgeDeadLetters", lambda f, a: scheduler_pb2.PurgeDeadLettersRequest(filter=f, all=bool(a))),
         )
     finally:
@@ -626,11 +775,15 @@ async def test_registry_answers_every_request_cleanly_and_still_lists_its_worker
         return run
 
     try:
-        await drive(unary("Register", register_requests), unary("Heartbeat", heartbeat_requests),
-                    unary("ListWorkers", list_workers_requests))
+        await drive(
+            unary("Register", register_requests),
+            unary("Heartbeat", heartbeat_requests),
+            unary("ListWorkers", list_workers_requests),
+        )
         # whatever was stored reads back: every record lists
         code, reply, details = await asyncio.to_thread(
-            caller.unary, REGISTRY + "ListWorkers", registry_pb2.ListWorkersRequest().SerializeToString())
+            caller.unary, REGISTRY + "ListWorkers", registry_pb2.ListWorkersRequest().SerializeToString()
+        )
         assert code == grpc.StatusCode.OK, details
         for worker in registry_pb2.ListWorkersResponse.FromString(reply or b"").workers:
             assert worker.worker_id and len(worker.worker_id) <= 200
@@ -644,12 +797,18 @@ _SCALARS: dict[int, st.SearchStrategy[Any]] = {
     FieldDescriptor.TYPE_STRING: st.one_of(strings, st.sampled_from(MACS), st.uuids().map(str)),
     FieldDescriptor.TYPE_BYTES: st.binary(max_size=64),
     FieldDescriptor.TYPE_BOOL: st.booleans(),
-    FieldDescriptor.TYPE_DOUBLE: doubles, FieldDescriptor.TYPE_FLOAT: st.floats(width=32),
-    FieldDescriptor.TYPE_INT32: int32, FieldDescriptor.TYPE_SINT32: int32, FieldDescriptor.TYPE_SFIXED32: int32,
-    FieldDescriptor.TYPE_UINT32: uint32, FieldDescriptor.TYPE_FIXED32: uint32,
-    FieldDescriptor.TYPE_INT64: st.integers(-(2**63), 2**63 - 1), FieldDescriptor.TYPE_SINT64:
-        st.integers(-(2**63), 2**63 - 1), FieldDescriptor.TYPE_SFIXED64: st.integers(-(2**63), 2**63 - 1),
-    FieldDescriptor.TYPE_UINT64: uint64, FieldDescriptor.TYPE_FIXED64: uint64,
+    FieldDescriptor.TYPE_DOUBLE: doubles,
+    FieldDescriptor.TYPE_FLOAT: st.floats(width=32),
+    FieldDescriptor.TYPE_INT32: int32,
+    FieldDescriptor.TYPE_SINT32: int32,
+    FieldDescriptor.TYPE_SFIXED32: int32,
+    FieldDescriptor.TYPE_UINT32: uint32,
+    FieldDescriptor.TYPE_FIXED32: uint32,
+    FieldDescriptor.TYPE_INT64: st.integers(-(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_SINT64: st.integers(-(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_SFIXED64: st.integers(-(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_UINT64: uint64,
+    FieldDescriptor.TYPE_FIXED64: uint64,
     FieldDescriptor.TYPE_ENUM: enum_values,
 }
 
@@ -684,12 +843,18 @@ async def test_every_unary_method_answers_any_message_and_random_bytes_cleanly(s
     addresses = stack.addresses
     channels = {name: stack.channel(name) for name in addresses}
     loop = asyncio.get_running_loop()
-    methods = sorted(m for m in METHOD_ROLES if m.split("/")[1] in addresses and not m.endswith("/Pull")
-                     and not m.endswith("/WatchTask"))
+    methods = sorted(
+        m
+        for m in METHOD_ROLES
+        if m.split("/")[1] in addresses and not m.endswith("/Pull") and not m.endswith("/WatchTask")
+    )
 
     requests = {m: _input_type(m) for m in methods}
-    cases = st.sampled_from(methods).flatmap(lambda m: st.tuples(st.just(m), st.one_of(
-        any_message(requests[m]), any_message(requests[m]), st.binary(max_size=200))))
+    cases = st.sampled_from(methods).flatmap(
+        lambda m: st.tuples(
+            st.just(m), st.one_of(any_message(requests[m]), any_message(requests[m]), st.binary(max_size=200))
+        )
+    )
 
     @fuzz(cases, examples=3 * EXAMPLES)
     def run(case: tuple[str, bytes]) -> None:
@@ -712,8 +877,9 @@ async def test_a_nack_reason_postgresql_cannot_store_leaves_nothing_half_written
     """A worker's nack reason goes into the task's history and, at its last attempt, its error: one with U+0000
     (which PostgreSQL text cannot hold) must still leave the task in exactly one place."""
     intake = stack.channel("sieve.v1.IntakeService")
-    await intake_pb2_grpc.IntakeServiceStub(intake).Submit(intake_pb2.SubmitRequest(
-        task=intake_pb2.TaskSpec(device_id=MACS[0], type=types_pb2.TASK_TYPE_TEXT, text="x")))
+    await intake_pb2_grpc.IntakeServiceStub(intake).Submit(
+        intake_pb2.SubmitRequest(task=intake_pb2.TaskSpec(device_id=MACS[0], type=types_pb2.TASK_TYPE_TEXT, text="x"))
+    )
     await intake.close()
     channel = stack.channel("sieve.v1.SchedulerService")
     stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
@@ -724,9 +890,18 @@ async def test_a_nack_reason_postgresql_cannot_store_leaves_nothing_half_written
             hello.hello.worker_id, hello.hello.task_types[:] = "fuzz-worker", [types_pb2.TASK_TYPE_TEXT]
             await call.write(hello)
             assignment = (await asyncio.wait_for(call.read(), CALL_TIMEOUT_S)).batch.assignments[0]
-            await call.write(scheduler_pb2.PullRequest(nacks=[scheduler_pb2.Nack(
-                task_id=assignment.task_id, lease_token=assignment.lease_token, reason="bad\x00reason",
-                count_attempt=True)]))
+            await call.write(
+                scheduler_pb2.PullRequest(
+                    nacks=[
+                        scheduler_pb2.Nack(
+                            task_id=assignment.task_id,
+                            lease_token=assignment.lease_token,
+                            reason="bad\x00reason",
+                            count_attempt=True,
+                        )
+                    ]
+                )
+            )
             await asyncio.sleep(0.3)
             await call.done_writing()
             with contextlib.suppress(grpc.aio.AioRpcError):

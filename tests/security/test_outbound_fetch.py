@@ -33,8 +33,10 @@ from sieve.outbound.client import FetchError, SafeHttpClient  # noqa: E402  (nee
 from worker_svc.ocr.fetch import Fetcher  # noqa: E402
 
 #: a small but real PNG (1x1, RGBA)
-PNG = bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000"
-                    "1f15c4890000000d49444154789c6360f8ffff3f0005fe02fea7d6a4f00000000049454e44ae426082")
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360f8ffff3f0005fe02fea7d6a4f00000000049454e44ae426082"
+)
 #: a public address nothing here will ever send a packet to (the `connections` fixture fails it)
 PUBLIC = "93.184.215.14"
 ALLOW_LOOPBACK = "127.0.0.0/8,::1/128"
@@ -151,8 +153,9 @@ class FakeDns:
         self.answers = answers
         self.queries: dict[str, int] = {}
 
-    async def __call__(self, host: str, port: Any, *, family: int = 0, type: int = 0, proto: int = 0,
-                       flags: int = 0) -> list[tuple[Any, ...]]:
+    async def __call__(
+        self, host: str, port: Any, *, family: int = 0, type: int = 0, proto: int = 0, flags: int = 0
+    ) -> list[tuple[Any, ...]]:
         name = host.lower().rstrip(".")
         self.queries[name] = self.queries.get(name, 0) + 1
         if name == "localhost":  # the machine's own answer (/etc/hosts)
@@ -165,8 +168,15 @@ class FakeDns:
         for a in addresses:
             ip = ipaddress.ip_address(a)
             sockaddr: tuple[Any, ...] = (a, int(port or 0)) if ip.version == 4 else (a, int(port or 0), 0, 0)
-            infos.append((socket.AF_INET if ip.version == 4 else socket.AF_INET6, socket.SOCK_STREAM,
-                          socket.IPPROTO_TCP, "", sockaddr))
+            infos.append(
+                (
+                    socket.AF_INET if ip.version == 4 else socket.AF_INET6,
+                    socket.SOCK_STREAM,
+                    socket.IPPROTO_TCP,
+                    "",
+                    sockaddr,
+                )
+            )
         return infos
 
 
@@ -195,42 +205,102 @@ async def refused(f: Fetcher, url: str) -> FetchError:
 
 
 # --- the classifier --------------------------------------------------------------------------------
-@pytest.mark.parametrize(("address", "public"), [
-    ("8.8.8.8", True), ("1.1.1.1", True), (PUBLIC, True), ("2606:4700:4700::1111", True),
-    ("2a00:1450:4001:80b::200e", True),
-    ("127.0.0.1", False), ("127.255.255.254", False), ("0.0.0.0", False), ("0.1.2.3", False),
-    ("10.0.0.1", False), ("172.16.0.1", False), ("172.31.255.255", False), ("192.168.1.1", False),
-    ("169.254.169.254", False), ("100.64.0.1", False), ("100.127.255.254", False),
-    ("192.0.0.8", False), ("192.0.2.1", False), ("198.51.100.7", False), ("203.0.113.9", False),
-    ("198.18.0.1", False), ("192.88.99.1", False), ("224.0.0.1", False), ("239.255.255.250", False),
-    ("240.0.0.1", False), ("255.255.255.255", False),
-    ("::", False), ("::1", False), ("fe80::1", False), ("fe80::1%1", False), ("fec0::1", False),
-    ("fc00::1", False), ("fd00::2", False), ("ff02::1", False), ("2001:db8::1", False), ("3fff::1", False),
-    ("100::1", False), ("2001::1", False), ("5f00::1", False),
-    ("::ffff:127.0.0.1", False), ("::ffff:169.254.169.254", False), ("::ffff:10.0.0.1", False),
-    ("::ffff:8.8.8.8", True), ("::127.0.0.1", False), ("::8.8.8.8", False), ("::ffff:0:7f00:1", False),
-    ("64:ff9b::7f00:1", False), ("64:ff9b::a00:1", False), ("64:ff9b::808:808", True), ("64:ff9b:1::1", False),
-    ("2002:7f00:1::1", False), ("2002:a9fe:a9fe::", False), ("2002:808:808::1", True),
-])
+@pytest.mark.parametrize(
+    ("address", "public"),
+    [
+        ("8.8.8.8", True),
+        ("1.1.1.1", True),
+        (PUBLIC, True),
+        ("2606:4700:4700::1111", True),
+        ("2a00:1450:4001:80b::200e", True),
+        ("127.0.0.1", False),
+        ("127.255.255.254", False),
+        ("0.0.0.0", False),
+        ("0.1.2.3", False),
+        ("10.0.0.1", False),
+        ("172.16.0.1", False),
+        ("172.31.255.255", False),
+        ("192.168.1.1", False),
+        ("169.254.169.254", False),
+        ("100.64.0.1", False),
+        ("100.127.255.254", False),
+        ("192.0.0.8", False),
+        ("192.0.2.1", False),
+        ("198.51.100.7", False),
+        ("203.0.113.9", False),
+        ("198.18.0.1", False),
+        ("192.88.99.1", False),
+        ("224.0.0.1", False),
+        ("239.255.255.250", False),
+        ("240.0.0.1", False),
+        ("255.255.255.255", False),
+        ("::", False),
+        ("::1", False),
+        ("fe80::1", False),
+        ("fe80::1%1", False),
+        ("fec0::1", False),
+        ("fc00::1", False),
+        ("fd00::2", False),
+        ("ff02::1", False),
+        ("2001:db8::1", False),
+        ("3fff::1", False),
+        ("100::1", False),
+        ("2001::1", False),
+        ("5f00::1", False),
+        ("::ffff:127.0.0.1", False),
+        ("::ffff:169.254.169.254", False),
+        ("::ffff:10.0.0.1", False),
+        ("::ffff:8.8.8.8", True),
+        ("::127.0.0.1", False),
+        ("::8.8.8.8", False),
+        ("::ffff:0:7f00:1", False),
+        ("64:ff9b::7f00:1", False),
+        ("64:ff9b::a00:1", False),
+        ("64:ff9b::808:808", True),
+        ("64:ff9b:1::1", False),
+        ("2002:7f00:1::1", False),
+        ("2002:a9fe:a9fe::", False),
+        ("2002:808:808::1", True),
+    ],
+)
 def test_addresses_are_classified_public_or_not(address: str, public: bool) -> None:
     reason = non_public_reason(ipaddress.ip_address(address))
     assert (reason is None) == public, (address, reason)
 
 
-@pytest.mark.parametrize(("host", "address"), [
-    ("127.0.0.1", "127.0.0.1"), ("2130706433", "127.0.0.1"), ("0x7f.1", "127.0.0.1"), ("0x7F000001", "127.0.0.1"),
-    ("0177.0.0.1", "127.0.0.1"), ("127.1", "127.0.0.1"), ("127.0.0.1.", "127.0.0.1"), ("[::1]", "::1"),
-    ("[::ffff:127.0.0.1]", "::ffff:7f00:1"), ("::ffff:7f00:1", "::ffff:7f00:1"), ("fe80::1%25eth0", "fe80::1%eth0"),
-    ("example.com", None), ("cafe", None), ("1e100.net", None), ("localhost", None), ("0x7g.1", None),
-])
+@pytest.mark.parametrize(
+    ("host", "address"),
+    [
+        ("127.0.0.1", "127.0.0.1"),
+        ("2130706433", "127.0.0.1"),
+        ("0x7f.1", "127.0.0.1"),
+        ("0x7F000001", "127.0.0.1"),
+        ("0177.0.0.1", "127.0.0.1"),
+        ("127.1", "127.0.0.1"),
+        ("127.0.0.1.", "127.0.0.1"),
+        ("[::1]", "::1"),
+        ("[::ffff:127.0.0.1]", "::ffff:7f00:1"),
+        ("::ffff:7f00:1", "::ffff:7f00:1"),
+        ("fe80::1%25eth0", "fe80::1%eth0"),
+        ("example.com", None),
+        ("cafe", None),
+        ("1e100.net", None),
+        ("localhost", None),
+        ("0x7g.1", None),
+    ],
+)
 def test_ip_literals_are_read_in_every_spelling_without_dns(host: str, address: str | None) -> None:
     got = literal_address(host)
     assert (None if got is None else str(got)) == address
 
 
 def test_the_settings_are_parsed_and_a_bad_entry_names_its_variable() -> None:
-    s = Settings.from_env({"SIEVE_OUTBOUND_ALLOW_HOSTS": "img.example.com, .cdn.example.net,198.51.100.0/24",
-                           "SIEVE_OUTBOUND_ALLOW_PRIVATE_NETS": "127.0.0.0/8, ::1"})
+    s = Settings.from_env(
+        {
+            "SIEVE_OUTBOUND_ALLOW_HOSTS": "img.example.com, .cdn.example.net,198.51.100.0/24",
+            "SIEVE_OUTBOUND_ALLOW_PRIVATE_NETS": "127.0.0.0/8, ::1",
+        }
+    )
     policy = OutboundPolicy.from_settings(s)
     assert policy.allow_names == {"img.example.com"} and policy.allow_suffixes == (".cdn.example.net",)
     assert [str(n) for n in policy.allow_nets] == ["198.51.100.0/24"]
@@ -239,47 +309,53 @@ def test_the_settings_are_parsed_and_a_bad_entry_names_its_variable() -> None:
     assert policy.name_allowed("cdn.example.net") and not policy.name_allowed("evilcdn.example.net")
     assert not policy.name_allowed("img.example.com.evil.org")
     assert not OutboundPolicy.from_settings(Settings.from_env({})).restricted
-    for variable, value in [("SIEVE_OUTBOUND_ALLOW_PRIVATE_NETS", "loopback"),
-                            ("SIEVE_OUTBOUND_ALLOW_PRIVATE_NETS", "10.0.0.0/33"),
-                            ("SIEVE_OUTBOUND_ALLOW_HOSTS", "http://img.example.com/"),
-                            ("SIEVE_OUTBOUND_ALLOW_HOSTS", "*.example.com"),
-                            ("SIEVE_OUTBOUND_ALLOW_HOSTS", "0x7f.1")]:
+    for variable, value in [
+        ("SIEVE_OUTBOUND_ALLOW_PRIVATE_NETS", "loopback"),
+        ("SIEVE_OUTBOUND_ALLOW_PRIVATE_NETS", "10.0.0.0/33"),
+        ("SIEVE_OUTBOUND_ALLOW_HOSTS", "http://img.example.com/"),
+        ("SIEVE_OUTBOUND_ALLOW_HOSTS", "*.example.com"),
+        ("SIEVE_OUTBOUND_ALLOW_HOSTS", "0x7f.1"),
+    ]:
         with pytest.raises(SettingsError, match=variable):
             Settings.from_env({variable: value})
 
 
 # --- refusals: before any connection -----------------------------------------------------------------
-@pytest.mark.parametrize("template", [
-    "{base}/img",
-    "http://localhost:{port}/img",
-    "http://169.254.169.254/latest/meta-data",
-    "http://10.0.0.1/",
-    "http://192.168.0.1:8080/admin",
-    "http://100.64.0.1/",
-    "http://[::1]:{port}/img",
-    "http://[::ffff:127.0.0.1]:{port}/img",
-    "http://[::ffff:a9fe:a9fe]/latest/meta-data",
-    "http://[64:ff9b::7f00:1]:{port}/img",
-    "http://[fd00::2]/",
-    "http://[fe80::1%25lo]:{port}/",
-    "http://2130706433:{port}/img",
-    "http://0x7f.1:{port}/img",
-    "http://0x7f000001:{port}/img",
-    "http://0177.0.0.1:{port}/img",
-    "http://127.1:{port}/img",
-    "http://127.0.0.1.:{port}/img",
-    "http://0.0.0.0:{port}/img",
-    "http://0:{port}/img",
-    "http://[::]:{port}/img",
-    "http://0x7f.0x0.0x0.0x1:{port}/img",
-    "http://[0:0:0:0:0:ffff:7f00:1]:{port}/img",
-    "https://127.0.0.1:{port}/img",
-    "http://user:pw@127.0.0.1:{port}/img",
-    "http://internal.test:{port}/img",
-    "http://mixed.test:{port}/img",
-])
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{base}/img",
+        "http://localhost:{port}/img",
+        "http://169.254.169.254/latest/meta-data",
+        "http://10.0.0.1/",
+        "http://192.168.0.1:8080/admin",
+        "http://100.64.0.1/",
+        "http://[::1]:{port}/img",
+        "http://[::ffff:127.0.0.1]:{port}/img",
+        "http://[::ffff:a9fe:a9fe]/latest/meta-data",
+        "http://[64:ff9b::7f00:1]:{port}/img",
+        "http://[fd00::2]/",
+        "http://[fe80::1%25lo]:{port}/",
+        "http://2130706433:{port}/img",
+        "http://0x7f.1:{port}/img",
+        "http://0x7f000001:{port}/img",
+        "http://0177.0.0.1:{port}/img",
+        "http://127.1:{port}/img",
+        "http://127.0.0.1.:{port}/img",
+        "http://0.0.0.0:{port}/img",
+        "http://0:{port}/img",
+        "http://[::]:{port}/img",
+        "http://0x7f.0x0.0x0.0x1:{port}/img",
+        "http://[0:0:0:0:0:ffff:7f00:1]:{port}/img",
+        "https://127.0.0.1:{port}/img",
+        "http://user:pw@127.0.0.1:{port}/img",
+        "http://internal.test:{port}/img",
+        "http://mixed.test:{port}/img",
+    ],
+)
 async def test_non_public_destinations_are_refused_before_connecting_and_the_error_names_none(
-        server: Server, connections: list[tuple[str, int]], template: str) -> None:
+    server: Server, connections: list[tuple[str, int]], template: str
+) -> None:
     dns = FakeDns({"internal.test": [["127.0.0.1"]], "mixed.test": [[PUBLIC, "10.1.2.3"]]})
     f = fetcher(dns=dns)
     try:
@@ -293,13 +369,20 @@ async def test_non_public_destinations_are_refused_before_connecting_and_the_err
 
 
 async def test_a_permitted_url_redirecting_to_a_private_one_is_refused_at_that_hop(
-        server: Server, connections: list[tuple[str, int]]) -> None:
+    server: Server, connections: list[tuple[str, int]]
+) -> None:
     # Given only 127.0.0.1 itself allowed, and a name that resolves to it
     dns = FakeDns({"images.example.test": [["127.0.0.1"]], "internal.test": [["10.1.2.3"]]})
     f = fetcher(private="127.0.0.1/32", dns=dns)
-    targets = ["http://169.254.169.254/latest/meta-data", "http://10.0.0.1/", f"http://[::1]:{server.port}/img",
-               f"http://127.0.0.2:{server.port}/img", f"http://2130706434:{server.port}/img",
-               f"http://internal.test:{server.port}/img", "http://[::ffff:a9fe:a9fe]/"]
+    targets = [
+        "http://169.254.169.254/latest/meta-data",
+        "http://10.0.0.1/",
+        f"http://[::1]:{server.port}/img",
+        f"http://127.0.0.2:{server.port}/img",
+        f"http://2130706434:{server.port}/img",
+        f"http://internal.test:{server.port}/img",
+        "http://[::ffff:a9fe:a9fe]/",
+    ]
     try:
         for target in targets:
             connections.clear()
@@ -320,7 +403,8 @@ async def test_a_permitted_url_redirecting_to_a_private_one_is_refused_at_that_h
 
 
 async def test_dns_rebinding_cannot_move_the_connection_off_the_checked_address(
-        server: Server, connections: list[tuple[str, int]]) -> None:
+    server: Server, connections: list[tuple[str, int]]
+) -> None:
     # Given a DNS server answering a public address first and loopback afterwards
     dns = FakeDns({"rebind.test": [[PUBLIC], ["127.0.0.1"]]})
     f = fetcher(dns=dns)
@@ -338,7 +422,8 @@ async def test_dns_rebinding_cannot_move_the_connection_off_the_checked_address(
 
 
 async def test_a_rebinding_answer_on_a_later_connection_is_checked_again(
-        server: Server, connections: list[tuple[str, int]]) -> None:
+    server: Server, connections: list[tuple[str, int]]
+) -> None:
     # Given a name that is an allowed loopback address first and a private one afterwards
     dns = FakeDns({"rebind.test": [["127.0.0.1"], ["10.0.0.1"]]})
     f = fetcher(private="127.0.0.1/32", dns=dns)
@@ -367,14 +452,19 @@ def test_the_socket_factory_refuses_what_got_past_the_other_checks() -> None:
 
 # --- allowed destinations ----------------------------------------------------------------------------
 async def test_with_loopback_allowed_by_the_setting_a_real_image_is_fetched(
-        server: Server, connections: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch) -> None:
+    server: Server, connections: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Given SIEVE_OUTBOUND_ALLOW_PRIVATE_NETS naming loopback, and a proxy in the environment (ignored)
     monkeypatch.setenv("HTTP_PROXY", "http://10.0.0.1:3128")
     monkeypatch.setenv("http_proxy", "http://10.0.0.1:3128")
     f = Fetcher(Settings.from_env({"SIEVE_OUTBOUND_ALLOW_PRIVATE_NETS": ALLOW_LOOPBACK}))
     try:
-        for url in (f"{server.base}/img", f"http://localhost:{server.port}/img",
-                    f"{server.base}/redirect?to=/img", f"http://[::ffff:127.0.0.1]:{server.port}/img"):
+        for url in (
+            f"{server.base}/img",
+            f"http://localhost:{server.port}/img",
+            f"{server.base}/redirect?to=/img",
+            f"http://[::ffff:127.0.0.1]:{server.port}/img",
+        ):
             body, elapsed_ms = await f.fetch(url)
             assert body == PNG and elapsed_ms >= 0, url
         # a cookie set for one task is not sent with another's request
@@ -387,10 +477,8 @@ async def test_with_loopback_allowed_by_the_setting_a_real_image_is_fetched(
     assert "Cookie" not in server.headers[-1]
 
 
-async def test_an_allow_list_lets_only_its_hosts_through(
-        server: Server, connections: list[tuple[str, int]]) -> None:
-    names = ["images.example.com", "a.cdn.example.net", "cdn.example.net", "other.example.org",
-             "evilcdn.example.net"]
+async def test_an_allow_list_lets_only_its_hosts_through(server: Server, connections: list[tuple[str, int]]) -> None:
+    names = ["images.example.com", "a.cdn.example.net", "cdn.example.net", "other.example.org", "evilcdn.example.net"]
     dns = FakeDns({name: [["127.0.0.1"]] for name in names})
     f = fetcher(private=ALLOW_LOOPBACK, hosts="images.example.com,.cdn.example.net", dns=dns)
     try:
@@ -399,8 +487,12 @@ async def test_an_allow_list_lets_only_its_hosts_through(
             assert (await f.fetch(f"http://{name}:{server.port}/img"))[0] == PNG
         # other destinations are refused without a lookup or a connection, even on loopback
         connections.clear()
-        for url in (f"http://other.example.org:{server.port}/img", f"http://evilcdn.example.net:{server.port}/img",
-                    f"{server.base}/img", f"http://localhost:{server.port}/img"):
+        for url in (
+            f"http://other.example.org:{server.port}/img",
+            f"http://evilcdn.example.net:{server.port}/img",
+            f"{server.base}/img",
+            f"http://localhost:{server.port}/img",
+        ):
             error = await refused(f, url)
             assert str(error) == f"fetch refused: {NOT_ALLOWED}" and not error.transient, url
             assert_safe_text(error, server.port)
@@ -414,7 +506,8 @@ async def test_an_allow_list_lets_only_its_hosts_through(
 
 
 async def test_an_allow_list_of_networks_judges_the_resolved_addresses(
-        server: Server, connections: list[tuple[str, int]]) -> None:
+    server: Server, connections: list[tuple[str, int]]
+) -> None:
     dns = FakeDns({"here.test": [["127.0.0.1"]], "there.test": [["127.0.0.2"]]})
     f = fetcher(private=ALLOW_LOOPBACK, hosts="127.0.0.1/32", dns=dns)
     try:
@@ -430,14 +523,16 @@ async def test_an_allow_list_of_networks_judges_the_resolved_addresses(
 
 # --- failures: safe texts, classified for retries --------------------------------------------------
 async def test_failures_have_safe_texts_and_say_whether_a_retry_may_help(
-        server: Server, connections: list[tuple[str, int]]) -> None:
+    server: Server, connections: list[tuple[str, int]]
+) -> None:
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
     closed_port = closed.getsockname()[1]
     closed.close()  # a port nothing listens on
     dns = FakeDns({"img.test": [["127.0.0.1"]]})
-    f = fetcher(private=ALLOW_LOOPBACK, dns=dns, max_image_bytes=64 * 1024, ocr_fetch_timeout_s=1.0,
-                ocr_fetch_max_redirects=2)
+    f = fetcher(
+        private=ALLOW_LOOPBACK, dns=dns, max_image_bytes=64 * 1024, ocr_fetch_timeout_s=1.0, ocr_fetch_max_redirects=2
+    )
     cases = {
         f"{server.base}/status/404": ("fetch failed (HTTP 404)", False),
         f"{server.base}/status/400": ("fetch failed (HTTP 400)", False),
@@ -455,7 +550,9 @@ async def test_failures_have_safe_texts_and_say_whether_a_retry_may_help(
         f"{server.base}/stream": ("fetch refused: body is larger than 65536 bytes", False),
         f"{server.base}/redirect?to=file:///etc/passwd": ("fetch refused: redirect to a non-http(s) URL", False),
         f"{server.base}/redirect?to=gopher://127.0.0.1:6379/_INFO": (
-            "fetch refused: redirect to a non-http(s) URL", False),
+            "fetch refused: redirect to a non-http(s) URL",
+            False,
+        ),
         f"{server.base}/loop": ("fetch failed: more than 2 redirects", False),
         "ftp://127.0.0.1/img.png": ("fetch refused: not an http(s) URL", False),
         "file:///etc/passwd": ("fetch refused: not an http(s) URL", False),
@@ -476,12 +573,27 @@ def url_spec(url: str) -> intake_pb2.TaskSpec:
     return intake_pb2.TaskSpec(device_id="0A:00:00:00:00:01", type=types_pb2.TASK_TYPE_OCR_IMAGE, image_url=url)
 
 
-@pytest.mark.parametrize("url", [
-    "http://127.0.0.1/img", "http://169.254.169.254/latest/meta-data", "http://10.0.0.1/", "http://[::1]/",
-    "http://[::ffff:127.0.0.1]/", "http://2130706433/", "http://0x7f.1/", "http://0177.0.0.1/", "http://127.1/",
-    "http://0.0.0.0/", "https://100.64.0.1/", "http://[fe80::1%25eth0]/", "http://[64:ff9b::a9fe:a9fe]/",
-    "http://[::1/", "http://host:99999/", "http://:80/",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1/img",
+        "http://169.254.169.254/latest/meta-data",
+        "http://10.0.0.1/",
+        "http://[::1]/",
+        "http://[::ffff:127.0.0.1]/",
+        "http://2130706433/",
+        "http://0x7f.1/",
+        "http://0177.0.0.1/",
+        "http://127.1/",
+        "http://0.0.0.0/",
+        "https://100.64.0.1/",
+        "http://[fe80::1%25eth0]/",
+        "http://[64:ff9b::a9fe:a9fe]/",
+        "http://[::1/",
+        "http://host:99999/",
+        "http://:80/",
+    ],
+)
 def test_the_intake_refuses_unsafe_ip_literals_naming_the_field(url: str) -> None:
     with pytest.raises(InvalidInput) as err:
         validate_spec(url_spec(url), "task", "anonymous", Settings.from_env({}))
@@ -491,8 +603,12 @@ def test_the_intake_refuses_unsafe_ip_literals_naming_the_field(url: str) -> Non
 
 def test_the_intake_accepts_public_literals_and_names_and_honours_the_settings() -> None:
     default = Settings.from_env({})
-    for url in ("http://8.8.8.8/img.png", "https://images.example.com/a.png", "http://internal.corp/x.png",
-                "http://[2606:4700::1111]/x"):
+    for url in (
+        "http://8.8.8.8/img.png",
+        "https://images.example.com/a.png",
+        "http://internal.corp/x.png",
+        "http://[2606:4700::1111]/x",
+    ):
         assert validate_spec(url_spec(url), "task", "anonymous", default).image_url == url
     local = Settings.from_env({}, outbound_allow_private_nets="127.0.0.0/8")
     assert validate_spec(url_spec("http://127.0.0.1:8080/x"), "task", "anonymous", local).image_url
@@ -503,7 +619,8 @@ def test_the_intake_accepts_public_literals_and_names_and_honours_the_settings()
 
 
 async def test_submit_with_an_unsafe_image_url_is_invalid_argument_and_stores_nothing(
-        settings: Settings, redis: Any, pg: Any) -> None:
+    settings: Settings, redis: Any, pg: Any
+) -> None:
     from tests.support.platform import platform_with
 
     async with platform_with(settings, redis, pg) as platform:

@@ -30,23 +30,34 @@ BOTH_TYPES = (types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE)
 @pytest.fixture
 def credentials() -> Credentials:
     creds = Credentials()
-    for name, role in (("alice", "client"), ("ops", "operator"), ("real", "worker"), ("w1", "worker"),
-                       ("w2", "worker"), ("liar", "worker")):
+    for name, role in (
+        ("alice", "client"),
+        ("ops", "operator"),
+        ("real", "worker"),
+        ("w1", "worker"),
+        ("w2", "worker"),
+        ("liar", "worker"),
+    ):
         creds.add(name, role)
     return creds
 
 
 @pytest.fixture
-async def stack(settings: Settings, redis: Redis, pg: asyncpg.Pool,
-                credentials: Credentials) -> AsyncIterator[SecureStack]:
+async def stack(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool, credentials: Credentials
+) -> AsyncIterator[SecureStack]:
     async with secure_stack(settings, redis, pg, credentials) as s:
         yield s
 
 
 async def submit(stack: SecureStack, count: int, devices: int = 3) -> list[str]:
     intake = stack.intake(stack.token("alice"))
-    reply = await intake.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=[
-        text(f"AA-BB-CC-DD-EE-{i % devices:02X}", f"task {i}") for i in range(count)]), timeout=10)
+    reply = await intake.SubmitBatch(
+        intake_pb2.SubmitBatchRequest(
+            tasks=[text(f"AA-BB-CC-DD-EE-{i % devices:02X}", f"task {i}") for i in range(count)]
+        ),
+        timeout=10,
+    )
     ids = [item.task.task_id for item in reply.items]
     assert len(ids) == count and all(ids)
     return ids
@@ -62,8 +73,7 @@ async def statuses(stack: SecureStack, ids: list[str]) -> Counter[str]:
 
 
 # --- who may open a stream -------------------------------------------------------------------------------
-async def test_a_rogue_stream_without_a_worker_credential_is_refused_and_receives_nothing(
-        stack: SecureStack) -> None:
+async def test_a_rogue_stream_without_a_worker_credential_is_refused_and_receives_nothing(stack: SecureStack) -> None:
     ids = await submit(stack, 6)
     rogues = {
         "no credential": (stack.as_caller(""), grpc.StatusCode.UNAUTHENTICATED),
@@ -76,8 +86,9 @@ async def test_a_rogue_stream_without_a_worker_credential_is_refused_and_receive
             assert await rogue.refused() == code, what
         assert rogue.received == [], what
         # the tests' scripted worker, which acks whatever it gets, fares no better
-        async with ScriptedWorker(caller, worker_id="rogue", gpu=True, credits=100_000,
-                                  task_types=BOTH_TYPES) as scripted:
+        async with ScriptedWorker(
+            caller, worker_id="rogue", gpu=True, credits=100_000, task_types=BOTH_TYPES
+        ) as scripted:
             await eventually(lambda w=scripted: _is_set(w.error), 5, f"{what}: scripted stream not refused")
         assert scripted.error.code() == code and scripted.received == [], what
     # the queue keeps its tasks, untouched
@@ -103,8 +114,12 @@ async def test_a_worker_credential_cannot_act_as_another_worker_id(stack: Secure
     registry = stack.registry(stack.token("w1"))
     for worker_id in ("w2", "w1x"):
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            await registry.Register(registry_pb2.RegisterRequest(
-                worker_id=worker_id, task_types=[types_pb2.TASK_TYPE_TEXT], concurrency=200), timeout=5)
+            await registry.Register(
+                registry_pb2.RegisterRequest(
+                    worker_id=worker_id, task_types=[types_pb2.TASK_TYPE_TEXT], concurrency=200
+                ),
+                timeout=5,
+            )
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, worker_id
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await registry.Heartbeat(registry_pb2.HeartbeatRequest(worker_id=worker_id), timeout=5)
@@ -124,8 +139,11 @@ async def test_a_stream_keeps_the_worker_id_of_its_first_hello(stack: SecureStac
     async with RawPull.hello(stack.as_("w1"), "w1") as stream:
         await eventually(lambda: _true(bool(sessions_of(stack, "w1"))), 5, "w1's stream did not open")
         # a later hello naming another worker does not turn the stream into that worker
-        stream.send(scheduler_pb2.PullRequest(hello=scheduler_pb2.WorkerHello(
-            worker_id="w2", task_types=[types_pb2.TASK_TYPE_TEXT]), credits=2))
+        stream.send(
+            scheduler_pb2.PullRequest(
+                hello=scheduler_pb2.WorkerHello(worker_id="w2", task_types=[types_pb2.TASK_TYPE_TEXT]), credits=2
+            )
+        )
         await asyncio.sleep(0.5)
         assert not sessions_of(stack, "w2")
         ids = await submit(stack, 2)
@@ -151,15 +169,23 @@ async def test_a_worker_cannot_ack_or_nack_another_streams_lease(stack: SecureSt
         [session] = sessions_of(stack, "w1")
         async with RawPull.hello(stack.as_(thief_id), thief_id) as thief:
             streams = 2 if thief_id == "w1" else 1
-            await eventually(lambda: _true(len(sessions_of(stack, thief_id)) == streams), 5,
-                             "the thief's stream did not open")
+            await eventually(
+                lambda: _true(len(sessions_of(stack, thief_id)) == streams), 5, "the thief's stream did not open"
+            )
             refused = protocol.fencing_refusals
             # When the other stream acks and nacks it with the real token (stolen), and with guesses
-            thief.send(scheduler_pb2.PullRequest(
-                acks=[scheduler_pb2.Ack(task_id=task_id, lease_token=token),
-                      scheduler_pb2.Ack(task_id=task_id, lease_token=token.split(".")[0])],
-                nacks=[scheduler_pb2.Nack(task_id=task_id, lease_token=token, count_attempt=True, reason="stolen"),
-                       scheduler_pb2.Nack(task_id=task_id, lease_token="", count_attempt=True)]))
+            thief.send(
+                scheduler_pb2.PullRequest(
+                    acks=[
+                        scheduler_pb2.Ack(task_id=task_id, lease_token=token),
+                        scheduler_pb2.Ack(task_id=task_id, lease_token=token.split(".")[0]),
+                    ],
+                    nacks=[
+                        scheduler_pb2.Nack(task_id=task_id, lease_token=token, count_attempt=True, reason="stolen"),
+                        scheduler_pb2.Nack(task_id=task_id, lease_token="", count_attempt=True),
+                    ],
+                )
+            )
             await eventually(lambda: _true(protocol.fencing_refusals >= refused + 4), 5, "thief's settlements seen")
             # Then the owner's lease stays: it still holds the task, which is neither queued nor final
             assert task_id in session.held and session.tokens[task_id] == token
@@ -167,8 +193,11 @@ async def test_a_worker_cannot_ack_or_nack_another_streams_lease(stack: SecureSt
             assert await stack.status(task_id) in ("PENDING", "ASSIGNED", "RUNNING")
             assert thief.received == [] and thief.error is None
         # and the owner can still settle it with its own token (a nack: it goes back, uncounted)
-        owner.send(scheduler_pb2.PullRequest(nacks=[scheduler_pb2.Nack(task_id=task_id, lease_token=token,
-                                                                       reason="owner gives it back")]))
+        owner.send(
+            scheduler_pb2.PullRequest(
+                nacks=[scheduler_pb2.Nack(task_id=task_id, lease_token=token, reason="owner gives it back")]
+            )
+        )
         await eventually(lambda: _true(task_id not in session.held), 5, "the owner's nack was not honoured")
     # back in its queue with no failure counted: the thief's counted nack did not count either
     [entry] = await stack.scheduler.queues.queued("AA:BB:CC:DD:EE:00")
@@ -184,17 +213,36 @@ async def test_a_guessed_lease_token_is_refused(stack: SecureStack) -> None:
         token = assignment.lease_token
         number = token.split(".")[0]
         other = next(i for i in ids if i != assignment.task_id)
-        guesses = [number, "", f"{number}.", f"{number}.{'0' * 16}", f"{int(number) + 1}.{token.split('.')[1]}",
-                   token + "0", token[:-1], " " + token]
+        guesses = [
+            number,
+            "",
+            f"{number}.",
+            f"{number}.{'0' * 16}",
+            f"{int(number) + 1}.{token.split('.')[1]}",
+            token + "0",
+            token[:-1],
+            " " + token,
+        ]
         refused = streams.fencing_refusals
         # When the stream settles its own task with guessed tokens, and the task it was not given with its token
-        stream.send(scheduler_pb2.PullRequest(
-            acks=[scheduler_pb2.Ack(task_id=assignment.task_id, lease_token=g) for g in guesses]
-            + [scheduler_pb2.Ack(task_id=other, lease_token=token)]))
-        stream.send(scheduler_pb2.PullRequest(nacks=[
-            scheduler_pb2.Nack(task_id=assignment.task_id, lease_token=g, count_attempt=True) for g in guesses]))
-        await eventually(lambda: _true(streams.fencing_refusals >= refused + 2 * len(guesses) + 1), 5,
-                         "guessed settlements not all refused")
+        stream.send(
+            scheduler_pb2.PullRequest(
+                acks=[scheduler_pb2.Ack(task_id=assignment.task_id, lease_token=g) for g in guesses]
+                + [scheduler_pb2.Ack(task_id=other, lease_token=token)]
+            )
+        )
+        stream.send(
+            scheduler_pb2.PullRequest(
+                nacks=[
+                    scheduler_pb2.Nack(task_id=assignment.task_id, lease_token=g, count_attempt=True) for g in guesses
+                ]
+            )
+        )
+        await eventually(
+            lambda: _true(streams.fencing_refusals >= refused + 2 * len(guesses) + 1),
+            5,
+            "guessed settlements not all refused",
+        )
         # Then nothing was settled: the task is still held, the other one still queued
         [session] = sessions_of(stack, "w1")
         assert session.tokens.get(assignment.task_id) == token
@@ -216,8 +264,11 @@ async def test_a_stream_with_100000_credits_holds_at_most_its_registered_concurr
         assert len(session.held) + session.credits <= 3
         # When it settles one, it gets one more, never more than three at once
         first = greedy.received[0]
-        greedy.send(scheduler_pb2.PullRequest(
-            nacks=[scheduler_pb2.Nack(task_id=first.task_id, lease_token=first.lease_token)], credits=100_000))
+        greedy.send(
+            scheduler_pb2.PullRequest(
+                nacks=[scheduler_pb2.Nack(task_id=first.task_id, lease_token=first.lease_token)], credits=100_000
+            )
+        )
         await greedy.wait_for(4)
         await asyncio.sleep(0.5)
         assert len(greedy.received) == 4 and len(session.held) == 3
@@ -225,7 +276,8 @@ async def test_a_stream_with_100000_credits_holds_at_most_its_registered_concurr
 
 
 async def test_an_authenticated_worker_that_never_registered_gets_nothing_until_it_registers(
-        stack: SecureStack) -> None:
+    stack: SecureStack,
+) -> None:
     await submit(stack, 5)
     async with RawPull.hello(stack.as_("w1"), "w1", credits=100_000) as stream:
         await asyncio.sleep(1.5)
@@ -239,21 +291,30 @@ async def test_an_authenticated_worker_that_never_registered_gets_nothing_until_
 
 
 async def test_a_worker_that_acks_without_storing_results_does_not_make_tasks_disappear(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool, credentials: Credentials) -> None:
-    async with secure_stack(settings, redis, pg, credentials, retry_backoff_base_s=0.05, retry_backoff_max_s=0.2,
-                            max_attempts=50) as s:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool, credentials: Credentials
+) -> None:
+    async with secure_stack(
+        settings, redis, pg, credentials, retry_backoff_base_s=0.05, retry_backoff_max_s=0.2, max_attempts=50
+    ) as s:
         token = credentials.tokens
         await s.register("liar", token["liar"], concurrency=5)
         intake = s.intake(token["alice"])
-        reply = await intake.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=[
-            text(f"AA-BB-CC-DD-EE-{i:02X}", f"task {i}") for i in range(5)]), timeout=10)
+        reply = await intake.SubmitBatch(
+            intake_pb2.SubmitBatchRequest(tasks=[text(f"AA-BB-CC-DD-EE-{i:02X}", f"task {i}") for i in range(5)]),
+            timeout=10,
+        )
         ids = [item.task.task_id for item in reply.items]
         # Given a worker that acks every assignment at once, storing nothing
         async with ScriptedWorker(s.as_caller(token["liar"]), worker_id="liar", credits=5) as liar:
             # Then every task is handed out again (its ack did not remove it)
-            await eventually(lambda: _true(all(n >= 2 for n in Counter(a.task_id for a in liar.received).values())
-                                           and len({a.task_id for a in liar.received}) == 5), 15,
-                             "acked tasks were not handed out again")
+            await eventually(
+                lambda: _true(
+                    all(n >= 2 for n in Counter(a.task_id for a in liar.received).values())
+                    and len({a.task_id for a in liar.received}) == 5
+                ),
+                15,
+                "acked tasks were not handed out again",
+            )
         assert liar.error is None
         assert s.scheduler.streams.unproven_acks >= 5
         counts = await statuses(s, ids)
@@ -267,7 +328,8 @@ async def test_a_worker_that_acks_without_storing_results_does_not_make_tasks_di
 
 # --- the original attack ---------------------------------------------------------------------------------
 async def test_an_unauthenticated_gpu_rogue_with_100000_credits_beside_a_real_worker_takes_nothing(
-        stack: SecureStack) -> None:
+    stack: SecureStack,
+) -> None:
     # Given one real worker, and a rogue that keeps trying to pull as a GPU worker with 100 000 credits
     await stack.add_worker("real", stack.token("real"))
     taken: list[scheduler_pb2.Assignment] = []
@@ -276,8 +338,9 @@ async def test_an_unauthenticated_gpu_rogue_with_100000_credits_beside_a_real_wo
 
     async def rogue() -> None:
         while not stop.is_set():
-            async with RawPull.hello(stack.as_caller(""), "real", credits=100_000, gpu=True,
-                                     task_types=BOTH_TYPES) as r:
+            async with RawPull.hello(
+                stack.as_caller(""), "real", credits=100_000, gpu=True, task_types=BOTH_TYPES
+            ) as r:
                 refusals.append(await r.refused())
             taken.extend(r.received)
             await asyncio.sleep(0.05)
@@ -299,15 +362,15 @@ async def test_an_unauthenticated_gpu_rogue_with_100000_credits_beside_a_real_wo
 
 # --- revocation ------------------------------------------------------------------------------------------
 async def test_revoking_a_worker_credential_ends_its_open_stream_and_what_it_held_goes_back(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool, credentials: Credentials, tmp_path: Path) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool, credentials: Credentials, tmp_path: Path
+) -> None:
     path = tmp_path / "credentials"
     credentials.write(path)
     async with secure_stack(settings, redis, pg, Credentials(), auth_tokens_file=str(path)) as s:
         s.credentials = credentials
         await s.register("w1", s.token("w1"), concurrency=2)
         ids = await submit(s, 2, devices=1)
-        async with RawPull.hello(s.as_("w1"), "w1", credits=2) as stream, \
-                RawPull.hello(s.as_("w2"), "w2") as bystander:
+        async with RawPull.hello(s.as_("w1"), "w1", credits=2) as stream, RawPull.hello(s.as_("w2"), "w2") as bystander:
             await stream.wait_for(2)
             # When w1's entry is removed from the credentials file (w1 stops answering: a stolen token)
             kept = Credentials(lines=[line for line in credentials.lines if not line.startswith("w1:")])

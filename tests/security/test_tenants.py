@@ -30,8 +30,12 @@ from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 from tests.support.redis import delete_prefix
 from tests.support.tasks import PNG, text_spec
 
-TOKENS = {"alice": ("client", "token-alice"), "bob": ("client", "token-bob"), "svc": ("client", "token-svc"),
-          "ops": ("operator", "token-ops")}
+TOKENS = {
+    "alice": ("client", "token-alice"),
+    "bob": ("client", "token-bob"),
+    "svc": ("client", "token-svc"),
+    "ops": ("operator", "token-ops"),
+}
 A1, A2, B1 = "AA:BB:CC:00:00:01", "AA:BB:CC:00:00:02", "BB:BB:CC:00:00:01"
 
 
@@ -70,16 +74,18 @@ class Intake:
 
 
 @asynccontextmanager
-async def intake(settings: Settings, redis: Redis, pg: asyncpg.Pool, replicas: int = 1,
-                 **overrides: object) -> AsyncIterator[Intake]:
+async def intake(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool, replicas: int = 1, **overrides: object
+) -> AsyncIterator[Intake]:
     credentials = ",".join(f"{name}:{role}:{hash_token(token)}" for name, (role, token) in TOKENS.items())
     settings = settings.replace(auth_tokens=credentials, allow_anonymous=False, **overrides)
     apps = [await build_intake(settings, Stores.of(redis=redis, pool=pg)) for _ in range(replicas)]
     servers = [await rpc.create_server(app.service, "127.0.0.1:0", settings) for app in apps]
     channels = [rpc.channel(f"127.0.0.1:{s.port}", settings) for s in servers]
     try:
-        yield Intake(settings, [intake_pb2_grpc.IntakeServiceStub(c) for c in channels], QueueStore(redis, settings),
-                     pg, redis)
+        yield Intake(
+            settings, [intake_pb2_grpc.IntakeServiceStub(c) for c in channels], QueueStore(redis, settings), pg, redis
+        )
     finally:
         for channel in channels:
             await channel.close()
@@ -99,7 +105,8 @@ def error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo | None:
 
 # --- device ownership ---------------------------------------------------------------------------------
 async def test_a_caller_cannot_submit_for_another_callers_device(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with intake(settings, redis, pg) as t:
         # Given alice's first submit claimed her device
         await t.submit("alice", text_spec(A1, "mine"))
@@ -125,7 +132,8 @@ async def test_a_caller_cannot_submit_for_another_callers_device(
 
 
 async def test_a_caller_cannot_exhaust_overload_or_back_off_another_callers_device(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with intake(settings, redis, pg, max_per_device_pending=3) as t:
         await t.submit("alice", text_spec(A1, "first"))
         # When bob floods alice's device (Submit, SubmitBatch) and sends it a task type nobody serves
@@ -147,23 +155,31 @@ async def test_a_caller_cannot_exhaust_overload_or_back_off_another_callers_devi
 
 
 async def test_an_operator_reassigns_a_device_and_every_replica_follows(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with intake(settings, redis, pg, replicas=2, device_owner_refresh_s=0.2) as t:
         # Given alice owns a device, known to both replicas
         await t.submit("alice", text_spec(A1, "a"), replica=0)
         await t.submit("alice", text_spec(A1, "b"), replica=1)
         assert (await t.refused("bob", text_spec(A1, "c"), replica=1)).code() == grpc.StatusCode.PERMISSION_DENIED
         # A client may neither re-assign a device nor ask who owns it
-        for call, request in ((t.stub.AssignDevice, intake_pb2.AssignDeviceRequest(device_id=A1, caller="bob")),
-                              (t.stub.GetDeviceOwner, intake_pb2.GetDeviceOwnerRequest(device_id=A1))):
+        for call, request in (
+            (t.stub.AssignDevice, intake_pb2.AssignDeviceRequest(device_id=A1, caller="bob")),
+            (t.stub.GetDeviceOwner, intake_pb2.GetDeviceOwnerRequest(device_id=A1)),
+        ):
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await call(request, metadata=as_("bob"))
             assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
         # When an operator gives it to bob through replica 0
-        reply = await t.stub.AssignDevice(intake_pb2.AssignDeviceRequest(device_id="aabb.cc00.0001", caller="bob"),
-                                          metadata=as_("ops"))
-        assert (reply.owner.device_id, reply.owner.caller, reply.owner.assigned_by, reply.previous_caller) == \
-            (A1, "bob", "ops", "alice")
+        reply = await t.stub.AssignDevice(
+            intake_pb2.AssignDeviceRequest(device_id="aabb.cc00.0001", caller="bob"), metadata=as_("ops")
+        )
+        assert (reply.owner.device_id, reply.owner.caller, reply.owner.assigned_by, reply.previous_caller) == (
+            A1,
+            "bob",
+            "ops",
+            "alice",
+        )
         # Then bob may submit for it and alice may not, at once on replica 0 and within a few seconds on replica 1
         await t.submit("bob", text_spec(A1, "now mine"), replica=0)
         assert (await t.refused("alice", text_spec(A1, "x"), replica=0)).code() == grpc.StatusCode.PERMISSION_DENIED
@@ -190,35 +206,41 @@ async def test_an_operator_reassigns_a_device_and_every_replica_follows(
         await t.submit("alice", text_spec(A2, "first client claims it"))
 
 
-async def test_bad_assignments_are_refused_naming_the_field(settings: Settings, redis: Redis,
-                                                            pg: asyncpg.Pool) -> None:
+async def test_bad_assignments_are_refused_naming_the_field(settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
     async with intake(settings, redis, pg) as t:
-        for request, field in ((intake_pb2.AssignDeviceRequest(device_id="nope", caller="bob"), "device_id"),
-                               (intake_pb2.AssignDeviceRequest(device_id=A1, caller=""), "caller"),
-                               (intake_pb2.AssignDeviceRequest(device_id=A1, caller="a/b"), "caller"),
-                               (intake_pb2.AssignDeviceRequest(device_id=A1, caller="x" * 129), "caller")):
+        for request, field in (
+            (intake_pb2.AssignDeviceRequest(device_id="nope", caller="bob"), "device_id"),
+            (intake_pb2.AssignDeviceRequest(device_id=A1, caller=""), "caller"),
+            (intake_pb2.AssignDeviceRequest(device_id=A1, caller="a/b"), "caller"),
+            (intake_pb2.AssignDeviceRequest(device_id=A1, caller="x" * 129), "caller"),
+        ):
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await t.stub.AssignDevice(request, metadata=as_("ops"))
             assert (err.value.code(), rpc.bad_fields_of(err.value)) == (grpc.StatusCode.INVALID_ARGUMENT, [field])
         assert await pg.fetchval("SELECT count(*) FROM device_owners") == 0
 
 
-async def test_concurrent_first_submits_give_a_device_one_owner(settings: Settings, redis: Redis,
-                                                                pg: asyncpg.Pool) -> None:
+async def test_concurrent_first_submits_give_a_device_one_owner(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with intake(settings, redis, pg, replicas=2) as t:
-        outcomes = await asyncio.gather(*(t.submit(who, text_spec(A1, who), replica=i % 2)
-                                          for i, who in enumerate(["alice", "bob"] * 4)), return_exceptions=True)
+        outcomes = await asyncio.gather(
+            *(t.submit(who, text_spec(A1, who), replica=i % 2) for i, who in enumerate(["alice", "bob"] * 4)),
+            return_exceptions=True,
+        )
         winners = {who for who, o in zip(["alice", "bob"] * 4, outcomes, strict=True) if not isinstance(o, Exception)}
         losers = [o for o in outcomes if isinstance(o, Exception)]
         assert len(winners) == 1 and len(losers) == 4
-        assert all(isinstance(e, grpc.aio.AioRpcError) and e.code() == grpc.StatusCode.PERMISSION_DENIED
-                   for e in losers)
+        assert all(
+            isinstance(e, grpc.aio.AioRpcError) and e.code() == grpc.StatusCode.PERMISSION_DENIED for e in losers
+        )
         assert await pg.fetchval("SELECT caller FROM device_owners WHERE device = $1", A1) == winners.pop()
 
 
 # --- priorities -----------------------------------------------------------------------------------------
-async def test_high_and_critical_priorities_are_entitlements(settings: Settings, redis: Redis,
-                                                             pg: asyncpg.Pool) -> None:
+async def test_high_and_critical_priorities_are_entitlements(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with intake(settings, redis, pg, caller_policies="svc:priorities=HIGH") as t:
         for who, device in (("alice", A1), ("svc", A2)):
             await t.submit(who, text_spec(device, "normal"))
@@ -232,8 +254,13 @@ async def test_high_and_critical_priorities_are_entitlements(settings: Settings,
             assert info is not None and info.metadata["field"] == "task.priority"
         # svc may use HIGH, not CRITICAL; a batch refuses only the item naming its index
         await t.submit("svc", text_spec(A2, "high", priority=types_pb2.PRIORITY_HIGH))
-        items = await t.batch("svc", [text_spec(A2, "h", priority=types_pb2.PRIORITY_HIGH),
-                                      text_spec(A2, "c", priority=types_pb2.PRIORITY_CRITICAL)])
+        items = await t.batch(
+            "svc",
+            [
+                text_spec(A2, "h", priority=types_pb2.PRIORITY_HIGH),
+                text_spec(A2, "c", priority=types_pb2.PRIORITY_CRITICAL),
+            ],
+        )
         assert [i.code for i in items] == [0, grpc.StatusCode.PERMISSION_DENIED.value[0]]
         assert "tasks[1].priority" in items[1].message
         # an operator uses every priority
@@ -245,7 +272,8 @@ async def test_high_and_critical_priorities_are_entitlements(settings: Settings,
 
 # --- submit rate --------------------------------------------------------------------------------------
 async def test_the_token_bucket_refuses_with_a_retry_delay_that_works_when_honoured(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with intake(settings, redis, pg, caller_policies="alice:rate_per_s=4,burst=2") as t:
         # Given a bucket of 2 refilled at 4 tasks/s, spent by two submits
         await t.submit("alice", text_spec(A1, "1"))
@@ -287,7 +315,8 @@ async def test_the_bucket_refills_at_its_rate(redis: Redis, settings: Settings) 
 
 # --- pending quota ----------------------------------------------------------------------------------
 async def test_a_callers_pending_quota_refuses_it_while_another_caller_still_gets_in(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with intake(settings, redis, pg, caller_policies="alice:max_pending=3") as t:
         ids = [(await t.submit("alice", text_spec(A1 if i % 2 else A2, f"a{i}"))).task.task_id for i in range(3)]
         err = await t.refused("alice", text_spec(A1, "over"))
@@ -309,7 +338,8 @@ async def test_a_callers_pending_quota_refuses_it_while_another_caller_still_get
 
 
 async def test_by_default_one_caller_cannot_fill_the_global_limit_alone(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with intake(settings, redis, pg, max_total_pending=10) as t:
         # the default quota is a fraction (0.8) of the global limit
         items = await t.batch("alice", [text_spec(A1, f"a{i}") for i in range(8)])
@@ -325,7 +355,8 @@ async def test_by_default_one_caller_cannot_fill_the_global_limit_alone(
 
 # --- Redis lost its memory ----------------------------------------------------------------------------
 async def test_a_rebuild_restores_the_callers_counts_and_ownership_still_holds(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with intake(settings, redis, pg, caller_policies="alice:max_pending=4") as t:
         await t.batch("alice", [text_spec(A1, f"a{i}") for i in range(3)])
         await t.batch("bob", [text_spec(B1, f"b{i}") for i in range(2)])

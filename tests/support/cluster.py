@@ -27,22 +27,31 @@ HEALTH_POLL_S = 0.1
 def on_free_ports(settings: Settings) -> Settings:
     """`settings` with the intake, scheduler and registry on free loopback ports."""
     ports = {name: free_port() for name in ("intake", "scheduler", "registry")}
-    return settings.replace(intake_addr=f"127.0.0.1:{ports['intake']}",
-                            scheduler_addr=f"127.0.0.1:{ports['scheduler']}",
-                            registry_addr=f"127.0.0.1:{ports['registry']}")
+    return settings.replace(
+        intake_addr=f"127.0.0.1:{ports['intake']}",
+        scheduler_addr=f"127.0.0.1:{ports['scheduler']}",
+        registry_addr=f"127.0.0.1:{ports['registry']}",
+    )
 
 
 def service_env(settings: Settings, **extra: str) -> dict[str, str]:
     """The environment of every service process of a test: this process's own, without its SIEVE_*
     variables, plus the test's Redis, schema and addresses (and `extra`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SIEVE_")}
-    env.update({
-        "SIEVE_REDIS_URL": settings.redis_url, "SIEVE_REDIS_PREFIX": settings.redis_prefix,
-        "SIEVE_DATABASE_URL": settings.database_url, "SIEVE_DATABASE_SCHEMA": settings.database_schema,
-        "SIEVE_INTAKE_ADDR": settings.intake_addr, "SIEVE_SCHEDULER_ADDR": settings.scheduler_addr,
-        "SIEVE_REGISTRY_ADDR": settings.registry_addr, "SIEVE_LOG_LEVEL": "INFO", "PYTHONPATH": str(ROOT),
-        "SIEVE_GRPC_REFLECTION": "true",
-    })
+    env.update(
+        {
+            "SIEVE_REDIS_URL": settings.redis_url,
+            "SIEVE_REDIS_PREFIX": settings.redis_prefix,
+            "SIEVE_DATABASE_URL": settings.database_url,
+            "SIEVE_DATABASE_SCHEMA": settings.database_schema,
+            "SIEVE_INTAKE_ADDR": settings.intake_addr,
+            "SIEVE_SCHEDULER_ADDR": settings.scheduler_addr,
+            "SIEVE_REGISTRY_ADDR": settings.registry_addr,
+            "SIEVE_LOG_LEVEL": "INFO",
+            "PYTHONPATH": str(ROOT),
+            "SIEVE_GRPC_REFLECTION": "true",
+        }
+    )
     env.update(extra)
     return env
 
@@ -63,15 +72,28 @@ class Cluster(Services):
     anonymous: bool = False
 
     @classmethod
-    def create(cls, settings: Settings, env: dict[str, str], log_dir: Path, *, security: str = "auth",
-               metrics: dict[str, str] | None = None) -> Cluster:
+    def create(
+        cls,
+        settings: Settings,
+        env: dict[str, str],
+        log_dir: Path,
+        *,
+        security: str = "auth",
+        metrics: dict[str, str] | None = None,
+    ) -> Cluster:
         """A cluster whose servers read a fresh credentials file in `log_dir` (with a "client" and an
         "operator" credential); `settings` become the test's client settings. `security` "tls" adds TLS with a
         throw-away CA; "anonymous" runs without credentials (SIEVE_ALLOW_ANONYMOUS; benchmarks compare)."""
         if security == "anonymous":
             env["SIEVE_ALLOW_ANONYMOUS"] = "true"
-            return cls(env, log_dir, ROOT, settings=settings.replace(allow_anonymous=True, auth_token=""),
-                       metrics=dict(metrics or {}), anonymous=True)
+            return cls(
+                env,
+                log_dir,
+                ROOT,
+                settings=settings.replace(allow_anonymous=True, auth_token=""),
+                metrics=dict(metrics or {}),
+                anonymous=True,
+            )
         tokens_file = log_dir / "credentials"
         tokens_file.write_text("")
         env["SIEVE_AUTH_TOKENS_FILE"] = str(tokens_file)
@@ -79,8 +101,14 @@ class Cluster(Services):
             certs = write_dev_certs(log_dir / "tls")
             env.update(launch.tls_env(certs))
             settings = settings.replace(tls_ca_file=str(certs.ca))
-        cluster = cls(env, log_dir, ROOT, settings=settings.replace(allow_anonymous=False),
-                      metrics=dict(metrics or {}), tokens_file=tokens_file)
+        cluster = cls(
+            env,
+            log_dir,
+            ROOT,
+            settings=settings.replace(allow_anonymous=False),
+            metrics=dict(metrics or {}),
+            tokens_file=tokens_file,
+        )
         cluster.settings = cluster.settings.replace(auth_token=cluster.credential("client", "client"))
         cluster.credential("operator", "operator")
         return cluster
@@ -118,8 +146,14 @@ class Cluster(Services):
         path = self.log_dir / f"{name}.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
-    async def wait_serving(self, name: str, address: str, settings: Settings,
-                           timeout_s: float = HEALTHY_TIMEOUT_S, interval_s: float = HEALTH_POLL_S) -> None:
+    async def wait_serving(
+        self,
+        name: str,
+        address: str,
+        settings: Settings,
+        timeout_s: float = HEALTHY_TIMEOUT_S,
+        interval_s: float = HEALTH_POLL_S,
+    ) -> None:
         """As Services.wait_serving, failing the test with the end of the service's log."""
         try:
             await super().wait_serving(name, address, settings, timeout_s, interval_s)
@@ -135,8 +169,9 @@ class Cluster(Services):
         variables of some, by name)."""
         await self.start_servers(self.settings, env_of=env_of, timeout_s=HEALTHY_TIMEOUT_S, interval_s=HEALTH_POLL_S)
 
-    async def add_worker(self, name: str, *, metrics: bool = False, timeout_s: float = HEALTHY_TIMEOUT_S,
-                         **extra_env: str) -> str:
+    async def add_worker(
+        self, name: str, *, metrics: bool = False, timeout_s: float = HEALTHY_TIMEOUT_S, **extra_env: str
+    ) -> str:
         """Starts worker `name` (its worker id too) on a free health port, and with a free metrics port of its
         own when `metrics`; returns its health address once it serves there."""
         health = f"127.0.0.1:{free_port()}"

@@ -47,6 +47,9 @@ async def counters(redis: Redis, keys: Keys) -> Counters:
         for key in meta_keys:
             pipe.hget(key, "backlog")
         values = await pipe.execute()
-    pending, lengths, backlogs = values[0], values[1 : 1 + len(queue_keys)], values[1 + len(queue_keys):]
-    return Counters(int(pending or 0), dict(zip(queue_keys, map(int, lengths), strict=True)),
-                    {key: int(value or 0) for key, value in zip(meta_keys, backlogs, strict=True)})
+    pending, lengths, backlogs = values[0], values[1 : 1 + len(queue_keys)], values[1 + len(queue_keys) :]
+    return Counters(
+        int(pending or 0),
+        dict(zip(queue_keys, map(int, lengths), strict=True)),
+        {key: int(value or 0) for key, value in zip(meta_keys, backlogs, strict=True)},
+    )

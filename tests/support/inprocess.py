@@ -54,17 +54,24 @@ async def stop_servers(servers: list[rpc.RunningServer]) -> None:
         await server.stop(1)
 
 
-async def start_servers(settings: Settings, stores: Stores | Mapping[str, Stores], *,
-                        overrides: Mapping[str, Mapping[str, object]] | None = None,
-                        rebuild_first: bool = False) -> InProcessServers:
+async def start_servers(
+    settings: Settings,
+    stores: Stores | Mapping[str, Stores],
+    *,
+    overrides: Mapping[str, Mapping[str, object]] | None = None,
+    rebuild_first: bool = False,
+) -> InProcessServers:
     """Registry, scheduler and intake on free loopback ports. `stores` are every service's, or each one's by
     name ("registry", "scheduler", "intake"); `overrides` change one service's own settings (by name);
     `rebuild_first` runs the scheduler's step before serving (Redis rebuilt from PostgreSQL when it lost its
     memory), as its real server does. What started is stopped again when a later step fails."""
+
     def own(name: str) -> tuple[Settings, Stores]:
         """Service `name`'s settings (the addresses started so far, its overrides) and stores."""
-        return (settings.replace(**(overrides or {}).get(name, {})),
-                stores if isinstance(stores, Stores) else stores[name])
+        return (
+            settings.replace(**(overrides or {}).get(name, {})),
+            stores if isinstance(stores, Stores) else stores[name],
+        )
 
     servers: list[rpc.RunningServer] = []
     try:

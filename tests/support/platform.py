@@ -22,8 +22,13 @@ from tests.support.inprocess import start_servers
 from worker_svc.app import WorkerApp
 from worker_svc.server import build as build_worker
 
-FINAL = {types_pb2.TASK_STATUS_SUCCEEDED, types_pb2.TASK_STATUS_FAILED, types_pb2.TASK_STATUS_EXPIRED,
-         types_pb2.TASK_STATUS_CANCELLED, types_pb2.TASK_STATUS_DEAD_LETTERED}
+FINAL = {
+    types_pb2.TASK_STATUS_SUCCEEDED,
+    types_pb2.TASK_STATUS_FAILED,
+    types_pb2.TASK_STATUS_EXPIRED,
+    types_pb2.TASK_STATUS_CANCELLED,
+    types_pb2.TASK_STATUS_DEAD_LETTERED,
+}
 
 
 @dataclass
@@ -45,17 +50,29 @@ class Platform:
         return worker
 
 
-async def start_platform(settings: Settings, redis: Redis, pg: asyncpg.Pool,
-                         workers: int = 1) -> AsyncIterator[Platform]:
-    servers = await start_servers(settings, {"registry": Stores.of(redis=redis),
-                                             "scheduler": Stores.of(redis=redis, pool=pg),
-                                             "intake": Stores.of(redis=redis, pool=pg)})
+async def start_platform(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool, workers: int = 1
+) -> AsyncIterator[Platform]:
+    servers = await start_servers(
+        settings,
+        {
+            "registry": Stores.of(redis=redis),
+            "scheduler": Stores.of(redis=redis, pool=pg),
+            "intake": Stores.of(redis=redis, pool=pg),
+        },
+    )
     settings = servers.settings
     channel = rpc.channel(settings.intake_addr, settings)
-    platform = Platform(settings, intake_pb2_grpc.IntakeServiceStub(channel), servers.scheduler,
-                        QueueStore(redis, settings), pg, redis, [],
-                        scheduler_pb2_grpc.SchedulerServiceStub(channel_s := rpc.channel(
-                            settings.scheduler_addr, settings)))
+    platform = Platform(
+        settings,
+        intake_pb2_grpc.IntakeServiceStub(channel),
+        servers.scheduler,
+        QueueStore(redis, settings),
+        pg,
+        redis,
+        [],
+        scheduler_pb2_grpc.SchedulerServiceStub(channel_s := rpc.channel(settings.scheduler_addr, settings)),
+    )
     for i in range(workers):
         await platform.add_worker(worker_id=f"worker-{i + 1}")
     try:
@@ -70,15 +87,15 @@ async def start_platform(settings: Settings, redis: Redis, pg: asyncpg.Pool,
 
 
 @asynccontextmanager
-async def platform_with(settings: Settings, redis: Redis, pg: asyncpg.Pool, workers: int = 0,
-                        **overrides: object) -> AsyncIterator[Platform]:
+async def platform_with(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool, workers: int = 0, **overrides: object
+) -> AsyncIterator[Platform]:
     """The platform with some settings changed, for one test."""
     async for p in start_platform(settings.replace(**overrides), redis, pg, workers=workers):
         yield p
 
 
-async def wait_final(stub: intake_pb2_grpc.IntakeServiceStub, task_id: str,
-                     timeout_s: float = 15) -> types_pb2.Task:
+async def wait_final(stub: intake_pb2_grpc.IntakeServiceStub, task_id: str, timeout_s: float = 15) -> types_pb2.Task:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         task = (await stub.GetTask(intake_pb2.GetTaskRequest(task_id=task_id))).task

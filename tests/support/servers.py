@@ -50,9 +50,23 @@ class RedisProcess:
         binary = shutil.which("redis-server")
         assert binary, "redis-server is needed"
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.log_dir), *self.args],
-            stdout=(self.log_dir / f"redis-{self.port}.log").open("ab"), stderr=subprocess.STDOUT)
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.log_dir),
+                *self.args,
+            ],
+            stdout=(self.log_dir / f"redis-{self.port}.log").open("ab"),
+            stderr=subprocess.STDOUT,
+        )
         _wait_port(self.port, self.proc, "redis-server")
 
     def kill(self) -> None:
@@ -82,8 +96,25 @@ class PostgresProcess:
             self.user = pwd.getpwnam("postgres").pw_uid
             os.chown(self.dir, self.user, -1)
         self.proc: subprocess.Popen[bytes] | None = None
-        subprocess.run([postgres_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync",
-                        "-E", "UTF8", "--locale", "C"], check=True, capture_output=True, user=self.user)
+        subprocess.run(
+            [
+                postgres_bin("initdb"),
+                "-D",
+                str(self.data),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "--locale",
+                "C",
+            ],
+            check=True,
+            capture_output=True,
+            user=self.user,
+        )
 
     @property
     def url(self) -> str:
@@ -92,11 +123,30 @@ class PostgresProcess:
     def start(self) -> None:
         log = (self.dir / "postgres.log").open("ab")
         self.proc = subprocess.Popen(
-            [postgres_bin("postgres"), "-D", str(self.data), "-p", str(self.port), "-k", str(self.dir),
-             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off",
-             "-c", "full_page_writes=off", "-c", "max_connections=100",
-             *(arg for k, v in self.options.items() for arg in ("-c", f"{k}={v}"))],  # a later -c wins
-            stdout=log, stderr=subprocess.STDOUT, user=self.user)
+            [
+                postgres_bin("postgres"),
+                "-D",
+                str(self.data),
+                "-p",
+                str(self.port),
+                "-k",
+                str(self.dir),
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "full_page_writes=off",
+                "-c",
+                "max_connections=100",
+                *(arg for k, v in self.options.items() for arg in ("-c", f"{k}={v}")),
+            ],  # a later -c wins
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            user=self.user,
+        )
         _wait_port(self.port, self.proc, "postgres")
 
     def stop(self) -> None:

@@ -24,6 +24,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if os.environ.get("SIEVE_TESTS_NO_SKIPS") == "1" and _skipped:
-        print(f"\n{len(_skipped)} test(s) skipped where none may be (mark a test that needs the ocr extra "
-              f"`@pytest.mark.ocr_extra`): {', '.join(_skipped)}")
+        print(
+            f"\n{len(_skipped)} test(s) skipped where none may be (mark a test that needs the ocr extra "
+            f"`@pytest.mark.ocr_extra`): {', '.join(_skipped)}"
+        )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

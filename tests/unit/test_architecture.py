@@ -139,8 +139,12 @@ def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
 def _describe(cycle: list[str]) -> str:
     graph = dependencies()
     members = set(cycle)
-    lines = [f"  {m} -> {t} ({modules()[m].rel}:{line})" for m in cycle for t, line in sorted(graph[m].items())
-             if t in members]
+    lines = [
+        f"  {m} -> {t} ({modules()[m].rel}:{line})"
+        for m in cycle
+        for t, line in sorted(graph[m].items())
+        if t in members
+    ]
     return "\n".join(lines)
 
 
@@ -161,14 +165,22 @@ def test_the_project_has_no_import_cycle() -> None:
 
 # --- (b) services and the shared package --------------------------------------------------------------------
 def test_no_service_imports_another_service() -> None:
-    crossing = [f"{modules()[m].rel}:{line}: {m} imports {t}" for m, edges in dependencies().items()
-                for t, line in edges.items() if _top(m) in SERVICES and _top(t) in SERVICES and _top(t) != _top(m)]
+    crossing = [
+        f"{modules()[m].rel}:{line}: {m} imports {t}"
+        for m, edges in dependencies().items()
+        for t, line in edges.items()
+        if _top(m) in SERVICES and _top(t) in SERVICES and _top(t) != _top(m)
+    ]
     assert not crossing, "\n".join(crossing)
 
 
 def test_the_shared_package_imports_no_service() -> None:
-    upward = [f"{modules()[m].rel}:{line}: {m} imports {t}" for m, edges in dependencies().items()
-              for t, line in edges.items() if _top(m) == "sieve" and _top(t) in SERVICES]
+    upward = [
+        f"{modules()[m].rel}:{line}: {m} imports {t}"
+        for m, edges in dependencies().items()
+        for t, line in edges.items()
+        if _top(m) == "sieve" and _top(t) in SERVICES
+    ]
     assert not upward, "\n".join(upward)
 
 
@@ -179,20 +191,66 @@ def test_the_shared_package_imports_no_service() -> None:
 #: modules outside sieve/redis allowed more, and why
 REDIS_ALLOWED: dict[str, str] = {
     "sieve.rpc.readiness": "the readiness probe: a client of its own that never retries (Redis.from_url with "
-                           "Retry(NoBackoff(), 0)) and PING within the probe timeout; the eviction-policy check "
-                           "it runs is sieve.redis.connection.EvictionCheck",
+    "Retry(NoBackoff(), 0)) and PING within the probe timeout; the eviction-policy check "
+    "it runs is sieve.redis.connection.EvictionCheck",
 }
 #: redis-py modules any module may import (their names are exception classes)
 REDIS_IMPORTS_ANYWHERE = ("redis.exceptions",)
 #: method names of redis-py's client that other libraries' objects use as well (asyncio, asyncpg, pathlib,
 #: logging, ...): not taken as a sign of a Redis command
-GENERIC_METHOD_NAMES = frozenset({
-    "aclose", "append", "auth", "client", "close", "cluster", "command", "connect", "copy", "digest", "discard",
-    "dump", "echo", "execute", "exists", "failover", "get", "hello", "info", "initialize", "json", "keys", "listen",
-    "lock", "migrate", "monitor", "move", "object", "quit", "readonly", "readwrite", "rename", "reset", "restore",
-    "role", "run", "save", "select", "set", "shutdown", "sort", "sync", "time", "touch", "transaction", "type",
-    "unlink", "wait", "watch",
-})
+GENERIC_METHOD_NAMES = frozenset(
+    {
+        "aclose",
+        "append",
+        "auth",
+        "client",
+        "close",
+        "cluster",
+        "command",
+        "connect",
+        "copy",
+        "digest",
+        "discard",
+        "dump",
+        "echo",
+        "execute",
+        "exists",
+        "failover",
+        "get",
+        "hello",
+        "info",
+        "initialize",
+        "json",
+        "keys",
+        "listen",
+        "lock",
+        "migrate",
+        "monitor",
+        "move",
+        "object",
+        "quit",
+        "readonly",
+        "readwrite",
+        "rename",
+        "reset",
+        "restore",
+        "role",
+        "run",
+        "save",
+        "select",
+        "set",
+        "shutdown",
+        "sort",
+        "sync",
+        "time",
+        "touch",
+        "transaction",
+        "type",
+        "unlink",
+        "wait",
+        "watch",
+    }
+)
 
 
 @functools.cache
@@ -207,8 +265,11 @@ def redis_commands() -> frozenset[str]:
 
 
 def _outside_redis_layer() -> list[Module]:
-    return [m for m in modules().values()
-            if m.name != REDIS_LAYER and not m.name.startswith(REDIS_LAYER + ".") and not m.name.startswith("sieve.v1")]
+    return [
+        m
+        for m in modules().values()
+        if m.name != REDIS_LAYER and not m.name.startswith(REDIS_LAYER + ".") and not m.name.startswith("sieve.v1")
+    ]
 
 
 def _annotation_nodes(tree: ast.Module) -> set[int]:
@@ -217,8 +278,13 @@ def _annotation_nodes(tree: ast.Module) -> set[int]:
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             a = node.args
-            params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *([a.vararg] if a.vararg else []),
-                      *([a.kwarg] if a.kwarg else [])]
+            params = [
+                *a.posonlyargs,
+                *a.args,
+                *a.kwonlyargs,
+                *([a.vararg] if a.vararg else []),
+                *([a.kwarg] if a.kwarg else []),
+            ]
             roots += [p.annotation for p in params if p.annotation is not None]
             if node.returns is not None:
                 roots.append(node.returns)
@@ -256,8 +322,11 @@ def _redis_uses(module: Module) -> list[str]:
 def _key_literals(module: Module) -> list[str]:
     """String pieces that close a Redis hash tag, `}:...` (as in "{" + prefix + "}:generation" or
     f"{{{prefix}}}:queue"): a key name spelled outside the key schema (sieve.redis.keys)."""
-    return [f"line {node.lineno}: {node.value[:40]!r}" for node in ast.walk(module.tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("}:")]
+    return [
+        f"line {node.lineno}: {node.value[:40]!r}"
+        for node in ast.walk(module.tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("}:")
+    ]
 
 
 def test_the_redis_command_list_knows_redis_commands_and_leaves_out_generic_names() -> None:
@@ -266,22 +335,23 @@ def test_the_redis_command_list_knows_redis_commands_and_leaves_out_generic_name
 
 
 def test_the_redis_rule_catches_commands_clients_and_key_names() -> None:
-    source = '''
+    source = """
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError
 
 async def f(redis: Redis, prefix: str) -> None:
     await redis.hset("{" + prefix + "}:generation", "a", 1)
     Redis.from_url("redis://")
-'''
+"""
     module = Module("example", ROOT / "example.py", ast.parse(source))
     assert sorted(u.split(":")[0] for u in _redis_uses(module)) == ["line 6", "line 7", "line 7"]
     assert _key_literals(module) == ["line 6: '}:generation'"]
 
 
 def test_only_the_redis_layer_sends_commands_to_redis() -> None:
-    problems = [f"{m.rel}: {use}" for m in _outside_redis_layer() if m.name not in REDIS_ALLOWED
-                for use in _redis_uses(m)]
+    problems = [
+        f"{m.rel}: {use}" for m in _outside_redis_layer() if m.name not in REDIS_ALLOWED for use in _redis_uses(m)
+    ]
     assert not problems, "\n".join(problems)
 
 

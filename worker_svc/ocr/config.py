@@ -79,8 +79,10 @@ def prepare_environment(settings: Settings, cache: Path) -> None:
     error beats exit code 134. (`import grpc` alone imports the empty `grpc_tools` package: that is fine.)
     """
     if "grpc_tools._protoc_compiler" in sys.modules and "paddle" not in sys.modules:
-        raise RuntimeError("grpc_tools.protoc is loaded in this process: importing paddle after it aborts the "
-                           "process; generate stubs at build time and never import grpc_tools in a service")
+        raise RuntimeError(
+            "grpc_tools.protoc is loaded in this process: importing paddle after it aborts the "
+            "process; generate stubs at build time and never import grpc_tools in a service"
+        )
     os.environ["PADDLE_PDX_DISABLE_MODEL_SOURCE_CHECK"] = "True"
     os.environ.setdefault("PADDLE_PDX_CACHE_HOME", str(cache / "paddlex"))
     # OpenCV refuses to allocate images over this many pixels (read when cv2 is first imported).

@@ -76,14 +76,23 @@ class OcrEngine:
         self.models = models
         self.mode = mode
         self.min_confidence = options.min_confidence
+
         def predictor(name: str, folder: Path, batch_size: int, **extra: Any) -> Any:
             new_ir = not (folder / "inference.pdmodel").is_file()  # a PIR model (inference.json)
-            return create_predictor(name, model_dir=str(folder), batch_size=batch_size, device=mode.device,
-                                    engine="paddle_static", engine_config=mode.engine_config(new_ir), **extra)
+            return create_predictor(
+                name,
+                model_dir=str(folder),
+                batch_size=batch_size,
+                device=mode.device,
+                engine="paddle_static",
+                engine_config=mode.engine_config(new_ir),
+                **extra,
+            )
 
         # the detector sees the image scaled down to its longest side (never up: small images stay fast)
-        self._det = predictor(models.det_name, models.det_dir, 1, limit_side_len=options.det_max_side_px,
-                              limit_type="max")
+        self._det = predictor(
+            models.det_name, models.det_dir, 1, limit_side_len=options.det_max_side_px, limit_type="max"
+        )
         self._rec = predictor(models.rec_name, models.rec_dir, mode.rec_batch_size)
         self._crop = CropByPolys(det_box_type="quad")
         self._sort = SortQuadBoxes()

@@ -17,12 +17,13 @@ import threading
 
 from worker_svc.ocr.mode import EngineMode
 
-INJECTED_OOM = ("(ResourceExhausted) Out of memory error on GPU 0. Cannot allocate 1.000000GB memory on GPU 0, "
-                "0.000000B memory has been allocated and available memory is only 0.000000B. "
-                "[injected by SIEVE_OCR_FAULT]")
+INJECTED_OOM = (
+    "(ResourceExhausted) Out of memory error on GPU 0. Cannot allocate 1.000000GB memory on GPU 0, "
+    "0.000000B memory has been allocated and available memory is only 0.000000B. "
+    "[injected by SIEVE_OCR_FAULT]"
+)
 
-_GPU_FAILURE_TEXT = ("out of memory", "resourceexhausted", "cuda", "cudnn", "cublas", "failed to allocate",
-                     "cudaerror")
+_GPU_FAILURE_TEXT = ("out of memory", "resourceexhausted", "cuda", "cudnn", "cublas", "failed to allocate", "cudaerror")
 
 
 def is_gpu_failure(exc: BaseException) -> bool:

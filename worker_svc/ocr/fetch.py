@@ -33,9 +33,14 @@ class Fetcher:
         self.timeout_s = settings.ocr_fetch_timeout_s
         self.max_bytes = settings.max_image_bytes
         self.max_redirects = settings.ocr_fetch_max_redirects
-        self.client = SafeHttpClient(OutboundPolicy.from_settings(settings), timeout_s=self.timeout_s,
-                                     max_bytes=self.max_bytes, max_redirects=self.max_redirects,
-                                     headers=HEADERS, getaddrinfo=getaddrinfo)
+        self.client = SafeHttpClient(
+            OutboundPolicy.from_settings(settings),
+            timeout_s=self.timeout_s,
+            max_bytes=self.max_bytes,
+            max_redirects=self.max_redirects,
+            headers=HEADERS,
+            getaddrinfo=getaddrinfo,
+        )
 
     async def fetch(self, url: str) -> tuple[bytes, float]:
         """The body at `url` and the milliseconds the fetch took; FetchError otherwise."""

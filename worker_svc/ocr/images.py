@@ -60,8 +60,10 @@ def decode_image(data: bytes, max_pixels: int) -> Decoded:
     if pixels is None or pixels.size == 0:
         raise BadImage(f"{info.format.upper()} image could not be decoded (corrupt data)")
     if sorted(pixels.shape[:2]) != sorted((info.height, info.width)):
-        raise BadImage(f"{info.format.upper()} image decoded to {pixels.shape[1]}x{pixels.shape[0]}, "
-                       f"its header says {info.width}x{info.height}")
+        raise BadImage(
+            f"{info.format.upper()} image decoded to {pixels.shape[1]}x{pixels.shape[0]}, "
+            f"its header says {info.width}x{info.height}"
+        )
     pixels = _to_bgr8(pixels, cv2, np)
     height, width = pixels.shape[:2]
     return Decoded(pixels, info.format, width, height, (time.perf_counter() - began) * 1000)

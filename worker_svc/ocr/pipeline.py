@@ -42,16 +42,24 @@ def _ms(value: float) -> float:
 
 
 def _failed(task: Started, worker_id: str, error: str) -> Outcome:
-    return Outcome(task_id=task.task_id, attempt=task.attempt, worker_id=worker_id, verdict=None,
-                   hits_json="[]", text="", error=error)
+    return Outcome(
+        task_id=task.task_id,
+        attempt=task.attempt,
+        worker_id=worker_id,
+        verdict=None,
+        hits_json="[]",
+        text="",
+        error=error,
+    )
 
 
 #: a task handed back because the engine is held by abandoned work may run again after this long
 ENGINE_BUSY_RETRY_S = 5.0
 
 
-async def run_ocr(task: Started, runtime: OcrRuntime, matcher: Matcher, worker_id: str,
-                  progress: Progress | None = None) -> Outcome | Retry:
+async def run_ocr(
+    task: Started, runtime: OcrRuntime, matcher: Matcher, worker_id: str, progress: Progress | None = None
+) -> Outcome | Retry:
     """OCR one task and match its text: its Outcome (FAILED for a payload that is no usable image), or a Retry
     for a failure that may pass; never raises for a bad payload or an engine error."""
     began = time.perf_counter()
@@ -111,7 +119,11 @@ async def run_ocr(task: Started, runtime: OcrRuntime, matcher: Matcher, worker_i
         ocr["mode_switch"] = inference.switch.as_json()
     details = {"ocr": ocr, "timings_ms": timings}
     return Outcome(
-        task_id=task.task_id, attempt=task.attempt, worker_id=worker_id, verdict=result.verdict.name,
-        hits_json=json.dumps(hits, ensure_ascii=False), text=joined.text,
+        task_id=task.task_id,
+        attempt=task.attempt,
+        worker_id=worker_id,
+        verdict=result.verdict.name,
+        hits_json=json.dumps(hits, ensure_ascii=False),
+        text=joined.text,
         details_json=json.dumps(details, ensure_ascii=False),
     )

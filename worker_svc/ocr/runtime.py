@@ -54,8 +54,13 @@ class ModeSwitch:
     rebuild_s: float
 
     def as_json(self) -> dict[str, Any]:
-        return {"from": self.from_mode, "to": self.to_mode, "reason": self.reason, "at": self.at,
-                "rebuild_s": round(self.rebuild_s, 3)}
+        return {
+            "from": self.from_mode,
+            "to": self.to_mode,
+            "reason": self.reason,
+            "at": self.at,
+            "rebuild_s": round(self.rebuild_s, 3),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,8 +165,7 @@ class OcrRuntime:
     async def decode(self, data: bytes) -> Decoded:
         """Header checks and decode on the decode pool; BadImage when unusable."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._decode_pool, decode_image, data,
-                                          self.settings.ocr_max_image_pixels)
+        return await loop.run_in_executor(self._decode_pool, decode_image, data, self.settings.ocr_max_image_pixels)
 
     async def fetch(self, url: str) -> tuple[bytes, float]:
         return await self.fetcher.fetch(url)
@@ -191,8 +195,9 @@ class OcrRuntime:
         result, wait_ms = await self._run(loaded, mode, pixels, progress)  # the one retry; a failure is final
         return Inference(result, mode, wait_ms, switch, first_error)
 
-    async def _run(self, loaded: LoadedEngine, mode: EngineMode, pixels: Any,
-                   progress: Progress | None = None) -> tuple[Recognised, float]:
+    async def _run(
+        self, loaded: LoadedEngine, mode: EngineMode, pixels: Any, progress: Progress | None = None
+    ) -> tuple[Recognised, float]:
         submitted = time.perf_counter()
 
         def infer() -> tuple[Recognised, float]:
@@ -241,11 +246,17 @@ class OcrRuntime:
             self.generation += 1
             if old_loaded is not loaded:
                 release_engine(old_loaded)
-            switch = ModeSwitch(old_mode.name, new_mode.name, reason, datetime.now(UTC).isoformat(),
-                                time.perf_counter() - began)
+            switch = ModeSwitch(
+                old_mode.name, new_mode.name, reason, datetime.now(UTC).isoformat(), time.perf_counter() - began
+            )
             self.switches.append(switch)
-            log.warning("OCR engine switched from %s to %s mode in %.1fs after: %s", switch.from_mode,
-                        switch.to_mode, switch.rebuild_s, reason)
+            log.warning(
+                "OCR engine switched from %s to %s mode in %.1fs after: %s",
+                switch.from_mode,
+                switch.to_mode,
+                switch.rebuild_s,
+                reason,
+            )
             for listener in self._listeners:
                 try:
                     listener(switch, new_mode)

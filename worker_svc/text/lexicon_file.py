@@ -44,8 +44,7 @@ def parse_lexicon(content: str, source: str = "<lexicon>") -> list[LexiconEntry]
         if not header_seen:
             if tuple(field.lower() for field in fields) != _HEADER:
                 raise ValueError(
-                    f"{source}, line {lineno}: expected the header 'word<TAB>category<TAB>severity', "
-                    f"got {raw!r}"
+                    f"{source}, line {lineno}: expected the header 'word<TAB>category<TAB>severity', got {raw!r}"
                 )
             header_seen = True
             continue
@@ -59,8 +58,6 @@ def parse_lexicon(content: str, source: str = "<lexicon>") -> list[LexiconEntry]
         try:
             severity = int(severity_text)
         except ValueError:
-            raise ValueError(
-                f"{source}, line {lineno}: severity must be an integer, got {severity_text!r}"
-            ) from None
+            raise ValueError(f"{source}, line {lineno}: severity must be an integer, got {severity_text!r}") from None
         entries.append(LexiconEntry(word=word, category=category, severity=severity))
     return entries

@@ -80,10 +80,11 @@ def assemble(text: str, name: str = "<script>", includes_dir: Path = INCLUDES_DI
     first = _REQUIRES.search(text)
     if first is None:
         return text
-    bodies = "".join(_body(source).rstrip("\n") + "\n\n" for _, source in resolve(requires(text, name), name,
-                                                                                  includes_dir))
-    rest = _REQUIRES.sub("", text[first.end():]).lstrip("\n")
-    return text[:first.start()] + bodies + rest
+    bodies = "".join(
+        _body(source).rstrip("\n") + "\n\n" for _, source in resolve(requires(text, name), name, includes_dir)
+    )
+    rest = _REQUIRES.sub("", text[first.end() :]).lstrip("\n")
+    return text[: first.start()] + bodies + rest
 
 
 def script_path(name: str) -> Path:

@@ -57,13 +57,16 @@ class Roles:
 
     def as_role(self, who: str, **overrides: object) -> Settings:
         """Settings of a process running as role `who` (owner, intake, scheduler, worker)."""
-        return self.settings.replace(database_url=url_as(self.settings.database_url, self.names[who]),
-                                     **{"db_migrate_on_start": False, **overrides})
+        return self.settings.replace(
+            database_url=url_as(self.settings.database_url, self.names[who]),
+            **{"db_migrate_on_start": False, **overrides},
+        )
 
 
 async def run(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT, env=env, cwd=ROOT)
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env, cwd=ROOT
+    )
     out, _ = await asyncio.wait_for(proc.communicate(), timeout=120)
     return proc.returncode or 0, out.decode(errors="replace")
 
@@ -78,8 +81,20 @@ async def roles(settings: Settings, unique: str) -> AsyncIterator[Roles]:
     except Exception as exc:
         pytest.skip(f"PostgreSQL not available: {exc}")
     names = {who: f"sieve_{who}_{unique}" for who in ("owner", *SERVICES)}
-    args = [psql, settings.database_url, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", "harden_database=false",
-            "-v", f"schema={settings.database_schema}", "-f", str(ROLES_SQL)]
+    args = [
+        psql,
+        settings.database_url,
+        "-X",
+        "-q",
+        "-v",
+        "ON_ERROR_STOP=1",
+        "-v",
+        "harden_database=false",
+        "-v",
+        f"schema={settings.database_schema}",
+        "-f",
+        str(ROLES_SQL),
+    ]
     for who, name in names.items():
         args += ["-v", f"{who}={name}", "-v", f"{who}_password=pw-{uuid.uuid4().hex}"]
     try:
@@ -99,16 +114,28 @@ async def roles(settings: Settings, unique: str) -> AsyncIterator[Roles]:
 
 
 async def migrate_as_owner(roles: Roles, *extra: str) -> tuple[int, str]:
-    env = {**os.environ, "SIEVE_DATABASE_URL": roles.as_role("owner").database_url,
-           "SIEVE_DATABASE_SCHEMA": roles.settings.database_schema}
+    env = {
+        **os.environ,
+        "SIEVE_DATABASE_URL": roles.as_role("owner").database_url,
+        "SIEVE_DATABASE_SCHEMA": roles.settings.database_schema,
+    }
     grants = [f"--grant={who}={roles.names[who]}" for who in SERVICES]
     return await run(sys.executable, "-m", "sieve.db.migrate", *grants, *extra, env=env)
 
 
 def new_task(caller: str = "tests", key: str | None = None) -> NewTask:
     now = datetime.now(UTC)
-    return NewTask(uuid.uuid4(), "AA:BB:CC:DD:EE:01", types_pb2.TASK_TYPE_TEXT, types_pb2.PRIORITY_NORMAL,
-                   caller, now, now + timedelta(hours=1), text="hello", idempotency_key=key)
+    return NewTask(
+        uuid.uuid4(),
+        "AA:BB:CC:DD:EE:01",
+        types_pb2.TASK_TYPE_TEXT,
+        types_pb2.PRIORITY_NORMAL,
+        caller,
+        now,
+        now + timedelta(hours=1),
+        text="hello",
+        idempotency_key=key,
+    )
 
 
 async def refused(pool: asyncpg.Pool, sql: str, *args: object) -> bool:
@@ -141,11 +168,19 @@ async def test_services_without_schema_rights_wait_for_the_migration_then_run_on
     pools = {who: await create_pool(roles.as_role(who), attempts=1) for who in SERVICES}
     try:
         owner = await asyncpg.connect(roles.as_role("owner").database_url)
-        tables = {r["tablename"] for r in await owner.fetch(
-            "SELECT tablename FROM pg_tables WHERE schemaname = $1", roles.settings.database_schema)}
+        tables = {
+            r["tablename"]
+            for r in await owner.fetch(
+                "SELECT tablename FROM pg_tables WHERE schemaname = $1", roles.settings.database_schema
+            )
+        }
         assert {"tasks", "results", "audit_events", "schema_migrations"} <= tables
-        owners = {r["tableowner"] for r in await owner.fetch(
-            "SELECT tableowner FROM pg_tables WHERE schemaname = $1", roles.settings.database_schema)}
+        owners = {
+            r["tableowner"]
+            for r in await owner.fetch(
+                "SELECT tableowner FROM pg_tables WHERE schemaname = $1", roles.settings.database_schema
+            )
+        }
         assert owners == {roles.names["owner"]}
 
         # and none of them may create, alter, drop or truncate anything, nor rewrite the audit log
@@ -162,11 +197,15 @@ async def test_services_without_schema_rights_wait_for_the_migration_then_run_on
             assert await refused(pool, "DELETE FROM schema_migrations"), who
         worker, intake, scheduler = pools["worker"], pools["intake"], pools["scheduler"]
         assert await refused(worker, "DELETE FROM tasks")
-        assert await refused(worker, "INSERT INTO audit_events (kind, principal, method, outcome) "
-                                     "VALUES ('operator', 'w', 'm', 'OK')")
+        assert await refused(
+            worker, "INSERT INTO audit_events (kind, principal, method, outcome) VALUES ('operator', 'w', 'm', 'OK')"
+        )
         assert await refused(scheduler, "DELETE FROM tasks")
-        assert await refused(scheduler, "INSERT INTO results (task_id, verdict, hits, text, worker_id, attempt) "
-                                        "VALUES (gen_random_uuid(), 'PASS', '[]', '', 'x', 1)")
+        assert await refused(
+            scheduler,
+            "INSERT INTO results (task_id, verdict, hits, text, worker_id, attempt) "
+            "VALUES (gen_random_uuid(), 'PASS', '[]', '', 'x', 1)",
+        )
         assert await refused(intake, "SELECT * FROM audit_events")
         assert await refused(intake, "INSERT INTO lexicon (word, category, severity) VALUES ('x', 'y', 1)")
         # the owner may prune the audit log (retention), the services may not
@@ -185,20 +224,28 @@ async def test_the_whole_task_path_runs_with_the_service_roles(roles: Roles, red
     worker: WorkerApp | None = None
     try:
         # Given the registry, the scheduler and the intake, each on its own role's pool, and a real worker
-        servers = await start_servers(settings, {"registry": Stores.of(redis=redis),
-                                                 "scheduler": Stores.of(redis=redis, pool=pools["scheduler"]),
-                                                 "intake": Stores.of(redis=redis, pool=pools["intake"])},
-                                      rebuild_first=True)
+        servers = await start_servers(
+            settings,
+            {
+                "registry": Stores.of(redis=redis),
+                "scheduler": Stores.of(redis=redis, pool=pools["scheduler"]),
+                "intake": Stores.of(redis=redis, pool=pools["intake"]),
+            },
+            rebuild_first=True,
+        )
         settings = servers.settings
         # seeds the lexicon as the worker role
         worker = await build_worker(settings.replace(worker_id="role-worker"), Stores.of(pool=pools["worker"]))
 
         # When a task is submitted, read, and (as an operator, anonymous here) the audit log listed
-        async with rpc.channel(settings.intake_addr, settings) as ch, \
-                rpc.channel(settings.scheduler_addr, settings) as sch:
+        async with (
+            rpc.channel(settings.intake_addr, settings) as ch,
+            rpc.channel(settings.scheduler_addr, settings) as sch,
+        ):
             stub = intake_pb2_grpc.IntakeServiceStub(ch)
-            spec = intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-07", type=types_pb2.TASK_TYPE_TEXT,
-                                       text="加微信", idempotency_key="k1")
+            spec = intake_pb2.TaskSpec(
+                device_id="AA-BB-CC-DD-EE-07", type=types_pb2.TASK_TYPE_TEXT, text="加微信", idempotency_key="k1"
+            )
             task_id = (await stub.Submit(intake_pb2.SubmitRequest(task=spec), timeout=10)).task.task_id
             deadline = asyncio.get_running_loop().time() + 30
             while True:
@@ -238,8 +285,13 @@ async def test_each_service_role_can_do_the_rest_of_what_its_service_does(roles:
         await intake.withdraw([withdrawn.task_id])
         assert await intake.get(withdrawn.task_id) is None
         assert await intake.transition([cancelled.task_id], "CANCELLED", "cancelled by tests") == [cancelled.task_id]
-        await AuditLog(pools["intake"]).record([AuditEvent(kind="cross_tenant", principal="ops", roles=("operator",),
-                                                           method="/m", outcome="OK", tenant="tests")])
+        await AuditLog(pools["intake"]).record(
+            [
+                AuditEvent(
+                    kind="cross_tenant", principal="ops", roles=("operator",), method="/m", outcome="OK", tenant="tests"
+                )
+            ]
+        )
         # worker: start, store the result, drop the image bytes
         [started] = await worker.start("w", [(kept.task_id, 1, 1, datetime.now(UTC))])
         stored = await worker.finish([Outcome(kept.task_id, started.attempt, "w", "PASS", "[]", "hello")])
@@ -267,5 +319,8 @@ def test_every_table_the_services_use_is_granted_to_some_service() -> None:
     sql = "\n".join(p.read_text() for p in (ROOT / "sieve" / "db" / "migrations").glob("*.sql"))
     for service, tables in SERVICE_GRANTS.items():
         for table in tables:
-            assert f"CREATE TABLE {table} " in sql or f"TABLE IF NOT EXISTS {table} " in sql \
-                or table == "schema_migrations", (service, table)
+            assert (
+                f"CREATE TABLE {table} " in sql
+                or f"TABLE IF NOT EXISTS {table} " in sql
+                or table == "schema_migrations"
+            ), (service, table)

@@ -65,8 +65,9 @@ class AclRedis:
         return Redis.from_url(self.url(user), decode_responses=True)
 
     def admin(self) -> Redis:
-        return Redis.from_url(f"redis://test-admin:{self.admin_password}@127.0.0.1:{self.port}/0",
-                              decode_responses=True)
+        return Redis.from_url(
+            f"redis://test-admin:{self.admin_password}@127.0.0.1:{self.port}/0", decode_responses=True
+        )
 
 
 @pytest.fixture
@@ -85,12 +86,30 @@ async def acl_redis(tmp_path: Path, settings: Settings) -> AsyncIterator[AclRedi
     port = free_port()
     with (tmp_path / "redis.log").open("wb") as log:
         proc = await asyncio.create_subprocess_exec(
-            "sh", str(START), str(secrets_dir), str(tmp_path / "users.acl"), "--port", str(port), "--bind",
-            "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path), "--maxmemory-policy",
+            "sh",
+            str(START),
+            str(secrets_dir),
+            str(tmp_path / "users.acl"),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+            "--maxmemory-policy",
             "noeviction",
-            env={"PATH": "/usr/bin:/bin:/usr/local/bin", "SIEVE_REDIS_ACL_TEMPLATE": str(template),
-                 "SIEVE_REDIS_PREFIX": settings.redis_prefix},
-            stdout=log, stderr=asyncio.subprocess.STDOUT)
+            env={
+                "PATH": "/usr/bin:/bin:/usr/local/bin",
+                "SIEVE_REDIS_ACL_TEMPLATE": str(template),
+                "SIEVE_REDIS_PREFIX": settings.redis_prefix,
+            },
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+        )
     server = AclRedis(port, passwords, admin_password, proc)
     try:
         for _ in range(200):
@@ -119,12 +138,18 @@ async def denied_commands(server: AclRedis) -> list[str]:
         entries = await admin.acl_log()
     finally:
         await admin.aclose()
-    return sorted({f"{e['username']}: {e['reason']} {e['object']}" for e in entries
-                   if not (e["reason"] == "command" and e["object"] in EXPECTED_REFUSALS)})
+    return sorted(
+        {
+            f"{e['username']}: {e['reason']} {e['object']}"
+            for e in entries
+            if not (e["reason"] == "command" and e["object"] in EXPECTED_REFUSALS)
+        }
+    )
 
 
 async def test_every_service_does_its_whole_job_as_its_own_redis_user(
-        acl_redis: AclRedis, settings: Settings, pg: asyncpg.Pool) -> None:
+    acl_redis: AclRedis, settings: Settings, pg: asyncpg.Pool
+) -> None:
     clients = {user: acl_redis.client(user) for user in USERS}
     settings = settings.replace(max_attempts=1, allow_anonymous=True)
     servers: InProcessServers | None = None
@@ -132,15 +157,22 @@ async def test_every_service_does_its_whole_job_as_its_own_redis_user(
     try:
         # each server on its own Redis user; the scheduler's first step rebuilds the empty Redis from PostgreSQL
         servers = await start_servers(
-            settings, {"registry": Stores.of(redis=clients["registry"]),
-                       "scheduler": Stores.of(redis=clients["scheduler"], pool=pg),
-                       "intake": Stores.of(redis=clients["intake"], pool=pg)},
-            overrides={user: {"redis_url": acl_redis.url(user)} for user in USERS}, rebuild_first=True)
+            settings,
+            {
+                "registry": Stores.of(redis=clients["registry"]),
+                "scheduler": Stores.of(redis=clients["scheduler"], pool=pg),
+                "intake": Stores.of(redis=clients["intake"], pool=pg),
+            },
+            overrides={user: {"redis_url": acl_redis.url(user)} for user in USERS},
+            rebuild_first=True,
+        )
         settings = servers.settings
 
-        async with rpc.channel(settings.intake_addr, settings) as ch, \
-                rpc.channel(settings.scheduler_addr, settings) as sch, \
-                rpc.channel(settings.registry_addr, settings) as rch:
+        async with (
+            rpc.channel(settings.intake_addr, settings) as ch,
+            rpc.channel(settings.scheduler_addr, settings) as sch,
+            rpc.channel(settings.registry_addr, settings) as rch,
+        ):
             stub = intake_pb2_grpc.IntakeServiceStub(ch)
             ops = scheduler_pb2_grpc.SchedulerServiceStub(sch)
             reg = registry_pb2_grpc.RegistryServiceStub(rch)
@@ -163,11 +195,17 @@ async def test_every_service_does_its_whole_job_as_its_own_redis_user(
             cancelled = await submit("AA-BB-CC-DD-EE-01", "cancel me")
             await stub.CancelTask(intake_pb2.CancelTaskRequest(task_id=cancelled), timeout=10)
             dead = await submit("AA-BB-CC-DD-EE-02", "fail me", idempotency_key="k-dead")
-            await reg.Register(registry_pb2.RegisterRequest(
-                worker_id="scripted", hostname="t", pid=1, task_types=[types_pb2.TASK_TYPE_TEXT], concurrency=4),
-                timeout=10)
-            async with ScriptedWorker(settings, worker_id="scripted", policy=lambda _: scheduler_pb2.Nack(
-                    reason="transient failure", count_attempt=True)):
+            await reg.Register(
+                registry_pb2.RegisterRequest(
+                    worker_id="scripted", hostname="t", pid=1, task_types=[types_pb2.TASK_TYPE_TEXT], concurrency=4
+                ),
+                timeout=10,
+            )
+            async with ScriptedWorker(
+                settings,
+                worker_id="scripted",
+                policy=lambda _: scheduler_pb2.Nack(reason="transient failure", count_attempt=True),
+            ):
                 await wait_status(dead, types_pb2.TASK_STATUS_DEAD_LETTERED)
             # a real worker (PostgreSQL and gRPC only) for the rest
             worker = await build_worker(settings.replace(worker_id="acl-worker"), Stores.of(pool=pg))
@@ -198,18 +236,28 @@ async def test_every_service_does_its_whole_job_as_its_own_redis_user(
             await client.aclose()
 
 
-async def test_each_redis_user_is_refused_what_its_service_must_not_do(
-        acl_redis: AclRedis, settings: Settings) -> None:
+async def test_each_redis_user_is_refused_what_its_service_must_not_do(acl_redis: AclRedis, settings: Settings) -> None:
     own = f"{Keys(settings.redis_prefix).base}:probe"  # a key of the prefix that no service uses
     for user in USERS:
         client = acl_redis.client(user)
         try:
             await client.ping()
-            for command in (("GET", "other:key"), ("SET", "{sieve-other}:x", "1"), ("KEYS", "*"), ("FLUSHALL",),
-                            ("FLUSHDB",), ("CONFIG", "SET", "maxmemory-policy", "allkeys-lru"), ("SHUTDOWN",),
-                            ("MONITOR",), ("ACL", "LIST"), ("SCRIPT", "FLUSH"),
-                            ("EVAL", "return 1", "0"), ("MIGRATE", "h", "1", own, "0", "1"),
-                            ("PUBLISH", "other-channel", "x"), ("CLIENT", "KILL", "127.0.0.1:1")):
+            for command in (
+                ("GET", "other:key"),
+                ("SET", "{sieve-other}:x", "1"),
+                ("KEYS", "*"),
+                ("FLUSHALL",),
+                ("FLUSHDB",),
+                ("CONFIG", "SET", "maxmemory-policy", "allkeys-lru"),
+                ("SHUTDOWN",),
+                ("MONITOR",),
+                ("ACL", "LIST"),
+                ("SCRIPT", "FLUSH"),
+                ("EVAL", "return 1", "0"),
+                ("MIGRATE", "h", "1", own, "0", "1"),
+                ("PUBLISH", "other-channel", "x"),
+                ("CLIENT", "KILL", "127.0.0.1:1"),
+            ):
                 with pytest.raises(NoPermissionError):
                     await client.execute_command(*command)
             if user == "registry":

@@ -60,22 +60,45 @@ def _already_exists(error: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
 
 
 # --- strings PostgreSQL cannot store, and oversized ones ----------------------------------------------
-@pytest.mark.parametrize(("spec", "field"), [
-    (text_spec(DEVICE, "a\x00b"), "task.text"),
-    (text_spec(DEVICE, "\x00"), "task.text"),
-    (text_spec(DEVICE, "fine", idempotency_key="k\x00"), "task.idempotency_key"),
-    (text_spec(DEVICE, "fine", idempotency_key="k" * 201), "task.idempotency_key"),
-    (intake_pb2.TaskSpec(device_id=DEVICE, type=types_pb2.TASK_TYPE_OCR_IMAGE,
-                         image_url="https://example.com/a\x00.png"), "task.image_url"),
-    (intake_pb2.TaskSpec(device_id=DEVICE, type=types_pb2.TASK_TYPE_OCR_IMAGE,
-                         image_url="https://example.com/a\n.png"), "task.image_url"),
-    (intake_pb2.TaskSpec(device_id=DEVICE, type=types_pb2.TASK_TYPE_OCR_IMAGE, image_url="http://[::1"),
-     "task.image_url"),
-    (text_spec("AA-BB-CC-DD-EE-01\x00", "fine"), "task.device_id"),
-], ids=["nul-in-text", "only-nul", "nul-in-key", "long-key", "nul-in-url", "newline-in-url", "unclosed-bracket-url",
-        "nul-in-device"])
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        (text_spec(DEVICE, "a\x00b"), "task.text"),
+        (text_spec(DEVICE, "\x00"), "task.text"),
+        (text_spec(DEVICE, "fine", idempotency_key="k\x00"), "task.idempotency_key"),
+        (text_spec(DEVICE, "fine", idempotency_key="k" * 201), "task.idempotency_key"),
+        (
+            intake_pb2.TaskSpec(
+                device_id=DEVICE, type=types_pb2.TASK_TYPE_OCR_IMAGE, image_url="https://example.com/a\x00.png"
+            ),
+            "task.image_url",
+        ),
+        (
+            intake_pb2.TaskSpec(
+                device_id=DEVICE, type=types_pb2.TASK_TYPE_OCR_IMAGE, image_url="https://example.com/a\n.png"
+            ),
+            "task.image_url",
+        ),
+        (
+            intake_pb2.TaskSpec(device_id=DEVICE, type=types_pb2.TASK_TYPE_OCR_IMAGE, image_url="http://[::1"),
+            "task.image_url",
+        ),
+        (text_spec("AA-BB-CC-DD-EE-01\x00", "fine"), "task.device_id"),
+    ],
+    ids=[
+        "nul-in-text",
+        "only-nul",
+        "nul-in-key",
+        "long-key",
+        "nul-in-url",
+        "newline-in-url",
+        "unclosed-bracket-url",
+        "nul-in-device",
+    ],
+)
 async def test_a_string_postgresql_cannot_store_is_refused_naming_the_field(
-        platform_without_workers: Platform, spec: intake_pb2.TaskSpec, field: str) -> None:
+    platform_without_workers: Platform, spec: intake_pb2.TaskSpec, field: str
+) -> None:
     code, fields = await refused_field(platform_without_workers, spec)
     assert (code, fields) == (grpc.StatusCode.INVALID_ARGUMENT, [field])
     await assert_nothing_recorded(platform_without_workers)
@@ -91,8 +114,9 @@ async def test_a_megabyte_device_id_is_refused_with_a_short_message(platform_wit
 
 
 @pytest.mark.parametrize("task_id", ["-" * 1000 + "0" * 32, "{" + "0" * 32 + "}" + " " * 100, "x" * 100_000])
-async def test_an_oversized_task_id_is_refused_with_a_short_message(platform_without_workers: Platform,
-                                                                    task_id: str) -> None:
+async def test_an_oversized_task_id_is_refused_with_a_short_message(
+    platform_without_workers: Platform, task_id: str
+) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await platform_without_workers.intake.GetTask(intake_pb2.GetTaskRequest(task_id=task_id))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -123,10 +147,14 @@ async def raw_channel(platform: Platform, service: str) -> AsyncIterator[grpc.ai
 
 
 # --- bytes that are not UTF-8 in string fields ----------------------------------------------------------
-@pytest.mark.parametrize("raw", [b"a\xffb", b"\xed\xa0\x80", b"\xc0\x80", b"\xe4\xb8"],
-                         ids=["invalid-byte", "lone-surrogate", "overlong-nul", "truncated-sequence"])
-async def test_invalid_utf8_in_a_text_is_invalid_argument_naming_the_field(platform_without_workers: Platform,
-                                                                          raw: bytes) -> None:
+@pytest.mark.parametrize(
+    "raw",
+    [b"a\xffb", b"\xed\xa0\x80", b"\xc0\x80", b"\xe4\xb8"],
+    ids=["invalid-byte", "lone-surrogate", "overlong-nul", "truncated-sequence"],
+)
+async def test_invalid_utf8_in_a_text_is_invalid_argument_naming_the_field(
+    platform_without_workers: Platform, raw: bytes
+) -> None:
     spec = intake_pb2.TaskSpec(device_id=DEVICE, type=types_pb2.TASK_TYPE_TEXT).SerializeToString()
     async with raw_channel(platform_without_workers, "intake") as channel:
         error = await _raw_call(channel, "/sieve.v1.IntakeService/Submit", _wire(1, spec + _wire(4, raw)))
@@ -140,8 +168,9 @@ async def test_invalid_utf8_in_a_batch_names_the_item(platform_without_workers: 
     good = intake_pb2.TaskSpec(device_id=DEVICE, type=types_pb2.TASK_TYPE_TEXT, text="fine").SerializeToString()
     bad = intake_pb2.TaskSpec(type=types_pb2.TASK_TYPE_TEXT, text="fine").SerializeToString() + _wire(1, b"\xff")
     async with raw_channel(platform_without_workers, "intake") as channel:
-        error = await _raw_call(channel, "/sieve.v1.IntakeService/SubmitBatch",
-                                _wire(1, good) + _wire(1, good) + _wire(1, bad))
+        error = await _raw_call(
+            channel, "/sieve.v1.IntakeService/SubmitBatch", _wire(1, good) + _wire(1, good) + _wire(1, bad)
+        )
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert rpc.bad_fields_of(error) == ["tasks[2].device_id"]
     await assert_nothing_recorded(platform_without_workers)
@@ -157,8 +186,9 @@ async def test_bytes_that_are_not_protobuf_are_invalid_argument(platform_without
 async def test_a_pull_stream_whose_hello_is_not_utf8_ends_invalid_argument(platform_without_workers: Platform) -> None:
     hello = _wire(1, _wire(1, b"w\xff") + bytes([2 << 3, 1]))  # hello { worker_id: <bad>, task_types: [TEXT] }
     async with raw_channel(platform_without_workers, "scheduler") as channel:
-        pull = channel.stream_stream("/sieve.v1.SchedulerService/Pull", request_serializer=lambda b: b,
-                                     response_deserializer=lambda b: b)
+        pull = channel.stream_stream(
+            "/sieve.v1.SchedulerService/Pull", request_serializer=lambda b: b, response_deserializer=lambda b: b
+        )
 
         async def messages() -> AsyncIterator[bytes]:
             yield hello
@@ -174,8 +204,9 @@ async def test_a_pull_stream_whose_hello_is_not_utf8_ends_invalid_argument(platf
 async def test_invalid_utf8_in_a_registration_names_the_field(platform_without_workers: Platform) -> None:
     request = registry_pb2.RegisterRequest(worker_id="w1", task_types=[types_pb2.TASK_TYPE_TEXT]).SerializeToString()
     async with raw_channel(platform_without_workers, "registry") as channel:
-        error = await _raw_call(channel, "/sieve.v1.RegistryService/Register",
-                                request + _wire(5, _wire(3, b"GPU \xff")))
+        error = await _raw_call(
+            channel, "/sieve.v1.RegistryService/Register", request + _wire(5, _wire(3, b"GPU \xff"))
+        )
     assert rpc.bad_fields_of(error) == ["resources.gpu_names[0]"]
 
 
@@ -189,12 +220,19 @@ async def test_a_key_reused_with_the_same_request_answers_the_first_task(platfor
     assert await p.queues.pending() == 1
 
 
-@pytest.mark.parametrize("change", [
-    {"text": "another job"}, {"priority": types_pb2.PRIORITY_LOW}, {"ttl_s": 60},
-    {"image": True},
-], ids=["text", "priority", "ttl", "type-and-payload"])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"text": "another job"},
+        {"priority": types_pb2.PRIORITY_LOW},
+        {"ttl_s": 60},
+        {"image": True},
+    ],
+    ids=["text", "priority", "ttl", "type-and-payload"],
+)
 async def test_a_key_reused_with_another_request_is_already_exists_naming_the_first_task(
-        platform_without_workers: Platform, change: dict[str, object]) -> None:
+    platform_without_workers: Platform, change: dict[str, object]
+) -> None:
     p = platform_without_workers
     first = await p.intake.Submit(intake_pb2.SubmitRequest(task=text_spec(DEVICE, "the job", idempotency_key="k")))
     other = text_spec(DEVICE, str(change.get("text", "the job")), idempotency_key="k")
@@ -203,13 +241,20 @@ async def test_a_key_reused_with_another_request_is_already_exists_naming_the_fi
     if "ttl_s" in change:
         other.ttl.seconds = int(change["ttl_s"])  # type: ignore[call-overload]
     if "image" in change:
-        other = intake_pb2.TaskSpec(device_id=DEVICE, type=types_pb2.TASK_TYPE_OCR_IMAGE, idempotency_key="k",
-                                    image_url="https://example.com/a.png")
+        other = intake_pb2.TaskSpec(
+            device_id=DEVICE,
+            type=types_pb2.TASK_TYPE_OCR_IMAGE,
+            idempotency_key="k",
+            image_url="https://example.com/a.png",
+        )
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await p.intake.Submit(intake_pb2.SubmitRequest(task=other))
     info = _already_exists(err.value)
     assert (info.reason, info.metadata["task_id"], info.metadata["field"]) == (
-        REASON, first.task.task_id, "task.idempotency_key")
+        REASON,
+        first.task.task_id,
+        "task.idempotency_key",
+    )
     assert first.task.task_id in (err.value.details() or "")
     # nothing changed: one row, one queue entry, the first task as it was
     assert await p.pg.fetchval("SELECT count(*) FROM tasks") == 1
@@ -221,21 +266,24 @@ async def test_a_key_reused_with_another_request_is_already_exists_naming_the_fi
 async def test_a_key_is_scoped_to_its_device(platform_without_workers: Platform) -> None:
     p = platform_without_workers
     a = await p.intake.Submit(intake_pb2.SubmitRequest(task=text_spec(DEVICE, "one", idempotency_key="k")))
-    b = await p.intake.Submit(intake_pb2.SubmitRequest(task=text_spec("AA-BB-CC-DD-EE-02", "two",
-                                                                      idempotency_key="k")))
+    b = await p.intake.Submit(intake_pb2.SubmitRequest(task=text_spec("AA-BB-CC-DD-EE-02", "two", idempotency_key="k")))
     assert a.task.task_id != b.task.task_id and not b.deduplicated
 
 
 async def test_in_a_batch_a_reused_key_refuses_only_its_item(platform_without_workers: Platform) -> None:
     p = platform_without_workers
     first = await p.intake.Submit(intake_pb2.SubmitRequest(task=text_spec(DEVICE, "the job", idempotency_key="k")))
-    reply = await p.intake.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=[
-        text_spec(DEVICE, "new"),
-        text_spec(DEVICE, "not the job", idempotency_key="k"),
-        text_spec(DEVICE, "the job", idempotency_key="k"),
-        text_spec(DEVICE, "twice", idempotency_key="k2"),
-        text_spec(DEVICE, "twice, other", idempotency_key="k2"),
-    ]))
+    reply = await p.intake.SubmitBatch(
+        intake_pb2.SubmitBatchRequest(
+            tasks=[
+                text_spec(DEVICE, "new"),
+                text_spec(DEVICE, "not the job", idempotency_key="k"),
+                text_spec(DEVICE, "the job", idempotency_key="k"),
+                text_spec(DEVICE, "twice", idempotency_key="k2"),
+                text_spec(DEVICE, "twice, other", idempotency_key="k2"),
+            ]
+        )
+    )
     new, reused, same, first_of_two, second_of_two = reply.items
     assert new.code == 0 and new.task.task_id and not new.deduplicated
     assert reused.code == grpc.StatusCode.ALREADY_EXISTS.value[0] and not reused.HasField("task")
@@ -259,8 +307,12 @@ async def test_a_task_without_a_key_stores_no_fingerprint(platform_without_worke
 
 # --- registry ---------------------------------------------------------------------------------------------
 def _registration(**changes: object) -> registry_pb2.RegisterRequest:
-    request = registry_pb2.RegisterRequest(worker_id="w1", hostname="host-1", task_types=[types_pb2.TASK_TYPE_TEXT],
-                                           resources=registry_pb2.Resources(cpu_count=4, cpu_percent=10))
+    request = registry_pb2.RegisterRequest(
+        worker_id="w1",
+        hostname="host-1",
+        task_types=[types_pb2.TASK_TYPE_TEXT],
+        resources=registry_pb2.Resources(cpu_count=4, cpu_percent=10),
+    )
     for name, value in changes.items():
         if name == "gpu_names":
             request.resources.gpu_names.extend(value)  # type: ignore[arg-type]
@@ -274,24 +326,40 @@ def _registration(**changes: object) -> registry_pb2.RegisterRequest:
     return request
 
 
-@pytest.mark.parametrize(("changes", "field"), [
-    ({"hostname": "host\x00"}, "hostname"),
-    ({"hostname": "h" * 256}, "hostname"),
-    ({"gpu_names": ["GPU"] * 65}, "resources.gpu_names"),
-    ({"gpu_names": ["ok", "bad\nname"]}, "resources.gpu_names[1]"),
-    ({"gpu_names": ["g" * 257]}, "resources.gpu_names[0]"),
-    ({"task_types": [types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_TEXT]}, "task_types"),
-    ({"task_types": [types_pb2.TASK_TYPE_TEXT] * 17}, "task_types"),
-    ({"cpu_count": 2**32 - 1}, "resources.cpu_count"),
-    ({"memory_total_bytes": 2**64 - 1}, "resources.memory_total_bytes"),
-    ({"gpu_count": 100_000}, "resources.gpu_count"),
-    ({"cpu_percent": float("nan")}, "resources.cpu_percent"),
-    ({"gpu_util_percent": float("inf")}, "resources.gpu_util_percent"),
-], ids=["nul-hostname", "long-hostname", "many-gpus", "gpu-name-newline", "long-gpu-name", "repeated-type",
-        "many-types", "huge-cpu-count", "huge-memory", "huge-gpu-count", "nan-cpu", "inf-gpu"])
-async def test_a_registration_over_a_limit_is_refused_naming_the_field(platform_without_workers: Platform,
-                                                                       changes: dict[str, object],
-                                                                       field: str) -> None:
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"hostname": "host\x00"}, "hostname"),
+        ({"hostname": "h" * 256}, "hostname"),
+        ({"gpu_names": ["GPU"] * 65}, "resources.gpu_names"),
+        ({"gpu_names": ["ok", "bad\nname"]}, "resources.gpu_names[1]"),
+        ({"gpu_names": ["g" * 257]}, "resources.gpu_names[0]"),
+        ({"task_types": [types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_TEXT]}, "task_types"),
+        ({"task_types": [types_pb2.TASK_TYPE_TEXT] * 17}, "task_types"),
+        ({"cpu_count": 2**32 - 1}, "resources.cpu_count"),
+        ({"memory_total_bytes": 2**64 - 1}, "resources.memory_total_bytes"),
+        ({"gpu_count": 100_000}, "resources.gpu_count"),
+        ({"cpu_percent": float("nan")}, "resources.cpu_percent"),
+        ({"gpu_util_percent": float("inf")}, "resources.gpu_util_percent"),
+    ],
+    ids=[
+        "nul-hostname",
+        "long-hostname",
+        "many-gpus",
+        "gpu-name-newline",
+        "long-gpu-name",
+        "repeated-type",
+        "many-types",
+        "huge-cpu-count",
+        "huge-memory",
+        "huge-gpu-count",
+        "nan-cpu",
+        "inf-gpu",
+    ],
+)
+async def test_a_registration_over_a_limit_is_refused_naming_the_field(
+    platform_without_workers: Platform, changes: dict[str, object], field: str
+) -> None:
     async with raw_channel(platform_without_workers, "registry") as channel:
         stub = registry_pb2_grpc.RegistryServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -304,21 +372,32 @@ async def test_a_registration_over_a_limit_is_refused_naming_the_field(platform_
 async def test_a_plausible_registration_is_accepted(platform_without_workers: Platform) -> None:
     async with raw_channel(platform_without_workers, "registry") as channel:
         stub = registry_pb2_grpc.RegistryServiceStub(channel)
-        await stub.Register(_registration(gpu_names=["NVIDIA H200"], gpu_count=1, memory_total_bytes=2**40,
-                                          task_types=[types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE]))
+        await stub.Register(
+            _registration(
+                gpu_names=["NVIDIA H200"],
+                gpu_count=1,
+                memory_total_bytes=2**40,
+                task_types=[types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE],
+            )
+        )
         workers = (await stub.ListWorkers(registry_pb2.ListWorkersRequest())).workers
     assert [w.worker_id for w in workers] == ["w1"]
 
 
 # --- dead-letter filters ----------------------------------------------------------------------------------
-@pytest.mark.parametrize(("flt", "field"), [
-    (scheduler_pb2.DeadLetterFilter(error_contains="e" * 1001), "filter.error_contains"),
-    (scheduler_pb2.DeadLetterFilter(error_contains="a\x00"), "filter.error_contains"),
-    (scheduler_pb2.DeadLetterFilter(task_id="-" * 10_000 + "0" * 32), "filter.task_id"),
-    (scheduler_pb2.DeadLetterFilter(device_id=" " * 10_000 + "AABBCCDDEEFF"), "filter.device_id"),
-], ids=["long-error", "nul-error", "long-task-id", "long-device"])
+@pytest.mark.parametrize(
+    ("flt", "field"),
+    [
+        (scheduler_pb2.DeadLetterFilter(error_contains="e" * 1001), "filter.error_contains"),
+        (scheduler_pb2.DeadLetterFilter(error_contains="a\x00"), "filter.error_contains"),
+        (scheduler_pb2.DeadLetterFilter(task_id="-" * 10_000 + "0" * 32), "filter.task_id"),
+        (scheduler_pb2.DeadLetterFilter(device_id=" " * 10_000 + "AABBCCDDEEFF"), "filter.device_id"),
+    ],
+    ids=["long-error", "nul-error", "long-task-id", "long-device"],
+)
 async def test_a_dead_letter_filter_over_a_limit_is_refused_naming_the_field(
-        platform_without_workers: Platform, flt: scheduler_pb2.DeadLetterFilter, field: str) -> None:
+    platform_without_workers: Platform, flt: scheduler_pb2.DeadLetterFilter, field: str
+) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await platform_without_workers.scheduler_stub.ListDeadLetters(scheduler_pb2.ListDeadLettersRequest(filter=flt))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -329,11 +408,14 @@ async def test_a_dead_letter_filter_over_a_limit_is_refused_naming_the_field(
 async def test_a_dead_letter_filter_matches_any_spelling_of_a_task_id(platform_without_workers: Platform) -> None:
     p = platform_without_workers
     task_id = "0190a4d2-6c3e-7000-8000-000000000001"
-    await p.redis.lpush(p.queues.keys.dead_letters, json.dumps(
-        {"task_id": task_id, "device": "AA:BB:CC:DD:EE:01", "task_type": 1, "priority": 3, "error": "boom"}))
+    await p.redis.lpush(
+        p.queues.keys.dead_letters,
+        json.dumps({"task_id": task_id, "device": "AA:BB:CC:DD:EE:01", "task_type": 1, "priority": 3, "error": "boom"}),
+    )
     for spelling in (task_id.upper(), "{" + task_id + "}", "urn:uuid:" + task_id, task_id.replace("-", "")):
-        reply = await p.scheduler_stub.ListDeadLetters(scheduler_pb2.ListDeadLettersRequest(
-            filter=scheduler_pb2.DeadLetterFilter(task_id=spelling)))
+        reply = await p.scheduler_stub.ListDeadLetters(
+            scheduler_pb2.ListDeadLettersRequest(filter=scheduler_pb2.DeadLetterFilter(task_id=spelling))
+        )
         assert [d.task_id for d in reply.dead_letters] == [task_id], spelling
 
 

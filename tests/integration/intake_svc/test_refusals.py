@@ -31,24 +31,36 @@ async def refused_field(platform: Platform, spec: intake_pb2.TaskSpec) -> tuple[
     return err.value.code(), rpc.bad_fields_of(err.value)
 
 
-@pytest.mark.parametrize(("spec", "field"), [
-    (text_spec("not-a-mac", "hello"), "task.device_id"),
-    (text_spec("AA:BB:CC:DD:EE", "hello"), "task.device_id"),
-    (text_spec("AA-BB-CC-DD-EE-01", ""), "task.text"),
-    (text_spec("AA-BB-CC-DD-EE-01", "   "), "task.text"),
-    (intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-01", type=types_pb2.TASK_TYPE_UNSPECIFIED, text="x"),
-     "task.type"),
-    (intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-01", type=7, text="x"), "task.type"),
-    (text_spec("AA-BB-CC-DD-EE-01", "x" * (64 * 1024 + 1)), "task.text"),
-    (text_spec("AA-BB-CC-DD-EE-01", "x", priority=9), "task.priority"),
-    (intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-01", type=types_pb2.TASK_TYPE_OCR_IMAGE, image=b"hello"),
-     "task.image"),
-    (intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-01", type=types_pb2.TASK_TYPE_OCR_IMAGE,
-                         image_url="file:///etc/passwd"), "task.image_url"),
-    (intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-01", type=types_pb2.TASK_TYPE_OCR_IMAGE), "task.image"),
-])
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        (text_spec("not-a-mac", "hello"), "task.device_id"),
+        (text_spec("AA:BB:CC:DD:EE", "hello"), "task.device_id"),
+        (text_spec("AA-BB-CC-DD-EE-01", ""), "task.text"),
+        (text_spec("AA-BB-CC-DD-EE-01", "   "), "task.text"),
+        (
+            intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-01", type=types_pb2.TASK_TYPE_UNSPECIFIED, text="x"),
+            "task.type",
+        ),
+        (intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-01", type=7, text="x"), "task.type"),
+        (text_spec("AA-BB-CC-DD-EE-01", "x" * (64 * 1024 + 1)), "task.text"),
+        (text_spec("AA-BB-CC-DD-EE-01", "x", priority=9), "task.priority"),
+        (
+            intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-01", type=types_pb2.TASK_TYPE_OCR_IMAGE, image=b"hello"),
+            "task.image",
+        ),
+        (
+            intake_pb2.TaskSpec(
+                device_id="AA-BB-CC-DD-EE-01", type=types_pb2.TASK_TYPE_OCR_IMAGE, image_url="file:///etc/passwd"
+            ),
+            "task.image_url",
+        ),
+        (intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-01", type=types_pb2.TASK_TYPE_OCR_IMAGE), "task.image"),
+    ],
+)
 async def test_bad_input_is_refused_naming_the_field_and_leaves_nothing_behind(
-        platform_without_workers: Platform, spec: intake_pb2.TaskSpec, field: str) -> None:
+    platform_without_workers: Platform, spec: intake_pb2.TaskSpec, field: str
+) -> None:
     code, fields = await refused_field(platform_without_workers, spec)
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert fields == [field]
@@ -80,7 +92,8 @@ async def test_an_image_task_is_accepted_and_queued(platform_without_workers: Pl
 
 
 async def test_a_full_device_is_refused_with_retry_info_while_others_are_accepted(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     # Given a per-device limit of 3 and no workers
     settings = settings.replace(max_per_device_pending=3)
     app = await build_intake(settings, Stores.of(redis=redis, pool=pg))
@@ -104,14 +117,16 @@ async def test_a_full_device_is_refused_with_retry_info_while_others_are_accepte
 
 
 async def test_the_global_limit_refuses_with_a_retry_delay_within_the_configured_maximum(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     settings = settings.replace(max_total_pending=2)
     app = await build_intake(settings, Stores.of(redis=redis, pool=pg))
     server = await rpc.create_server(app.service, "127.0.0.1:0", settings)
     async with rpc.channel(f"127.0.0.1:{server.port}", settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
-        await stub.SubmitBatch(intake_pb2.SubmitBatchRequest(
-            tasks=[text_spec(f"AA-BB-CC-DD-EE-0{i}", "x") for i in (1, 2)]))
+        await stub.SubmitBatch(
+            intake_pb2.SubmitBatchRequest(tasks=[text_spec(f"AA-BB-CC-DD-EE-0{i}", "x") for i in (1, 2)])
+        )
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.Submit(intake_pb2.SubmitRequest(task=text_spec("AA-BB-CC-DD-EE-03", "x")))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -123,7 +138,8 @@ async def test_the_global_limit_refuses_with_a_retry_delay_within_the_configured
 
 
 async def test_a_caller_without_a_known_token_is_unauthenticated(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     settings = settings.replace(auth_tokens=f"svc-a:client:{hash_token('secret-a')}", allow_anonymous=False)
     app = await build_intake(settings, Stores.of(redis=redis, pool=pg))
     server = await rpc.create_server(app.service, "127.0.0.1:0", settings)

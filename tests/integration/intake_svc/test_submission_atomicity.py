@@ -42,7 +42,8 @@ async def test_a_task_whose_enqueue_fails_is_withdrawn(settings: Settings, redis
 
 
 async def test_an_unreachable_redis_answers_unavailable_and_records_nothing(
-        settings: Settings, pg: asyncpg.Pool) -> None:
+    settings: Settings, pg: asyncpg.Pool
+) -> None:
     dead = Redis.from_url("redis://127.0.0.1:1/0", decode_responses=True, socket_connect_timeout=0.2)
     app = await build(settings, Stores.of(redis=dead, pool=pg))
     server = await rpc.create_server(app.service, "127.0.0.1:0", settings)
@@ -57,7 +58,8 @@ async def test_an_unreachable_redis_answers_unavailable_and_records_nothing(
 
 
 async def test_an_unreachable_postgresql_answers_unavailable_and_queues_nothing(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     # Given an intake whose PostgreSQL does not answer
     unreachable = await asyncpg.create_pool("postgresql://postgres@127.0.0.1:1/postgres", min_size=0, max_size=1)
     app = await build(settings, Stores.of(redis=redis, pool=unreachable))

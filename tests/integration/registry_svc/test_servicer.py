@@ -62,15 +62,24 @@ async def registry(settings: Settings, redis: Redis) -> AsyncIterator[Registry]:
 
 def _resources(cpu: float = 10.0, memory: float = 20.0, gpu_memory: float = 0.0) -> registry_pb2.Resources:
     return registry_pb2.Resources(
-        cpu_count=16, cpu_percent=cpu, memory_total_bytes=33559728128, memory_available_bytes=12559728128,
-        memory_percent=memory, gpu_memory_percent=gpu_memory, active_tasks=1,
+        cpu_count=16,
+        cpu_percent=cpu,
+        memory_total_bytes=33559728128,
+        memory_available_bytes=12559728128,
+        memory_percent=memory,
+        gpu_memory_percent=gpu_memory,
+        active_tasks=1,
     )
 
 
 def _register(worker_id: str, *task_types: int, **readings: float) -> registry_pb2.RegisterRequest:
-    return registry_pb2.RegisterRequest(worker_id=worker_id, hostname="worker-01", pid=12345,
-                                        task_types=list(task_types or (TEXT,)),
-                                        resources=_resources(**readings))
+    return registry_pb2.RegisterRequest(
+        worker_id=worker_id,
+        hostname="worker-01",
+        pid=12345,
+        task_types=list(task_types or (TEXT,)),
+        resources=_resources(**readings),
+    )
 
 
 def _heartbeat(worker_id: str, **readings: float) -> registry_pb2.HeartbeatRequest:
@@ -79,7 +88,8 @@ def _heartbeat(worker_id: str, **readings: float) -> registry_pb2.HeartbeatReque
 
 async def _list(registry: Registry, task_type: int = 0, available_only: bool = False) -> list[str]:
     answer = await registry.stub.ListWorkers(
-        registry_pb2.ListWorkersRequest(task_type=task_type, available_only=available_only))
+        registry_pb2.ListWorkersRequest(task_type=task_type, available_only=available_only)
+    )
     return [w.worker_id for w in answer.workers]
 
 
@@ -130,9 +140,7 @@ async def test_a_registered_worker_is_listed_with_its_readings_and_available(reg
     assert worker.last_heartbeat.ToDatetime(tzinfo=UTC) >= before
 
 
-async def test_a_worker_is_stored_as_one_hash_with_a_ttl(
-    registry: Registry, redis: Redis, settings: Settings
-) -> None:
+async def test_a_worker_is_stored_as_one_hash_with_a_ttl(registry: Registry, redis: Redis, settings: Settings) -> None:
     # Given a registered worker
     await registry.stub.Register(_register("w1", TEXT, OCR, cpu=35.0))
 
@@ -277,14 +285,18 @@ async def test_the_registry_client_registers_again_on_its_own_after_its_record_e
     settings: Settings, redis: Redis
 ) -> None:
     # Given a registry with a one-second TTL and a worker heartbeating every 0.2 s through RegistryClient
-    short = settings.replace(worker_ttl_s=1.0, heartbeat_interval_s=0.2, worker_id="w-client",
-                             fixed_resources="cpu=10,memory=20", test_hooks=True)
+    short = settings.replace(
+        worker_ttl_s=1.0,
+        heartbeat_interval_s=0.2,
+        worker_id="w-client",
+        fixed_resources="cpu=10,memory=20",
+        test_hooks=True,
+    )
     records = WorkerRecords(redis, short)
     stop = asyncio.Event()
     async with _serving(short, redis) as first:
         port = first.running.port
-        client = RegistryClient(short.replace(registry_addr=first.address), ResourceSampler(short), [TEXT],
-                                lambda: 3)
+        client = RegistryClient(short.replace(registry_addr=first.address), ResourceSampler(short), [TEXT], lambda: 3)
         running = asyncio.create_task(client.run(stop))
         await _eventually(lambda: _has_heartbeat(client))
         assert [r.worker_id for r in await records.list()] == ["w-client"]
@@ -313,8 +325,12 @@ async def test_the_registry_client_registers_again_on_its_own_after_its_record_e
 async def test_the_registry_client_stops_promptly_when_asked(settings: Settings, redis: Redis) -> None:
     # Given a RegistryClient heartbeating every 15 s against a registry
     async with _serving(settings, redis) as registry:
-        client = RegistryClient(settings.replace(registry_addr=registry.address, worker_id="w1"),
-                                ResourceSampler(settings), [TEXT], lambda: 0)
+        client = RegistryClient(
+            settings.replace(registry_addr=registry.address, worker_id="w1"),
+            ResourceSampler(settings),
+            [TEXT],
+            lambda: 0,
+        )
         stop = asyncio.Event()
         running = asyncio.create_task(client.run(stop))
         await _eventually(lambda: _listed(registry, "w1"))
@@ -336,15 +352,27 @@ async def test_the_registry_client_stops_promptly_when_asked(settings: Settings,
         (registry_pb2.RegisterRequest(worker_id="w\n1", task_types=[TEXT]), "worker_id"),
         (registry_pb2.RegisterRequest(worker_id="w1"), "task_types"),
         (registry_pb2.RegisterRequest(worker_id="w1", task_types=[TEXT, 99]), "task_types"),
-        (registry_pb2.RegisterRequest(worker_id="w1", task_types=[types_pb2.TASK_TYPE_UNSPECIFIED]),
-         "task_types"),
-        (registry_pb2.RegisterRequest(worker_id="w1", task_types=[TEXT], resources=_resources(cpu=120.0)),
-         "resources.cpu_percent"),
-        (registry_pb2.RegisterRequest(worker_id="w1", task_types=[TEXT], resources=_resources(memory=-1.0)),
-         "resources.memory_percent"),
+        (registry_pb2.RegisterRequest(worker_id="w1", task_types=[types_pb2.TASK_TYPE_UNSPECIFIED]), "task_types"),
+        (
+            registry_pb2.RegisterRequest(worker_id="w1", task_types=[TEXT], resources=_resources(cpu=120.0)),
+            "resources.cpu_percent",
+        ),
+        (
+            registry_pb2.RegisterRequest(worker_id="w1", task_types=[TEXT], resources=_resources(memory=-1.0)),
+            "resources.memory_percent",
+        ),
     ],
-    ids=["empty-id", "blank-id", "long-id", "control-char-id", "no-types", "unknown-type", "unspecified-type",
-         "cpu-over-100", "negative-memory"],
+    ids=[
+        "empty-id",
+        "blank-id",
+        "long-id",
+        "control-char-id",
+        "no-types",
+        "unknown-type",
+        "unspecified-type",
+        "cpu-over-100",
+        "negative-memory",
+    ],
 )
 async def test_a_bad_registration_is_invalid_argument_naming_the_field_and_writes_nothing(
     registry: Registry, redis: Redis, settings: Settings, request_: registry_pb2.RegisterRequest, field: str

@@ -30,12 +30,15 @@ def store(redis: Redis, settings: Settings) -> QueueStore:
 
 
 async def delayed(redis: Redis, keys: Keys) -> dict[str, tuple[Entry, float]]:
-    return {Entry.decode(m.partition("|")[2]).task_id: (Entry.decode(m.partition("|")[2]), due)
-            for m, due in await redis.zrange(keys.delayed, 0, -1, withscores=True)}
+    return {
+        Entry.decode(m.partition("|")[2]).task_id: (Entry.decode(m.partition("|")[2]), due)
+        for m, due in await redis.zrange(keys.delayed, 0, -1, withscores=True)
+    }
 
 
 async def test_a_type_nobody_runs_waits_alone_and_the_devices_other_types_stay_schedulable(
-        store: QueueStore, redis: Redis) -> None:
+    store: QueueStore, redis: Redis
+) -> None:
     keys = store.keys
     # Given a device with an image first, then texts and more images
     await store.enqueue(A, [entry("i1", task_type=OCR), entry("t1"), entry("i2", task_type=OCR), entry("t2")], now=T0)
@@ -68,7 +71,8 @@ async def test_a_type_nobody_runs_waits_alone_and_the_devices_other_types_stay_s
 
 
 async def test_each_task_waits_by_its_own_defers_doubling_to_the_cap_then_is_dead_lettered(
-        redis: Redis, settings: Settings) -> None:
+    redis: Redis, settings: Settings
+) -> None:
     store = QueueStore(redis, settings.replace(max_attempts=5, defer_backoff_base_s=2, defer_backoff_max_s=10))
     await store.enqueue(A, [entry("i1", task_type=OCR, defers=2), entry("i2", task_type=OCR)], now=T0)
     popped = await store.pop(A, "tok", 1, now=T0)
@@ -93,7 +97,8 @@ async def test_each_task_waits_by_its_own_defers_doubling_to_the_cap_then_is_dea
 
 
 async def test_deferring_clears_the_overloaded_mark_below_the_limit_and_an_emptied_device_goes_idle(
-        store: QueueStore, redis: Redis) -> None:
+    store: QueueStore, redis: Redis
+) -> None:
     keys = store.keys
     await store.enqueue(A, [entry(f"i{i}", task_type=OCR) for i in range(4)], now=T0)
     await store.mark_overloaded(A)

@@ -34,8 +34,9 @@ async def submit(p: Platform, **kw: object) -> str:
 
 
 async def row(p: Platform, task_id: str) -> asyncpg.Record:
-    return await p.pg.fetchrow("SELECT status, worker_id, lease, attempts, history FROM tasks WHERE id = $1",
-                               uuid.UUID(task_id))
+    return await p.pg.fetchrow(
+        "SELECT status, worker_id, lease, attempts, history FROM tasks WHERE id = $1", uuid.UUID(task_id)
+    )
 
 
 async def status_is(p: Platform, task_id: str, *statuses: str) -> bool:
@@ -57,7 +58,8 @@ async def put_back(p: Platform, task_id: str, count: int = 1) -> bool:
 
 
 async def test_a_task_is_assigned_until_its_worker_starts_it_then_pending_without_worker_when_its_worker_goes(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(settings, redis, pg) as p:
         task_id = await submit(p)
         # Given a worker that takes the task and does not start it
@@ -89,14 +91,25 @@ async def test_a_task_is_assigned_until_its_worker_starts_it_then_pending_withou
 
 
 async def test_a_nacked_task_is_pending_with_its_reason_and_due_time_then_a_later_attempt_succeeds(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(settings, redis, pg, retry_backoff_base_s=2.0) as p:
         task_id = await submit(p)
         async with RawPull.hello(p.settings, "flaky", credits=1) as flaky:
             [a] = await flaky.wait_for(1)
             # When the worker hands it back for a reason that may pass
-            flaky.send(scheduler_pb2.PullRequest(nacks=[scheduler_pb2.Nack(
-                task_id=task_id, lease_token=a.lease_token, reason="fetch failed: timed out", count_attempt=True)]))
+            flaky.send(
+                scheduler_pb2.PullRequest(
+                    nacks=[
+                        scheduler_pb2.Nack(
+                            task_id=task_id,
+                            lease_token=a.lease_token,
+                            reason="fetch failed: timed out",
+                            count_attempt=True,
+                        )
+                    ]
+                )
+            )
             await eventually(lambda: put_back(p, task_id), 5, "not put back")
             # Then it is PENDING, without a worker, with the reason and the time of its retry (the backoff)
             r = await row(p, task_id)
@@ -113,7 +126,11 @@ async def test_a_nacked_task_is_pending_with_its_reason_and_due_time_then_a_late
         assert task.status == S.TASK_STATUS_SUCCEEDED and task.attempts == 2
         first, second = task.attempt_log
         assert (first.worker_id, first.attempt, first.outcome, first.detail) == (
-            "flaky", 1, S.TASK_STATUS_PENDING, "nacked: fetch failed: timed out")
+            "flaky",
+            1,
+            S.TASK_STATUS_PENDING,
+            "nacked: fetch failed: timed out",
+        )
         assert first.counted and first.HasField("retry_at")
         assert (second.worker_id, second.attempt, second.outcome) == ("steady", 2, S.TASK_STATUS_SUCCEEDED)
         assert second.lease > first.lease
@@ -123,7 +140,8 @@ async def test_a_nacked_task_is_pending_with_its_reason_and_due_time_then_a_late
 
 
 async def test_an_expired_lease_puts_the_task_back_and_its_late_ack_start_and_result_are_refused(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(settings, redis, pg, lease_ttl_s=1.0) as p:
         task_id = await submit(p)
         async with RawPull.hello(p.settings, "frozen", credits=1) as frozen:
@@ -145,12 +163,15 @@ async def test_an_expired_lease_puts_the_task_back_and_its_late_ack_start_and_re
 
 
 async def test_a_hand_out_past_its_execution_timeout_is_taken_back_while_its_stream_lives_and_dead_lettered(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
-    async with platform_with(settings, redis, pg, text_timeout_s=0.5, execution_timeout_grace_s=0.2,
-                             retry_backoff_base_s=0.1) as p:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
+    async with platform_with(
+        settings, redis, pg, text_timeout_s=0.5, execution_timeout_grace_s=0.2, retry_backoff_base_s=0.1
+    ) as p:
         # Given a task that may be tried twice, and a worker that keeps talking but never finishes anything
         task_id = await submit(p, max_attempts=2)
         async with RawPull.hello(p.settings, "stuck", credits=5) as stuck:
+
             async def keep_talking() -> None:
                 while True:
                     stuck.send(scheduler_pb2.PullRequest())
@@ -165,8 +186,11 @@ async def test_a_hand_out_past_its_execution_timeout_is_taken_back_while_its_str
                 assert not session.closed and task_id not in session.held
                 # and the worker's late ack of its first hand-out is refused
                 refused = p.scheduler.streams.fencing_refusals
-                stuck.send(scheduler_pb2.PullRequest(acks=[scheduler_pb2.Ack(
-                    task_id=task_id, lease_token=stuck.received[0].lease_token)]))
+                stuck.send(
+                    scheduler_pb2.PullRequest(
+                        acks=[scheduler_pb2.Ack(task_id=task_id, lease_token=stuck.received[0].lease_token)]
+                    )
+                )
                 await eventually(lambda: _true(p.scheduler.streams.fencing_refusals > refused), 5, "ack accepted")
             finally:
                 talker.cancel()
@@ -183,7 +207,8 @@ async def test_a_hand_out_past_its_execution_timeout_is_taken_back_while_its_str
 
 
 async def test_max_attempts_is_the_tasks_own_bounded_by_the_setting(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(settings, redis, pg, max_attempts=4, retry_backoff_base_s=0.05) as p:
         # An attempt limit above the global one is refused, naming the field, and changes nothing
         with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -201,9 +226,17 @@ async def test_max_attempts_is_the_tasks_own_bounded_by_the_setting(
         assert (await get(p, once)).max_attempts == 1 and (await get(p, default)).max_attempts == 0
         async with RawPull.hello(p.settings, "failing", credits=2) as failing:
             assignments = await failing.wait_for(2)
-            failing.send(scheduler_pb2.PullRequest(credits=2, nacks=[
-                scheduler_pb2.Nack(task_id=a.task_id, lease_token=a.lease_token, reason="broken", count_attempt=True)
-                for a in assignments]))
+            failing.send(
+                scheduler_pb2.PullRequest(
+                    credits=2,
+                    nacks=[
+                        scheduler_pb2.Nack(
+                            task_id=a.task_id, lease_token=a.lease_token, reason="broken", count_attempt=True
+                        )
+                        for a in assignments
+                    ],
+                )
+            )
             await eventually(lambda: status_is(p, once, "DEAD_LETTERED"), 5, "not dead-lettered at its limit")
             await eventually(lambda: put_back(p, default), 5, "not put back")
             await failing.wait_for(3)  # the default one comes back for its second attempt
@@ -211,7 +244,8 @@ async def test_max_attempts_is_the_tasks_own_bounded_by_the_setting(
 
 
 async def test_a_put_back_that_does_not_count_keeps_the_attempt_number(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(settings, redis, pg) as p:
         task_id = await submit(p)
         async with RawPull.hello(p.settings, "busy", credits=1) as busy:
@@ -231,7 +265,8 @@ async def _true(value: bool) -> bool:
 
 
 async def test_the_schedulers_status_writes_skip_rows_a_worker_is_writing_instead_of_waiting(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     from sieve.db.tasks import HandOut, PutBack
 
     async with platform_with(settings, redis, pg) as p:
@@ -246,7 +281,8 @@ async def test_the_schedulers_status_writes_skip_rows_a_worker_is_writing_instea
             moved = await asyncio.wait_for(store.assigned([HandOut(i, 5, 1, "w", now) for i in ids]), 2)
             assert moved == 1
             done, skipped = await asyncio.wait_for(
-                store.put_back([PutBack(i, 5, "w", "lease expired", True) for i in ids]), 2)
+                store.put_back([PutBack(i, 5, "w", "lease expired", True) for i in ids]), 2
+            )
             assert done == [ids[1]] and skipped == [ids[0]]
         # When the row is free again, the put-back of it goes through
         assert await store.put_back([PutBack(ids[0], 5, "w", "lease expired", True)]) == ([ids[0]], [])

@@ -19,14 +19,24 @@ from tests.support.redis import delete_prefix
 
 
 async def test_queues_are_rebuilt_from_postgresql_in_their_original_order(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(settings, redis, pg, max_attempts=3) as p:
         # Given queued tasks on two devices
-        first = [(await p.intake.Submit(intake_pb2.SubmitRequest(
-            task=text_spec("AA-BB-CC-DD-EE-01", f"a{i}")))).task.task_id for i in range(5)]
-        second = [(await p.intake.Submit(intake_pb2.SubmitRequest(
-            task=text_spec("AA-BB-CC-DD-EE-02", f"b{i}", priority=types_pb2.PRIORITY_HIGH)))).task.task_id
-            for i in range(3)]
+        first = [
+            (await p.intake.Submit(intake_pb2.SubmitRequest(task=text_spec("AA-BB-CC-DD-EE-01", f"a{i}")))).task.task_id
+            for i in range(5)
+        ]
+        second = [
+            (
+                await p.intake.Submit(
+                    intake_pb2.SubmitRequest(
+                        task=text_spec("AA-BB-CC-DD-EE-02", f"b{i}", priority=types_pb2.PRIORITY_HIGH)
+                    )
+                )
+            ).task.task_id
+            for i in range(3)
+        ]
         # When Redis loses its memory
         await delete_prefix(redis, p.settings.redis_prefix)
         # Then intake refuses new work with UNAVAILABLE (clients retry) and records nothing
@@ -50,10 +60,15 @@ async def test_queues_are_rebuilt_from_postgresql_in_their_original_order(
 
 
 async def test_the_housekeeping_tick_rebuilds_a_redis_that_came_back_empty(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(settings, redis, pg, workers=1) as p:
-        ids = [(await p.intake.Submit(intake_pb2.SubmitRequest(
-            task=text_spec(f"AA-BB-CC-DD-EE-{i:02x}", "x")))).task.task_id for i in range(20)]
+        ids = [
+            (
+                await p.intake.Submit(intake_pb2.SubmitRequest(task=text_spec(f"AA-BB-CC-DD-EE-{i:02x}", "x")))
+            ).task.task_id
+            for i in range(20)
+        ]
         await delete_prefix(redis, p.settings.redis_prefix)
         # the scheduler's housekeeping (every 0.2 s here) notices the missing generation and rebuilds
         for _ in range(100):

@@ -35,8 +35,16 @@ def quick(settings: Settings, **overrides: object) -> Settings:
 
 def new_task(device: str = A, *, age_s: float = 3600, text: str = "hello") -> NewTask:
     created = datetime.now(UTC) - timedelta(seconds=age_s)
-    return NewTask(uuid7_at(created), device, types_pb2.TASK_TYPE_TEXT, types_pb2.PRIORITY_NORMAL, "tests",
-                   created, created + timedelta(hours=2), text=text)
+    return NewTask(
+        uuid7_at(created),
+        device,
+        types_pb2.TASK_TYPE_TEXT,
+        types_pb2.PRIORITY_NORMAL,
+        "tests",
+        created,
+        created + timedelta(hours=2),
+        text=text,
+    )
 
 
 async def age(pg: asyncpg.Pool, seconds: float = 3600) -> None:
@@ -45,8 +53,11 @@ async def age(pg: asyncpg.Pool, seconds: float = 3600) -> None:
 
 
 async def submit(p: object, device: str, count: int) -> list[str]:
-    reply = await p.intake.SubmitBatch(intake_pb2.SubmitBatchRequest(  # type: ignore[attr-defined]
-        tasks=[text_spec(device.replace(":", "-"), f"task {i}") for i in range(count)]))
+    reply = await p.intake.SubmitBatch(
+        intake_pb2.SubmitBatchRequest(  # type: ignore[attr-defined]
+            tasks=[text_spec(device.replace(":", "-"), f"task {i}") for i in range(count)]
+        )
+    )
     return [item.task.task_id for item in reply.items]
 
 
@@ -56,7 +67,8 @@ async def history_details(pg: asyncpg.Pool, task_id: str) -> list[str]:
 
 
 async def test_a_task_recorded_but_never_queued_is_queued_again_with_a_fenced_attempt(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     s = quick(settings)
     tasks, queues = TaskStore(pg), QueueStore(redis, s)
     # Given rows an intake wrote before it died (never enqueued), one of them started once before (lease 3)
@@ -84,7 +96,8 @@ async def test_a_task_recorded_but_never_queued_is_queued_again_with_a_fenced_at
 
 
 async def test_a_task_recorded_but_never_queued_is_finished_by_a_worker_through_the_schedulers_own_loop(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(settings, redis, pg, workers=1, reconcile_interval_s=0.3, reconcile_grace_s=0.5) as p:
         # Given a row written by an intake that died before enqueueing it (no queue holds it)
         task = new_task(age_s=0)
@@ -97,14 +110,20 @@ async def test_a_task_recorded_but_never_queued_is_finished_by_a_worker_through_
 
 
 async def test_tasks_in_a_queue_a_lease_or_the_delayed_set_and_young_rows_are_left_alone(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(quick(settings), redis, pg) as p:
         tasks, queues = TaskStore(pg), p.queues
         ids = await submit(p, A, 12)
         # Given four tasks leased, four waiting out a retry delay, four queued
         popped = await queues.pop(A, "tok", 8, release=True)
-        await queues.requeue(A, [(e.task_id, e.attempt) for e in popped.taken[4:]], count_attempt=False,
-                             reason="later", retry_at_ms=datetime.now(UTC).timestamp() * 1000 + 600_000)
+        await queues.requeue(
+            A,
+            [(e.task_id, e.attempt) for e in popped.taken[4:]],
+            count_attempt=False,
+            reason="later",
+            retry_at_ms=datetime.now(UTC).timestamp() * 1000 + 600_000,
+        )
         await age(pg)
         # and one row written just now that no queue holds yet (a Submit between its row and its enqueue)
         young = new_task(B, age_s=0)
@@ -121,14 +140,20 @@ async def test_tasks_in_a_queue_a_lease_or_the_delayed_set_and_young_rows_are_le
 
 
 async def test_a_task_that_moved_into_the_delayed_set_after_the_snapshot_is_not_queued_twice(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(quick(settings), redis, pg) as p:
         tasks, queues = TaskStore(pg), p.queues
         ids = await submit(p, A, 3)
         popped = await queues.pop(A, "tok", 1, release=True)
         # Given a task that went to the delayed set after the pass read its snapshot of it (an empty one)
-        await queues.requeue(A, [(popped.taken[0].task_id, popped.taken[0].attempt)], count_attempt=False,
-                             reason="later", retry_at_ms=datetime.now(UTC).timestamp() * 1000 + 600_000)
+        await queues.requeue(
+            A,
+            [(popped.taken[0].task_id, popped.taken[0].attempt)],
+            count_attempt=False,
+            reason="later",
+            retry_at_ms=datetime.now(UTC).timestamp() * 1000 + 600_000,
+        )
         await age(pg)
         reconciler = Reconciler(queues, tasks)
         rows = await tasks.reconcile_page(None, 100, 1.0)
@@ -144,7 +169,8 @@ async def test_a_task_that_moved_into_the_delayed_set_after_the_snapshot_is_not_
 
 
 async def test_a_devices_deleted_queues_and_meta_are_requeued_and_every_counter_is_exact_again(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(quick(settings), redis, pg) as p:
         tasks, queues = TaskStore(pg), p.queues
         lost = await submit(p, A, 30)
@@ -175,7 +201,8 @@ async def test_a_devices_deleted_queues_and_meta_are_requeued_and_every_counter_
 
 
 async def test_a_device_left_in_a_schedule_set_without_its_meta_is_taken_out(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(quick(settings), redis, pg) as p:
         queues = p.queues
         await submit(p, A, 2)
@@ -194,7 +221,8 @@ async def test_a_device_left_in_a_schedule_set_without_its_meta_is_taken_out(
 
 
 async def test_device_keys_that_disagree_with_the_queues_are_mended_and_the_device_served_again(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     devices = [f"AA:BB:CC:DD:EF:{i:02X}" for i in range(5)]
     async with platform_with(quick(settings), redis, pg) as p:
         queues = p.queues
@@ -234,7 +262,8 @@ async def test_device_keys_that_disagree_with_the_queues_are_mended_and_the_devi
 
 
 async def test_a_lost_lease_is_requeued_above_every_hand_out_and_the_old_holders_result_is_refused(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(quick(settings), redis, pg) as p:
         tasks, queues = TaskStore(pg), p.queues
         [task_id] = await submit(p, A, 1)
@@ -255,8 +284,9 @@ async def test_a_lost_lease_is_requeued_above_every_hand_out_and_the_old_holders
         assert [s.attempt for s in started] == [second.attempt]
         # And the old holder's late result is refused; the new one is stored
         assert await tasks.finish([Outcome(uuid.UUID(task_id), 1, "old-worker", "PASS", "[]", "x")]) == set()
-        assert await tasks.finish([Outcome(uuid.UUID(task_id), second.attempt, "new-worker", "PASS", "[]", "x")]) \
-            == {uuid.UUID(task_id)}
+        assert await tasks.finish([Outcome(uuid.UUID(task_id), second.attempt, "new-worker", "PASS", "[]", "x")]) == {
+            uuid.UUID(task_id)
+        }
         assert await queues.ack([(task_id, second.attempt)]) == [True]
 
 
@@ -277,7 +307,8 @@ async def test_a_lease_without_a_deadline_gets_one(settings: Settings, redis: Re
 
 
 async def test_a_dead_lettering_or_an_expiry_whose_postgresql_write_was_lost_is_recorded(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(quick(settings), redis, pg) as p:
         tasks, queues = TaskStore(pg), p.queues
         dead_id, expiring_id = await submit(p, A, 2)
@@ -285,12 +316,12 @@ async def test_a_dead_lettering_or_an_expiry_whose_postgresql_write_was_lost_is_
         # Given a task Redis dead-lettered whose DEAD_LETTERED write never reached PostgreSQL
         popped = (await queues.pop(A, "tok", 1, release=True)).taken
         assert [e.task_id for e in popped] == [dead_id]
-        result = await queues.requeue(A, [(dead_id, popped[0].attempt)], count_attempt=True, reason="it broke",
-                                      max_attempts=0)
+        result = await queues.requeue(
+            A, [(dead_id, popped[0].attempt)], count_attempt=True, reason="it broke", max_attempts=0
+        )
         assert len(result.dead_letters) == 1
         # and a task dropped from its queue after its TTL passed, whose EXPIRED write was lost too
-        await pg.execute("UPDATE tasks SET expires_at = now() - interval '1 minute' WHERE id = $1::uuid",
-                         expiring_id)
+        await pg.execute("UPDATE tasks SET expires_at = now() - interval '1 minute' WHERE id = $1::uuid", expiring_id)
         assert await queues.remove_queued(A, expiring_id) is not None
         # When a pass runs
         report = await Reconciler(queues, tasks).run_pass()
@@ -303,7 +334,8 @@ async def test_a_dead_lettering_or_an_expiry_whose_postgresql_write_was_lost_is_
 
 
 async def test_a_dead_letter_older_than_the_rows_last_change_does_not_stop_a_requeue(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     s = quick(settings)
     tasks, queues = TaskStore(pg), QueueStore(redis, s)
     # Given a task dead-lettered long ago, requeued by an operator since (PENDING, changed after the dead letter),
@@ -311,26 +343,34 @@ async def test_a_dead_letter_older_than_the_rows_last_change_does_not_stop_a_req
     task = new_task()
     await tasks.insert([task])
     await pg.execute("UPDATE tasks SET updated_at = now() - interval '10 minutes'")
-    await redis.lpush(queues.keys.dead_letters, json.dumps({
-        "task_id": str(task.task_id), "device": A, "error": "old", "dead_ms": int(
-            (datetime.now(UTC) - timedelta(hours=1)).timestamp() * 1000)}))
+    await redis.lpush(
+        queues.keys.dead_letters,
+        json.dumps(
+            {
+                "task_id": str(task.task_id),
+                "device": A,
+                "error": "old",
+                "dead_ms": int((datetime.now(UTC) - timedelta(hours=1)).timestamp() * 1000),
+            }
+        ),
+    )
     report = await Reconciler(queues, tasks).run_pass()
     # Then it is queued again, not dead-lettered
     assert report.found["requeued"] == 1 and report.found["dead_lettered"] == 0
     assert await pg.fetchval("SELECT status FROM tasks") == "PENDING"
 
 
-async def test_two_passes_at_once_queue_each_lost_task_once(settings: Settings, redis: Redis,
-                                                            pg: asyncpg.Pool) -> None:
+async def test_two_passes_at_once_queue_each_lost_task_once(settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
     s = quick(settings)
     tasks, queues = TaskStore(pg), QueueStore(redis, s)
     lost = [new_task(f"AA:BB:CC:DD:{i // 20:02X}:{i % 20:02X}") for i in range(200)]
     await tasks.insert(lost)
     await age(pg)
     # When two replicas pass at the same moment (page by page, interleaved)
-    first, second = await asyncio.gather(Reconciler(queues, tasks).run_pass(),
-                                         Reconciler(QueueStore(redis, s.replace(reconcile_page_rows=7)),
-                                                    tasks).run_pass())
+    first, second = await asyncio.gather(
+        Reconciler(queues, tasks).run_pass(),
+        Reconciler(QueueStore(redis, s.replace(reconcile_page_rows=7)), tasks).run_pass(),
+    )
     # Then every lost task is queued exactly once
     assert first.found["requeued"] + second.found["requeued"] == 200
     assert await queues.pending() == 200
@@ -338,8 +378,9 @@ async def test_two_passes_at_once_queue_each_lost_task_once(settings: Settings, 
     assert len(queued) == len(set(queued)) == 200
 
 
-async def test_one_pass_per_interval_whatever_the_number_of_replicas(settings: Settings, redis: Redis,
-                                                                    pg: asyncpg.Pool) -> None:
+async def test_one_pass_per_interval_whatever_the_number_of_replicas(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     s = quick(settings, reconcile_interval_s=30.0)
     tasks = TaskStore(pg)
     replicas = [Reconciler(QueueStore(redis, s), tasks) for _ in range(3)]
@@ -350,7 +391,8 @@ async def test_one_pass_per_interval_whatever_the_number_of_replicas(settings: S
 
 
 async def test_a_pass_waits_for_a_rebuild_and_stops_when_redis_is_rebuilt_under_it(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     s = quick(settings)
     tasks, queues = TaskStore(pg), QueueStore(redis, s)
     await tasks.insert([new_task()])
@@ -384,24 +426,31 @@ async def test_the_page_query_reads_the_partial_index_of_open_tasks(settings: Se
                CASE WHEN i % 4 = 0 THEN 'PENDING' ELSE 'SUCCEEDED' END, 'tests', now() - interval '1 hour',
                now() - interval '1 hour', now() + interval '1 hour', now() - interval '1 hour', 'x'
         FROM generate_series(1, 20000) AS i
-        """)
+        """
+    )
     await pg.execute("ANALYZE tasks")
     # the partial index, and on the partitioned table its partitions' indexes
-    ours = {r["relname"] for r in await pg.fetch(
-        "SELECT c.relname FROM pg_class c WHERE c.oid = 'tasks_open_device_id'::regclass "
-        "UNION SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-        "WHERE i.inhparent = 'tasks_open_device_id'::regclass")}
+    ours = {
+        r["relname"]
+        for r in await pg.fetch(
+            "SELECT c.relname FROM pg_class c WHERE c.oid = 'tasks_open_device_id'::regclass "
+            "UNION SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = 'tasks_open_device_id'::regclass"
+        )
+    }
     for mode in ("force_custom_plan", "force_generic_plan"):
         async with pg.acquire() as conn, conn.transaction():
             await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
             await conn.execute(RECONCILE_PAGE_SETTINGS)  # as TaskStore.reconcile_page runs it
-            plan = json.loads(await conn.fetchval("EXPLAIN (FORMAT JSON) " + RECONCILE_PAGE_SQL, "",
-                                                  uuid.UUID(int=0), 500, 60.0))
+            plan = json.loads(
+                await conn.fetchval("EXPLAIN (FORMAT JSON) " + RECONCILE_PAGE_SQL, "", uuid.UUID(int=0), 500, 60.0)
+            )
         nodes = list(_nodes(plan[0]["Plan"]))
         # Then every scan is an ordered (index-only) scan of that index: no table scan, no sort of the open tasks
         scans = [n for n in nodes if "Relation Name" in n]
-        assert scans and all(n["Node Type"] in ("Index Only Scan", "Index Scan") and n["Index Name"] in ours
-                             for n in scans), nodes
+        assert scans and all(
+            n["Node Type"] in ("Index Only Scan", "Index Scan") and n["Index Name"] in ours for n in scans
+        ), nodes
         assert not any(n["Node Type"] == "Sort" for n in nodes), nodes
     rows = await TaskStore(pg).reconcile_page(None, 500, 60.0)
     assert len(rows) == 500
@@ -425,4 +474,3 @@ async def test_the_keyset_pages_cover_every_open_task_once(settings: Settings, p
         seen += [r["id"] for r in rows]
         after = (rows[-1]["device"], rows[-1]["id"])
     assert sorted(seen) == sorted(t.task_id for t in batch) and len(seen) == 53
-

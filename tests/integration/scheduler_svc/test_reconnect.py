@@ -66,15 +66,17 @@ class Pair:
     pg: asyncpg.Pool
 
     async def submit(self, count: int) -> list[str]:
-        reply = await self.intake.SubmitBatch(intake_pb2.SubmitBatchRequest(
-            tasks=[text_spec(DEVICE, f"task {i}") for i in range(count)]))
+        reply = await self.intake.SubmitBatch(
+            intake_pb2.SubmitBatchRequest(tasks=[text_spec(DEVICE, f"task {i}") for i in range(count)])
+        )
         return [item.task.task_id for item in reply.items]
 
     async def run(self, worker_id: str, a: scheduler_pb2.Assignment) -> scheduler_pb2.Ack:
         """What a real worker does with an assignment: mark it RUNNING, store its result; returns its ack."""
         lease = lease_number(a.lease_token)
-        [started] = await self.tasks.start(worker_id, [(uuid.UUID(a.task_id), lease, a.attempt,
-                                                        a.assigned_at.ToDatetime(UTC))])
+        [started] = await self.tasks.start(
+            worker_id, [(uuid.UUID(a.task_id), lease, a.attempt, a.assigned_at.ToDatetime(UTC))]
+        )
         assert await self.tasks.finish([Outcome(started.task_id, lease, worker_id, "PASS", "[]", "x")])
         return scheduler_pb2.Ack(task_id=a.task_id, lease_token=a.lease_token)
 
@@ -95,8 +97,15 @@ async def pair(settings: Settings, redis: Redis, pg: asyncpg.Pool) -> AsyncItera
         replicas.append(Replica(scheduler, server, settings.replace(scheduler_addr=f"127.0.0.1:{server.port}")))
     channel = rpc.channel(f"127.0.0.1:{intake.port}", settings)
     try:
-        yield Pair(replicas[0], replicas[1], intake_pb2_grpc.IntakeServiceStub(channel), tasks,
-                   QueueStore(redis, settings), redis, pg)
+        yield Pair(
+            replicas[0],
+            replicas[1],
+            intake_pb2_grpc.IntakeServiceStub(channel),
+            tasks,
+            QueueStore(redis, settings),
+            redis,
+            pg,
+        )
     finally:
         await channel.close()
         for replica in replicas:
@@ -113,7 +122,8 @@ def hello(worker_id: str, held: list[scheduler_pb2.Assignment], **kw: object) ->
 
 
 async def test_a_new_scheduler_adopts_the_reconnecting_workers_leases_and_settles_its_owed_acks_at_once(
-        pair: Pair) -> None:
+    pair: Pair,
+) -> None:
     ids = await pair.submit(3)
     # Given a worker holding three tasks of scheduler A, two of them done (their acks never reached A)
     async with RawPull.hello(pair.a.settings, "w1", credits=3) as stream:
@@ -128,7 +138,8 @@ async def test_a_new_scheduler_adopts_the_reconnecting_workers_leases_and_settle
 
         async def settled() -> bool:
             return streams.reconnect_leases["acked"] == 2 and not await pair.queues.lease_facts(
-                [a.task_id for a in assignments[:2]])
+                [a.task_id for a in assignments[:2]]
+            )
 
         # Then B adopts all three (once A's renewals are old enough) and settles the two acks: no lease expiry
         await eventually(settled, 10, f"not settled: {dict(streams.reconnect_leases)}")
@@ -158,16 +169,21 @@ async def test_reannounced_leases_that_are_not_the_workers_are_refused_and_settl
     async with RawPull.hello(pair.b.settings, "w3", credits=1) as holder:
         [theirs] = await holder.wait_for(1)
         assert theirs.task_id == held_elsewhere
-        guessed = scheduler_pb2.Assignment(task_id=assignments[2].task_id,
-                                           lease_token=f"{lease_number(assignments[2].lease_token)}.0123456789abcdef")
+        guessed = scheduler_pb2.Assignment(
+            task_id=assignments[2].task_id, lease_token=f"{lease_number(assignments[2].lease_token)}.0123456789abcdef"
+        )
         # When another worker id re-announces w1's lease with w1's real token, one re-announces a guessed token,
         # and w1 re-announces a lease that another stream holds and one that A had already settled
-        async with RawPull(pair.b.settings, hello("w2", [assignments[1], guessed])) as thief, \
-                RawPull(pair.b.settings, hello("w1", [theirs, assignments[0]], acks=[done])) as late:
-            await eventually(lambda: _true(streams.reconnect_leases["refused"] >= 3), 10,
-                             f"{dict(streams.reconnect_leases)}")
-            await eventually(lambda: _true(streams.reconnect_leases["gone"] >= 1), 10,
-                             f"{dict(streams.reconnect_leases)}")
+        async with (
+            RawPull(pair.b.settings, hello("w2", [assignments[1], guessed])) as thief,
+            RawPull(pair.b.settings, hello("w1", [theirs, assignments[0]], acks=[done])) as late,
+        ):
+            await eventually(
+                lambda: _true(streams.reconnect_leases["refused"] >= 3), 10, f"{dict(streams.reconnect_leases)}"
+            )
+            await eventually(
+                lambda: _true(streams.reconnect_leases["gone"] >= 1), 10, f"{dict(streams.reconnect_leases)}"
+            )
             # Then none is adopted: the leases stay where they were, and the settled one's ack is dropped quietly
             assert streams.reconnect_leases["adopted"] == 0
             assert streams.fencing_refusals == 0 and streams.reannounced_gone == 1
@@ -200,9 +216,13 @@ async def test_what_a_dead_replica_handed_out_and_nobody_reannounced_goes_back_u
             await pair.redis.hset(pair.queues.keys.schedulers, "ghost", int(now_ms()))
             # When it stays silent past scheduler_dead_after_s, Then a live replica puts its leases back at once
             # (uncounted, with the reason), long before the lease TTL, and forgets it
-            await eventually(lambda: _true(pair.b.scheduler.housekeeping.orphans_put_back
-                                           + pair.a.scheduler.housekeeping.orphans_put_back == 2), 10,
-                             "the dead replica's leases were not put back")
+            await eventually(
+                lambda: _true(
+                    pair.b.scheduler.housekeeping.orphans_put_back + pair.a.scheduler.housekeeping.orphans_put_back == 2
+                ),
+                10,
+                "the dead replica's leases were not put back",
+            )
             assert not await pair.redis.hexists(pair.queues.keys.schedulers, "ghost")
             for task_id in lost:  # (the PENDING records are written off the hot path: a moment later)
                 await eventually(lambda t=task_id: _put_back_recorded(pair, t), 5, "put-back not recorded")

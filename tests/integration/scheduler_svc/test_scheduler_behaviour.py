@@ -45,7 +45,8 @@ async def submit(p: Platform, spec: intake_pb2.TaskSpec) -> str:
 
 
 async def test_a_failing_task_is_retried_with_backoff_then_dead_lettered_and_can_be_requeued(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(settings, redis, pg, max_attempts=3, retry_backoff_base_s=0.1) as p:
         # Given a worker that fails every attempt
         task_id = await submit(p, text_spec("AA-BB-CC-DD-EE-01", "加微信"))
@@ -56,12 +57,14 @@ async def test_a_failing_task_is_retried_with_backoff_then_dead_lettered_and_can
         assert attempts == [1, 2, 3]
         letters = (await p.scheduler_stub.ListDeadLetters(scheduler_pb2.ListDeadLettersRequest())).dead_letters
         assert [(d.task_id, d.device_id, d.attempts, d.error) for d in letters] == [
-            (task_id, "AA:BB:CC:DD:EE:01", 3, "transient failure")]
+            (task_id, "AA:BB:CC:DD:EE:01", 3, "transient failure")
+        ]
         assert await p.queues.pending() == 0
         # When an operator requeues it by id, with a real worker running
         await p.add_worker(worker_id="real-1")
-        reply = await p.scheduler_stub.RequeueDeadLetters(scheduler_pb2.RequeueDeadLettersRequest(
-            filter=scheduler_pb2.DeadLetterFilter(task_id=task_id)))
+        reply = await p.scheduler_stub.RequeueDeadLetters(
+            scheduler_pb2.RequeueDeadLettersRequest(filter=scheduler_pb2.DeadLetterFilter(task_id=task_id))
+        )
         assert list(reply.task_ids) == [task_id]
         # Then it succeeds, keeping its id and its whole history
         task = await wait_final(p.intake, task_id)
@@ -76,26 +79,32 @@ async def _is(p: Platform, task_id: str, status: str) -> bool:
 
 
 async def test_dead_letters_can_be_listed_filtered_requeued_all_and_purged(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(settings, redis, pg, max_attempts=1) as p:
         ids = [await submit(p, text_spec(f"AA-BB-CC-DD-EE-0{i}", f"text {i}")) for i in range(1, 5)]
         async with ScriptedWorker(p.settings, policy=always_fail):
             for task_id in ids:
                 await eventually(lambda t=task_id: _is(p, t, "DEAD_LETTERED"))
         stub = p.scheduler_stub
-        one = await stub.ListDeadLetters(scheduler_pb2.ListDeadLettersRequest(
-            filter=scheduler_pb2.DeadLetterFilter(device_id="aabb.ccdd.ee02")))
+        one = await stub.ListDeadLetters(
+            scheduler_pb2.ListDeadLettersRequest(filter=scheduler_pb2.DeadLetterFilter(device_id="aabb.ccdd.ee02"))
+        )
         assert [d.task_id for d in one.dead_letters] == [ids[1]] and one.total == 4
         # an empty filter needs all=true, and a bad filter names its field
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.PurgeDeadLetters(scheduler_pb2.PurgeDeadLettersRequest())
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and rpc.bad_fields_of(err.value) == ["all"]
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            await stub.ListDeadLetters(scheduler_pb2.ListDeadLettersRequest(
-                filter=scheduler_pb2.DeadLetterFilter(device_id="nope")))
+            await stub.ListDeadLetters(
+                scheduler_pb2.ListDeadLettersRequest(filter=scheduler_pb2.DeadLetterFilter(device_id="nope"))
+            )
         assert rpc.bad_fields_of(err.value) == ["filter.device_id"]
-        purged = await stub.PurgeDeadLetters(scheduler_pb2.PurgeDeadLettersRequest(
-            filter=scheduler_pb2.DeadLetterFilter(error_contains="transient", device_id="AA:BB:CC:DD:EE:01")))
+        purged = await stub.PurgeDeadLetters(
+            scheduler_pb2.PurgeDeadLettersRequest(
+                filter=scheduler_pb2.DeadLetterFilter(error_contains="transient", device_id="AA:BB:CC:DD:EE:01")
+            )
+        )
         assert purged.purged == 1
         requeued = await stub.RequeueDeadLetters(scheduler_pb2.RequeueDeadLettersRequest(all=True))
         assert sorted(requeued.task_ids) == sorted(ids[1:])
@@ -104,7 +113,8 @@ async def test_dead_letters_can_be_listed_filtered_requeued_all_and_purged(
 
 
 async def test_a_task_whose_ttl_passes_in_the_queue_becomes_expired(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(settings, redis, pg, ttl_sweep_interval_s=0.2) as p:
         short = await submit(p, text_spec("AA-BB-CC-DD-EE-01", "short", ttl=duration_pb2.Duration(seconds=1)))
         long = await submit(p, text_spec("AA-BB-CC-DD-EE-01", "long"))
@@ -142,6 +152,7 @@ async def test_the_result_of_a_task_cancelled_while_running_is_discarded(platfor
     task_id = await submit(p, text_spec("AA-BB-CC-DD-EE-01", "running"))
     store = TaskStore(p.pg)
     from datetime import UTC, datetime
+
     [started] = await store.start("w1", [(uuid.UUID(task_id), 1, 1, datetime.now(UTC))])
     await p.intake.CancelTask(intake_pb2.CancelTaskRequest(task_id=task_id))
     stored = await store.finish([Outcome(started.task_id, 1, "w1", "PASS", "[]", "running")])
@@ -151,9 +162,17 @@ async def test_the_result_of_a_task_cancelled_while_running_is_discarded(platfor
 
 
 async def test_the_watermark_tells_pending_overloaded_backed_off_and_dead(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
-    async with platform_with(settings, redis, pg, max_per_device_pending=2, watermark_interval_s=0.1,
-                             max_attempts=2, retry_backoff_base_s=0.05) as p:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
+    async with platform_with(
+        settings,
+        redis,
+        pg,
+        max_per_device_pending=2,
+        watermark_interval_s=0.1,
+        max_attempts=2,
+        retry_backoff_base_s=0.05,
+    ) as p:
         for i in range(2):
             await submit(p, text_spec("AA-BB-CC-DD-EE-01", f"t{i}"))
         with pytest.raises(grpc.aio.AioRpcError):
@@ -165,9 +184,15 @@ async def test_the_watermark_tells_pending_overloaded_backed_off_and_dead(
         doomed = await submit(p, text_spec("AA-BB-CC-DD-EE-03", "doomed"))
         # a text-only worker: the OCR task waits out a delay (its type only; no device backs off), the doomed
         # task fails once and is dead-lettered
-        async with ScriptedWorker(p.settings, credits=1, policy=lambda a: always_fail(a)
-                                  if a.task_id == doomed else scheduler_pb2.Nack(retry_after=duration_pb2.Duration(
-                                      seconds=60), reason="hold")) as _:
+        async with ScriptedWorker(
+            p.settings,
+            credits=1,
+            policy=lambda a: (
+                always_fail(a)
+                if a.task_id == doomed
+                else scheduler_pb2.Nack(retry_after=duration_pb2.Duration(seconds=60), reason="hold")
+            ),
+        ) as _:
             await eventually(lambda: _is(p, doomed, "DEAD_LETTERED"))
             await asyncio.sleep(0.3)
             mark = await p.scheduler_stub.GetWatermark(scheduler_pb2.GetWatermarkRequest())
@@ -181,15 +206,19 @@ async def test_the_watermark_tells_pending_overloaded_backed_off_and_dead(
 
 
 async def test_two_scheduler_replicas_never_hand_out_a_task_twice(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(settings, redis, pg, max_total_pending=10_000) as p:
         # Given a second scheduler replica on the same Redis, each with its own worker
         service = (await build_scheduler(p.settings, Stores.of(redis=redis, pool=pg))).service
         second = await rpc.create_server(service, "127.0.0.1:0", p.settings)
         specs = [text_spec(f"0A:00:00:00:00:{d:02x}", f"t{i}") for d in range(50) for i in range(20)]
-        async with ScriptedWorker(p.settings, worker_id="w-a", credits=20) as a, \
-                ScriptedWorker(p.settings.replace(scheduler_addr=f"127.0.0.1:{second.port}"), worker_id="w-b",
-                               credits=20) as b:
+        async with (
+            ScriptedWorker(p.settings, worker_id="w-a", credits=20) as a,
+            ScriptedWorker(
+                p.settings.replace(scheduler_addr=f"127.0.0.1:{second.port}"), worker_id="w-b", credits=20
+            ) as b,
+        ):
             # When 1 000 tasks over 50 devices are submitted
             for i in range(0, len(specs), 200):
                 await p.intake.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=specs[i : i + 200]))
@@ -217,14 +246,20 @@ async def _router_expects_gpus(p: Platform) -> bool:
 
 @pytest.mark.parametrize("strategy", ["defer", "cpu", "dead_letter"])
 async def test_ocr_with_only_cpu_workers_follows_the_no_gpu_strategy_while_gpu_workers_are_expected(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool, strategy: str) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool, strategy: str
+) -> None:
     async with platform_with(settings, redis, pg, no_gpu_strategy=strategy) as p:
         # Given GPU workers that were alive recently and are gone now
         await _gpu_workers_expected(p)
-        task_id = await submit(p, intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-07",
-                                                      type=types_pb2.TASK_TYPE_OCR_IMAGE, image=PNG))
-        async with ScriptedWorker(p.settings, worker_id="cpu-1", gpu=False,
-                                  task_types=(types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE)) as cpu:
+        task_id = await submit(
+            p, intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-07", type=types_pb2.TASK_TYPE_OCR_IMAGE, image=PNG)
+        )
+        async with ScriptedWorker(
+            p.settings,
+            worker_id="cpu-1",
+            gpu=False,
+            task_types=(types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE),
+        ) as cpu:
             if strategy == "cpu":
                 await cpu.wait_for(1)
                 assert cpu.received[0].task_id == task_id
@@ -246,38 +281,57 @@ async def test_ocr_with_only_cpu_workers_follows_the_no_gpu_strategy_while_gpu_w
 
 
 async def test_a_fleet_without_gpus_runs_ocr_on_cpu_workers_with_the_default_strategy(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(settings, redis, pg) as p:
         # Given the default strategy (defer) and no GPU worker seen, ever
         assert p.settings.no_gpu_strategy == "defer"
-        image = await submit(p, intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-0A",
-                                                    type=types_pb2.TASK_TYPE_OCR_IMAGE, image=PNG))
+        image = await submit(
+            p, intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-0A", type=types_pb2.TASK_TYPE_OCR_IMAGE, image=PNG)
+        )
         text = await submit(p, text_spec("AA-BB-CC-DD-EE-0A", "hello"))
         # When a CPU worker that takes OCR connects, Then it gets both, the image first
-        async with ScriptedWorker(p.settings, worker_id="cpu-2", gpu=False,
-                                  task_types=(types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE)) as cpu:
+        async with ScriptedWorker(
+            p.settings,
+            worker_id="cpu-2",
+            gpu=False,
+            task_types=(types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE),
+        ) as cpu:
             await eventually(lambda: _got(cpu, 2))
             assert _first_seen(cpu) == [image, text]
         assert not p.scheduler.dispatcher.router.gpu_expected
 
 
 async def test_a_gpu_worker_registered_and_then_gone_makes_ocr_wait_until_the_window_passes(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
-    async with platform_with(settings, redis, pg, gpu_expected_s=2.5, defer_backoff_base_s=0.5,
-                             defer_backoff_max_s=1.0) as p:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
+    async with platform_with(
+        settings, redis, pg, gpu_expected_s=2.5, defer_backoff_base_s=0.5, defer_backoff_max_s=1.0
+    ) as p:
         # Given a GPU worker that takes OCR, registered and then gone (its record removed)
         records = WorkerRecords(redis, p.settings)
-        await records.save(registry_pb2.RegisterRequest(
-            worker_id="gpu-9", hostname="h", pid=1, task_types=[types_pb2.TASK_TYPE_OCR_IMAGE],
-            resources=registry_pb2.Resources(gpu_available=True, gpu_count=1)))
+        await records.save(
+            registry_pb2.RegisterRequest(
+                worker_id="gpu-9",
+                hostname="h",
+                pid=1,
+                task_types=[types_pb2.TASK_TYPE_OCR_IMAGE],
+                resources=registry_pb2.Resources(gpu_available=True, gpu_count=1),
+            )
+        )
         await eventually(lambda: _router_expects_gpus(p))
         await records.remove("gpu-9")
         gone = asyncio.get_running_loop().time()
-        async with ScriptedWorker(p.settings, worker_id="cpu-3", gpu=False,
-                                  task_types=(types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE)) as cpu:
+        async with ScriptedWorker(
+            p.settings,
+            worker_id="cpu-3",
+            gpu=False,
+            task_types=(types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE),
+        ) as cpu:
             # When an image and then a text of one device come
-            image = await submit(p, intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-0B",
-                                                        type=types_pb2.TASK_TYPE_OCR_IMAGE, image=PNG))
+            image = await submit(
+                p, intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-0B", type=types_pb2.TASK_TYPE_OCR_IMAGE, image=PNG)
+            )
             text = await submit(p, text_spec("AA-BB-CC-DD-EE-0B", "hello"))
             # Then the text is served at once while the image waits (strategy defer) ...
             await cpu.wait_for(1)
@@ -290,21 +344,24 @@ async def test_a_gpu_worker_registered_and_then_gone_makes_ocr_wait_until_the_wi
 
 
 async def test_a_worker_that_says_mid_stream_it_lost_its_gpu_gets_no_more_gpu_routed_work(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(settings, redis, pg, no_gpu_strategy="dead_letter") as p:
         ocr = (types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE)
         async with ScriptedWorker(p.settings, worker_id="gpu-1", gpu=True, task_types=ocr) as worker:
             # Given a GPU worker that took an image
-            first = await submit(p, intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-08",
-                                                        type=types_pb2.TASK_TYPE_OCR_IMAGE, image=PNG))
+            first = await submit(
+                p, intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-08", type=types_pb2.TASK_TYPE_OCR_IMAGE, image=PNG)
+            )
             await worker.wait_for(1)
             assert worker.received[0].task_id == first
             # When it says on the same stream that it now runs on the CPU
             worker.announce(gpu=False)
             await eventually(lambda: _session_gpu(p, "gpu-1", False))
             # Then the next image meets "no GPU worker alive" (here: dead-lettered), and text still flows
-            second = await submit(p, intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-08",
-                                                         type=types_pb2.TASK_TYPE_OCR_IMAGE, image=PNG))
+            second = await submit(
+                p, intake_pb2.TaskSpec(device_id="AA-BB-CC-DD-EE-08", type=types_pb2.TASK_TYPE_OCR_IMAGE, image=PNG)
+            )
             await eventually(lambda: _is(p, second, "DEAD_LETTERED"))
             await eventually(lambda: _noted(p, second, "no GPU worker alive (strategy dead_letter)"))
             text = await submit(p, text_spec("AA-BB-CC-DD-EE-09", "hello"))

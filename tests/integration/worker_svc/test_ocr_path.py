@@ -63,14 +63,18 @@ async def details_of(platform: Platform, task_id: str) -> dict:
 
 
 async def test_rendered_chinese_and_english_images_are_read_within_two_percent_cer_and_their_words_hit(
-        platform: Platform) -> None:
+    platform: Platform,
+) -> None:
     font = require_cjk_font()
     # Given an OCR worker beside the text worker
     await platform.add_worker(worker_id="ocr-1", **OCR_WORKER)
     # When 20 rendered images (PNG, JPEG, WebP, BMP) are submitted in one batch
     images = render_all(font)
-    reply = await platform.intake.SubmitBatch(intake_pb2.SubmitBatchRequest(
-        tasks=[image_spec(data, f"0A:00:00:00:01:{i:02x}") for i, data in enumerate(images)]))
+    reply = await platform.intake.SubmitBatch(
+        intake_pb2.SubmitBatchRequest(
+            tasks=[image_spec(data, f"0A:00:00:00:01:{i:02x}") for i, data in enumerate(images)]
+        )
+    )
     assert all(item.code == 0 for item in reply.items), reply
     tasks = [await wait_final(platform.intake, item.task.task_id, OCR_WAIT_S) for item in reply.items]
 
@@ -91,17 +95,21 @@ async def test_rendered_chinese_and_english_images_are_read_within_two_percent_c
         details = await details_of(platform, task.task_id)
         lines = [line["text"] for line in details["ocr"]["lines"]]
         assert "\n".join(lines) == task.result.text
-        stored_hits = json.loads(await platform.pg.fetchval(
-            "SELECT hits::text FROM results WHERE task_id = $1", uuid.UUID(task.task_id)))
+        stored_hits = json.loads(
+            await platform.pg.fetchval("SELECT hits::text FROM results WHERE task_id = $1", uuid.UUID(task.task_id))
+        )
         for hit in stored_hits:
-            assert task.result.text[hit["start"]:hit["end"]] == hit["matched_text"]
-            assert lines[hit["line"]][hit["line_start"]:hit["line_end"]] == hit["matched_text"]
+            assert task.result.text[hit["start"] : hit["end"]] == hit["matched_text"]
+            assert lines[hit["line"]][hit["line_start"] : hit["line_end"]] == hit["matched_text"]
 
     # And the details hold lines with confidence and box, the mode and every timing
     details = await details_of(platform, tasks[0].task_id)
     assert details["ocr"]["mode"] == "cpu" and details["ocr"]["mkldnn"] is True
-    assert details["ocr"]["image"] == {"format": "png", "width": details["ocr"]["image"]["width"],
-                                       "height": details["ocr"]["image"]["height"]}
+    assert details["ocr"]["image"] == {
+        "format": "png",
+        "width": details["ocr"]["image"]["width"],
+        "height": details["ocr"]["image"]["height"],
+    }
     line = details["ocr"]["lines"][0]
     assert 0.5 <= line["confidence"] <= 1 and len(line["box"]) == 4
     assert {"decode", "queue", "detect", "recognise", "match", "total"} <= details["timings_ms"].keys()
@@ -111,7 +119,8 @@ async def test_rendered_chinese_and_english_images_are_read_within_two_percent_c
 
 
 async def test_bad_images_are_refused_at_intake_or_fail_cleanly_and_the_worker_keeps_serving(
-        platform: Platform) -> None:
+    platform: Platform,
+) -> None:
     font = require_cjk_font()
     await platform.add_worker(worker_id="ocr-1", **OCR_WORKER)
     good_png = render(dataclasses.replace(SAMPLES[1], format="PNG"), font)
@@ -144,7 +153,7 @@ async def test_bad_images_are_refused_at_intake_or_fail_cleanly_and_the_worker_k
     # its scan, and a PNG whose pixel data is garbage
     garbage = bytearray(good_png)
     idat = garbage.index(b"IDAT") + 4
-    garbage[idat:idat + 200] = bytes(range(200))
+    garbage[idat : idat + 200] = bytes(range(200))
     failing = {"truncated": jpeg[: len(jpeg) * 2 // 3], "could not be decoded": bytes(garbage)}
     for expected, data in failing.items():
         task = await wait_final(platform.intake, await submit(platform, image_spec(data)), OCR_WAIT_S)
@@ -159,13 +168,13 @@ async def test_bad_images_are_refused_at_intake_or_fail_cleanly_and_the_worker_k
 
 
 async def test_an_injected_gpu_out_of_memory_switches_the_worker_to_cpu_and_the_task_still_succeeds(
-        platform: Platform, caplog: pytest.LogCaptureFixture) -> None:
+    platform: Platform, caplog: pytest.LogCaptureFixture
+) -> None:
     font = require_cjk_font()
     caplog.set_level(logging.WARNING, logger="sieve.worker")
     records = WorkerRecords(platform.redis, platform.settings)
     # Given a worker in (simulated) GPU mode whose first inference runs out of GPU memory
-    worker = await platform.add_worker(worker_id="ocr-gpu", ocr_fault="gpu_oom_once", test_hooks=True,
-                                       **OCR_WORKER)
+    worker = await platform.add_worker(worker_id="ocr-gpu", ocr_fault="gpu_oom_once", test_hooks=True, **OCR_WORKER)
     assert worker.ocr is not None and worker.ocr.gpu
     assert worker.puller.gpu
     record = await _wait_record(records, "ocr-gpu", lambda r: r.gpu_available)
@@ -174,8 +183,7 @@ async def test_an_injected_gpu_out_of_memory_switches_the_worker_to_cpu_and_the_
     assert stream.gpu
 
     # When an image is submitted
-    task = await wait_final(platform.intake, await submit(platform, image_spec(render(SAMPLES[6], font))),
-                            OCR_WAIT_S)
+    task = await wait_final(platform.intake, await submit(platform, image_spec(render(SAMPLES[6], font))), OCR_WAIT_S)
 
     # Then the task succeeds in its first attempt, retried once in CPU mode, and says so
     assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, task.error
@@ -201,8 +209,7 @@ async def test_an_injected_gpu_out_of_memory_switches_the_worker_to_cpu_and_the_
     assert not stream.closed and not stream.gpu
 
     # And the next image runs in CPU mode directly
-    task = await wait_final(platform.intake, await submit(platform, image_spec(render(SAMPLES[0], font))),
-                            OCR_WAIT_S)
+    task = await wait_final(platform.intake, await submit(platform, image_spec(render(SAMPLES[0], font))), OCR_WAIT_S)
     assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, task.error
     assert "mode_switch" not in (await details_of(platform, task.task_id))["ocr"]
     assert worker.ocr.fault.fired == 1
@@ -226,11 +233,18 @@ async def test_an_engine_failure_is_retried_with_its_attempts_counted_then_dead_
 
 
 async def test_a_hung_inference_is_abandoned_at_its_timeout_and_keeps_its_slot_until_its_thread_returns(
-        platform: Platform) -> None:
+    platform: Platform,
+) -> None:
     font = require_cjk_font()
     # Given an OCR worker with two slots whose first inference hangs, and a 2 s execution timeout
-    worker = await platform.add_worker(worker_id="ocr-hang", ocr_fault="hang_once", test_hooks=True,
-                                       ocr_timeout_s=2.0, worker_concurrency=2, **OCR_WORKER)
+    worker = await platform.add_worker(
+        worker_id="ocr-hang",
+        ocr_fault="hang_once",
+        test_hooks=True,
+        ocr_timeout_s=2.0,
+        worker_concurrency=2,
+        **OCR_WORKER,
+    )
     assert worker.ocr is not None
     try:
         first = await submit(platform, image_spec(render(SAMPLES[0], font)))
@@ -328,7 +342,8 @@ async def image_server(settings: Settings) -> AsyncIterator[tuple[str, dict[str,
 
 
 async def test_image_urls_are_fetched_over_loopback_and_bad_ones_fail_with_the_reason(
-        platform: Platform, image_server: tuple[str, dict[str, bytes]]) -> None:
+    platform: Platform, image_server: tuple[str, dict[str, bytes]]
+) -> None:
     font = require_cjk_font()
     base, bodies = image_server
     bodies["ok.png"] = render(SAMPLES[4], font)

@@ -33,13 +33,21 @@ web = pytest.importorskip("aiohttp.web")
 
 
 def started(task_type: str = "OCR_IMAGE", **payload: object) -> Started:
-    return Started(uuid.uuid4(), task_type, 1, payload.get("text"), payload.get("image"),  # type: ignore[arg-type]
-                   payload.get("image_url"), None)  # type: ignore[arg-type]
+    return Started(
+        uuid.uuid4(),
+        task_type,
+        1,
+        payload.get("text"),
+        payload.get("image"),  # type: ignore[arg-type]
+        payload.get("image_url"),
+        None,
+    )  # type: ignore[arg-type]
 
 
 @pytest.fixture
 async def http(settings: Settings) -> AsyncIterator[str]:
     """/status/<n> answers HTTP n; /slow answers after 3 s."""
+
     async def status(request: web.Request) -> web.Response:
         return web.Response(status=int(request.match_info["code"]), body=b"no")
 
@@ -76,24 +84,32 @@ async def test_image_fetch_and_decode_failures_are_retried_or_failed_by_kind(set
     runtime = OcrRuntime(settings.replace(outbound_allow_private_nets="127.0.0.0/8", ocr_fetch_timeout_s=0.5))
     matcher = Matcher([])
     try:
+
         async def outcome(**payload: object) -> object:
             return await run_ocr(started(**payload), runtime, matcher, "w")
 
-        transient = {f"{http}/status/503": "HTTP 503", f"{http}/status/500": "HTTP 500",
-                     f"{http}/status/429": "HTTP 429", f"{http}/status/408": "HTTP 408",
-                     f"{http}/slow": "timed out", f"http://127.0.0.1:{closed_port()}/x.png": "connection error"}
+        transient = {
+            f"{http}/status/503": "HTTP 503",
+            f"{http}/status/500": "HTTP 500",
+            f"{http}/status/429": "HTTP 429",
+            f"{http}/status/408": "HTTP 408",
+            f"{http}/slow": "timed out",
+            f"http://127.0.0.1:{closed_port()}/x.png": "connection error",
+        }
         for url, reason in transient.items():
             result = await outcome(image_url=url)
             assert isinstance(result, Retry), (url, result)
             assert result.kind == TRANSIENT and result.counted and reason in result.reason, (url, result)
-        permanent = {f"{http}/status/404": "HTTP 404", f"{http}/status/400": "HTTP 400",
-                     f"{http}/status/403": "HTTP 403"}
+        permanent = {
+            f"{http}/status/404": "HTTP 404",
+            f"{http}/status/400": "HTTP 400",
+            f"{http}/status/403": "HTTP 403",
+        }
         for url, reason in permanent.items():
             result = await outcome(image_url=url)
             assert not isinstance(result, Retry) and result.verdict is None and reason in (result.error or ""), url
         # a destination the outbound policy refuses, and bytes no decoder reads, fail too
-        refused = await run_ocr(started(image_url="http://10.1.2.3/x.png"),
-                                OcrRuntime(settings), matcher, "w")
+        refused = await run_ocr(started(image_url="http://10.1.2.3/x.png"), OcrRuntime(settings), matcher, "w")
         assert not isinstance(refused, Retry) and "fetch refused" in (refused.error or "")
         garbage = await outcome(image=b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
         assert not isinstance(garbage, Retry) and garbage.verdict is None and garbage.error
@@ -109,8 +125,13 @@ def test_a_text_task_without_text_fails_at_once() -> None:
 
 
 def assignment(task_id: uuid.UUID, lease: int = 1) -> scheduler_pb2.Assignment:
-    a = scheduler_pb2.Assignment(task_id=str(task_id), device_id="AA:BB:CC:DD:EE:01", type=types_pb2.TASK_TYPE_TEXT,
-                                 attempt=1, lease_token=f"{lease}.0123456789abcdef")
+    a = scheduler_pb2.Assignment(
+        task_id=str(task_id),
+        device_id="AA:BB:CC:DD:EE:01",
+        type=types_pb2.TASK_TYPE_TEXT,
+        attempt=1,
+        lease_token=f"{lease}.0123456789abcdef",
+    )
     a.assigned_at.FromDatetime(datetime.now(UTC))
     return a
 
@@ -134,8 +155,15 @@ async def test_a_postgresql_write_that_fails_nacks_the_batch_counted(settings: S
 
 def puller(settings: Settings, run_batch: object) -> Puller:
     settings = settings.replace(fixed_resources="cpu=5,memory=5,gpu_memory=0", test_hooks=True)
-    return Puller(settings, "w", [types_pb2.TASK_TYPE_TEXT], False, 4, run_batch,  # type: ignore[arg-type]
-                  Pressure(ResourceSampler(settings), settings))
+    return Puller(
+        settings,
+        "w",
+        [types_pb2.TASK_TYPE_TEXT],
+        False,
+        4,
+        run_batch,  # type: ignore[arg-type]
+        Pressure(ResourceSampler(settings), settings),
+    )
 
 
 async def test_a_batch_that_raises_is_nacked_whole_each_attempt_counted(settings: Settings) -> None:
@@ -154,7 +182,8 @@ async def test_a_batch_that_raises_is_nacked_whole_each_attempt_counted(settings
 
 
 async def test_a_reconnecting_worker_re_announces_what_it_runs_and_what_it_could_not_deliver(
-        settings: Settings) -> None:
+    settings: Settings,
+) -> None:
     release = asyncio.Event()
 
     async def slow(assignments: list[scheduler_pb2.Assignment]) -> tuple[list[object], list[object]]:
@@ -167,11 +196,13 @@ async def test_a_reconnecting_worker_re_announces_what_it_runs_and_what_it_could
     running, delivered, unsent = assignment(uuid.uuid4()), assignment(uuid.uuid4()), assignment(uuid.uuid4())
     p._start_batch([running])
     # an ack sent on the stream just before it broke, and one still in its outbox
-    sent = scheduler_pb2.PullRequest(acks=[scheduler_pb2.Ack(task_id=delivered.task_id,
-                                                             lease_token=delivered.lease_token)])
+    sent = scheduler_pb2.PullRequest(
+        acks=[scheduler_pb2.Ack(task_id=delivered.task_id, lease_token=delivered.lease_token)]
+    )
     p._note_sent(sent)
-    outbox.put_nowait(scheduler_pb2.PullRequest(acks=[scheduler_pb2.Ack(task_id=unsent.task_id,
-                                                                        lease_token=unsent.lease_token)]))
+    outbox.put_nowait(
+        scheduler_pb2.PullRequest(acks=[scheduler_pb2.Ack(task_id=unsent.task_id, lease_token=unsent.lease_token)])
+    )
     p._outbox = None
     p._stream_ended(outbox)
     # the running one finishes while no stream is open: its ack is owed too

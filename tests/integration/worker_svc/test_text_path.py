@@ -13,8 +13,9 @@ from tests.integration.conftest import Platform, text_spec, wait_final
 async def test_a_submitted_text_is_matched_and_its_result_comes_back(platform: Platform) -> None:
     # Given a running platform
     # When a device submits a text with evasions of two lexicon words
-    reply = await platform.intake.Submit(intake_pb2.SubmitRequest(
-        task=text_spec("aa-bb-cc-dd-ee-01", "这里有 赌.博 和 ｃａｓｉｎｏ 的广告")))
+    reply = await platform.intake.Submit(
+        intake_pb2.SubmitRequest(task=text_spec("aa-bb-cc-dd-ee-01", "这里有 赌.博 和 ｃａｓｉｎｏ 的广告"))
+    )
     assert reply.task.status == types_pb2.TASK_STATUS_PENDING
     assert reply.task.device_id == "AA:BB:CC:DD:EE:01"
     # Then the task succeeds and GetTask returns both hits with their original positions
@@ -23,17 +24,24 @@ async def test_a_submitted_text_is_matched_and_its_result_comes_back(platform: P
     words = {h.word for h in task.result.hits}
     assert {"赌博", "casino"} <= words
     for hit in task.result.hits:
-        assert "这里有 赌.博 和 ｃａｓｉｎｏ 的广告"[hit.start:hit.end] == hit.matched_text
+        assert "这里有 赌.博 和 ｃａｓｉｎｏ 的广告"[hit.start : hit.end] == hit.matched_text
     assert task.result.verdict != types_pb2.VERDICT_PASS
     statuses = [h.status for h in task.history]
-    assert statuses == [types_pb2.TASK_STATUS_PENDING, types_pb2.TASK_STATUS_ASSIGNED,
-                        types_pb2.TASK_STATUS_RUNNING, types_pb2.TASK_STATUS_SUCCEEDED]
+    assert statuses == [
+        types_pb2.TASK_STATUS_PENDING,
+        types_pb2.TASK_STATUS_ASSIGNED,
+        types_pb2.TASK_STATUS_RUNNING,
+        types_pb2.TASK_STATUS_SUCCEEDED,
+    ]
     assert task.attempts == 1
 
 
 async def test_a_batch_over_many_devices_all_succeeds(platform: Platform) -> None:
-    specs = [text_spec(f"02:00:00:00:00:{d:02x}", f"text {i} {'免费领取' if i % 3 == 0 else 'hello'}")
-             for d in range(20) for i in range(10)]
+    specs = [
+        text_spec(f"02:00:00:00:00:{d:02x}", f"text {i} {'免费领取' if i % 3 == 0 else 'hello'}")
+        for d in range(20)
+        for i in range(10)
+    ]
     reply = await platform.intake.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=specs))
     assert all(item.code == 0 for item in reply.items)
     tasks = [await wait_final(platform.intake, item.task.task_id) for item in reply.items]

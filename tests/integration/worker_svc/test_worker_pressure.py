@@ -50,7 +50,8 @@ def metric(worker: object, name: str, resource: str | None = None) -> float:
 
 
 async def test_an_outside_process_burning_cpu_holds_the_worker_back_until_it_stops(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(settings, redis, pg) as p:
         worker = await p.add_worker(worker_id="w-pressure")
         pressure: Pressure = worker.puller.pressure
@@ -71,9 +72,12 @@ async def test_an_outside_process_burning_cpu_holds_the_worker_back_until_it_sto
             assert metric(worker, "sieve_worker_held_back", "cpu") == 1
             assert metric(worker, "sieve_worker_over_watermark") == 1
             assert worker.puller.credits_granted == 0
-            replies = [await p.intake.Submit(intake_pb2.SubmitRequest(task=text_spec(f"0D:00:00:00:01:{i:02x}",
-                                                                                     f"during {i}")))
-                       for i in range(5)]
+            replies = [
+                await p.intake.Submit(
+                    intake_pb2.SubmitRequest(task=text_spec(f"0D:00:00:00:01:{i:02x}", f"during {i}"))
+                )
+                for i in range(5)
+            ]
             ids = [r.task.task_id for r in replies]
             await asyncio.sleep(1.0)
             statuses = await pg.fetch("SELECT status FROM tasks WHERE id = ANY($1::uuid[])", ids)
@@ -95,7 +99,8 @@ async def test_an_outside_process_burning_cpu_holds_the_worker_back_until_it_sto
 
 
 async def test_a_worker_busy_with_its_own_work_keeps_taking_it(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     async with platform_with(settings, redis, pg, cpu_watermark_pct=40.0) as p:
         # Given a worker (with the scheduler and intake in its own process) that also runs a child process of
         # its own burning a core: this worker's process tree uses half the machine and more
@@ -107,16 +112,19 @@ async def test_a_worker_busy_with_its_own_work_keeps_taking_it(
             pytest.skip(f"this machine stays busy without the test: {pressure.reasons()}")
         child = await asyncio.create_subprocess_exec(sys.executable, "-c", BURN)
         try:
-            specs = [text_spec(f"0E:00:00:00:{d // 256:02x}:{d % 256:02x}", f"task {i}")
-                     for i, d in enumerate(range(2000))]
+            specs = [
+                text_spec(f"0E:00:00:00:{d // 256:02x}:{d % 256:02x}", f"task {i}") for i, d in enumerate(range(2000))
+            ]
             began = time.monotonic()
             for i in range(0, len(specs), 500):
                 await p.intake.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=specs[i : i + 500]))
             # When it works through them, watching its readings
             own: list[float] = []
             deadline = time.monotonic() + 60
-            while await pg.fetchval("SELECT count(*) FROM tasks WHERE status = 'SUCCEEDED'") < len(specs) \
-                    or time.monotonic() - began < 3:
+            while (
+                await pg.fetchval("SELECT count(*) FROM tasks WHERE status = 'SUCCEEDED'") < len(specs)
+                or time.monotonic() - began < 3
+            ):
                 assert time.monotonic() < deadline, "not done in time"
                 if pressure.last is not None:
                     own.append(pressure.last.cpu_own_percent)

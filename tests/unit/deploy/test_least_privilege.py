@@ -20,8 +20,12 @@ DEPLOY = ROOT / "deploy"
 
 
 def gen(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(DEPLOY / "gen_secrets.py"), "--out", str(out), *args],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, str(DEPLOY / "gen_secrets.py"), "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_gen_secrets_makes_fresh_private_secrets_that_the_services_accept(tmp_path: Path) -> None:
@@ -33,8 +37,10 @@ def test_gen_secrets_makes_fresh_private_secrets_that_the_services_accept(tmp_pa
     tokens = {name: (out / f"token-{name}").read_text().strip() for name in creds}
     assert all(t.startswith("sv_") and len(t) > 40 for t in tokens.values())
     assert not any(t in (out / "auth-tokens").read_text() for t in tokens.values())  # hashes only
-    env = {name: dict(line.split("=", 1) for line in (out / f"{name}.env").read_text().splitlines())
-           for name in ("intake", "scheduler", "registry", "worker", "migrate")}
+    env = {
+        name: dict(line.split("=", 1) for line in (out / f"{name}.env").read_text().splitlines())
+        for name in ("intake", "scheduler", "registry", "worker", "migrate")
+    }
     assert env["intake"]["SIEVE_DATABASE_URL"].startswith("postgresql://sieve_intake:")
     assert env["worker"]["SIEVE_DATABASE_URL"].startswith("postgresql://sieve_worker:")
     assert env["migrate"]["SIEVE_DATABASE_URL"].startswith("postgresql://sieve_owner:")
@@ -56,8 +62,11 @@ def test_gen_secrets_makes_fresh_private_secrets_that_the_services_accept(tmp_pa
 
 
 def test_nothing_in_deploy_ships_a_default_credential() -> None:
-    shipped = [p for p in DEPLOY.rglob("*") if p.is_file() and p.suffix in (".yaml", ".yml", ".md", ".sh", ".sql")
-               and "secrets" not in p.parts]
+    shipped = [
+        p
+        for p in DEPLOY.rglob("*")
+        if p.is_file() and p.suffix in (".yaml", ".yml", ".md", ".sh", ".sql") and "secrets" not in p.parts
+    ]
     for path in shipped:
         text = path.read_text()
         bad = ["demo-token", "SIEVE_API_KEYS", "sieve:sieve@", "POSTGRES_PASSWORD: ", "CHANGE-ME"]
@@ -85,8 +94,13 @@ def test_nothing_in_deploy_ships_a_default_credential() -> None:
 def test_the_manifests_read_each_services_own_secret_and_migrate_in_a_job() -> None:
     docs = [d for p in sorted((DEPLOY / "k8s").glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
-    own = {"sieve-intake": "sieve-intake", "sieve-scheduler": "sieve-scheduler", "sieve-registry": "sieve-registry",
-           "sieve-worker-cpu": "sieve-worker", "sieve-worker-gpu": "sieve-worker"}
+    own = {
+        "sieve-intake": "sieve-intake",
+        "sieve-scheduler": "sieve-scheduler",
+        "sieve-registry": "sieve-registry",
+        "sieve-worker-cpu": "sieve-worker",
+        "sieve-worker-gpu": "sieve-worker",
+    }
     for name, secret in own.items():
         pod = deployments[name]["spec"]["template"]["spec"]
         (container,) = pod["containers"]
@@ -110,8 +124,9 @@ def test_the_manifests_read_each_services_own_secret_and_migrate_in_a_job() -> N
     assert {f"{s}=sieve_{s}" for s in ("intake", "scheduler", "worker")} <= set(command)
 
 
-@pytest.mark.parametrize(("variable", "value"), [("SIEVE_OCR_FAULT", "gpu_oom_once"),
-                                                 ("SIEVE_FIXED_RESOURCES", "cpu=10,memory=20")])
+@pytest.mark.parametrize(
+    ("variable", "value"), [("SIEVE_OCR_FAULT", "gpu_oom_once"), ("SIEVE_FIXED_RESOURCES", "cpu=10,memory=20")]
+)
 def test_test_only_hooks_need_the_explicit_test_switch(variable: str, value: str) -> None:
     with pytest.raises(SettingsError, match=re.escape(variable) + ".*SIEVE_TEST_HOOKS=true"):
         Settings.from_env({variable: value})

@@ -99,8 +99,17 @@ class FakeStore:
         starving = any(wait >= s.starvation_hint_s * 1000 for mac, wait in waits.items() if mac != best)
         return Rank(best, starving, None, longest, 0.0, now)
 
-    async def pop(self, mac: str, token: str, count: int, *, allowed_types: list[int] | None = None,
-                  release: bool = False, now: float | None = None, carry_ms: float = 0.0) -> Popped:
+    async def pop(
+        self,
+        mac: str,
+        token: str,
+        count: int,
+        *,
+        allowed_types: list[int] | None = None,
+        release: bool = False,
+        now: float | None = None,
+        carry_ms: float = 0.0,
+    ) -> Popped:
         now = self._now(now)
         device = self.devices.get(mac)
         if device is None or device.token is not None or device.state != "ready":
@@ -127,11 +136,20 @@ class FakeStore:
             await self.release(mac, token, now=now)
         return Popped(True, taken, expired, blocked)
 
-    async def pop_and_rank(self, mac: str, token: str, count: int, allowed_types: list[int], *,
-                           exclude: str | None = None, carry_ms: float = 0.0,
-                           now: float | None = None) -> tuple[Popped, Rank]:
-        popped = await self.pop(mac, token, count, allowed_types=allowed_types, release=True, now=now,
-                                carry_ms=carry_ms)
+    async def pop_and_rank(
+        self,
+        mac: str,
+        token: str,
+        count: int,
+        allowed_types: list[int],
+        *,
+        exclude: str | None = None,
+        carry_ms: float = 0.0,
+        now: float | None = None,
+    ) -> tuple[Popped, Rank]:
+        popped = await self.pop(
+            mac, token, count, allowed_types=allowed_types, release=True, now=now, carry_ms=carry_ms
+        )
         return popped, await self.rank(exclude=exclude, now=now)
 
     async def release(self, mac: str, token: str, *, now: float | None = None) -> None:
@@ -142,9 +160,17 @@ class FakeStore:
         device.state = "ready" if device.queued else "idle"
 
     def _dead_letter(self, mac: str, e: Entry, reason: str, now: float) -> dict[str, Any]:
-        record = {"task_id": e.task_id, "device": mac, "task_type": e.task_type, "priority": e.priority,
-                  "error": reason, "attempts": e.failures, "requeue_count": 0, "enqueued_ms": e.enqueued_ms,
-                  "dead_ms": int(now)}
+        record = {
+            "task_id": e.task_id,
+            "device": mac,
+            "task_type": e.task_type,
+            "priority": e.priority,
+            "error": reason,
+            "attempts": e.failures,
+            "requeue_count": 0,
+            "enqueued_ms": e.enqueued_ms,
+            "dead_ms": int(now),
+        }
         self.dead_letters.insert(0, record)
         return record
 
@@ -162,9 +188,17 @@ class FakeStore:
         if device.state == "idle" and entries:
             device.state = "ready"
 
-    async def requeue(self, mac: str, leases: list[tuple[str, int | None]], *, count_attempt: bool,
-                      reason: str, retry_at_ms: float | None = None, max_attempts: int | None = None,
-                      now: float | None = None) -> Requeued:
+    async def requeue(
+        self,
+        mac: str,
+        leases: list[tuple[str, int | None]],
+        *,
+        count_attempt: bool,
+        reason: str,
+        retry_at_ms: float | None = None,
+        max_attempts: int | None = None,
+        now: float | None = None,
+    ) -> Requeued:
         now = self._now(now)
         limit = self.settings.max_attempts if max_attempts is None else max_attempts
         back: list[Entry] = []
@@ -187,8 +221,9 @@ class FakeStore:
         self._back_to_front(mac, back)
         return Requeued(len(back), dead, put_back)
 
-    async def defer_types(self, mac: str, token: str, task_ids: list[str], task_types: list[int], reason: str,
-                          *, now: float | None = None) -> TypesDeferred:
+    async def defer_types(
+        self, mac: str, token: str, task_ids: list[str], task_types: list[int], reason: str, *, now: float | None = None
+    ) -> TypesDeferred:
         now = self._now(now)
         device = self.devices[mac]
         if device.token != token:
@@ -251,9 +286,17 @@ class FakeOutcomes:
             self.notes.append((task_ids, detail))
 
 
-def entry(task_id: str, task_type: int = 1, *, priority: int = 3, age_s: float = 1.0, expires_in_s: float = 3600.0,
-          failures: int = 0) -> Entry:
+def entry(
+    task_id: str,
+    task_type: int = 1,
+    *,
+    priority: int = 3,
+    age_s: float = 1.0,
+    expires_in_s: float = 3600.0,
+    failures: int = 0,
+) -> Entry:
     """A queue entry as intake writes it (attempt 0), enqueued `age_s` ago, expiring `expires_in_s` from now."""
     now = now_ms()
-    return Entry(task_id, task_type, priority, int(now - age_s * 1000), int(now + expires_in_s * 1000),
-                 failures=failures)
+    return Entry(
+        task_id, task_type, priority, int(now - age_s * 1000), int(now + expires_in_s * 1000), failures=failures
+    )

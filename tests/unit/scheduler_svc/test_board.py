@@ -31,10 +31,12 @@ class RecordedHandOuts:
         self.records += items
 
 
-def connect(board: Board, worker_id: str, *task_types: int, credits: int = 0, cap: int = 10,
-            gpu: bool = False) -> Session:
-    session = board.open(scheduler_pb2.WorkerHello(worker_id=worker_id, task_types=list(task_types or (TEXT,)),
-                                                   gpu=gpu))
+def connect(
+    board: Board, worker_id: str, *task_types: int, credits: int = 0, cap: int = 10, gpu: bool = False
+) -> Session:
+    session = board.open(
+        scheduler_pb2.WorkerHello(worker_id=worker_id, task_types=list(task_types or (TEXT,)), gpu=gpu)
+    )
     session.cap_credits(cap)
     board.add_credits(session, credits)
     return session
@@ -105,7 +107,9 @@ def test_tasks_nobody_has_a_credit_for_come_back_unplaced_under_their_routes_act
     placement = board.place(MAC, [popped("t1"), popped("o1", OCR)], route)
     assert placement.placed == {}
     assert {action: [e.task_id for e in entries] for action, entries in placement.unplaced.items()} == {
-        "wait": ["t1"], "defer": ["o1"]}
+        "wait": ["t1"],
+        "defer": ["o1"],
+    }
     assert not full.held
 
 
@@ -146,9 +150,13 @@ def test_send_puts_one_batch_on_the_stream_and_records_each_hand_out_assigned() 
     assert message is not None
     # one batch; the attempt a worker sees counts failures (the lease number is in the token)
     assert [(a.task_id, a.device_id, a.attempt, a.lease_token) for a in message.batch.assignments] == [
-        (first, MAC, 1, session.tokens[first]), (second, MAC, 2, session.tokens[second])]
+        (first, MAC, 1, session.tokens[first]),
+        (second, MAC, 2, session.tokens[second]),
+    ]
     assert [(str(h.task_id), h.lease, h.attempt, h.worker_id) for h in handed.records] == [
-        (first, 1, 1, "w1"), (second, 1, 2, "w1")]
+        (first, 1, 1, "w1"),
+        (second, 1, 2, "w1"),
+    ]
 
 
 def test_closing_a_session_hands_back_what_it_held_by_device_and_ends_its_stream() -> None:

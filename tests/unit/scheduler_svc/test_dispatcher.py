@@ -28,12 +28,19 @@ class Replica:
         self.board = Board()
         self.outcomes = FakeOutcomes()
         self.router = Router(self.board, self.settings, self.store)
-        self.dispatcher = Dispatcher(self.store, self.store, self.outcomes, self.board,  # type: ignore[arg-type]
-                                     self.router, self.settings)
+        self.dispatcher = Dispatcher(
+            self.store,
+            self.store,
+            self.outcomes,
+            self.board,  # type: ignore[arg-type]
+            self.router,
+            self.settings,
+        )
 
     def connect(self, worker_id: str, *task_types: int, credits: int, gpu: bool = False) -> Session:
-        session = self.board.open(scheduler_pb2.WorkerHello(worker_id=worker_id, task_types=list(task_types or (TEXT,)),
-                                                            gpu=gpu))
+        session = self.board.open(
+            scheduler_pb2.WorkerHello(worker_id=worker_id, task_types=list(task_types or (TEXT,)), gpu=gpu)
+        )
         session.cap_credits(100)
         self.board.add_credits(session, credits)
         return session
@@ -142,7 +149,8 @@ async def test_with_strategy_dead_letter_ocr_is_dead_lettered_at_once_while_gpu_
     await r.dispatcher.dispatch_once()
     assert received(cpu) == []
     assert [(d["task_id"], d["error"]) for d in r.outcomes.dead] == [
-        ("o1", "no GPU worker alive (strategy dead_letter)")]
+        ("o1", "no GPU worker alive (strategy dead_letter)")
+    ]
     assert [d["task_id"] for d in r.store.dead_letters] == ["o1"] and r.store.queued(A) == []
 
 

@@ -19,8 +19,7 @@ class Clock:
         return self.now
 
 
-async def test_the_published_rate_is_what_was_dispatched_over_the_last_second(
-        redis: Redis, settings: Settings) -> None:
+async def test_the_published_rate_is_what_was_dispatched_over_the_last_second(redis: Redis, settings: Settings) -> None:
     queues = QueueStore(redis, settings)
     clock = Clock()
     dispatched = [0]
@@ -65,7 +64,8 @@ async def test_after_an_idle_window_the_rate_starts_afresh(redis: Redis, setting
 
 
 async def test_a_moment_without_dispatching_does_not_drop_the_published_rate_to_it(
-        redis: Redis, settings: Settings) -> None:
+    redis: Redis, settings: Settings
+) -> None:
     queues = QueueStore(redis, settings)
     clock = Clock()
     dispatched = [0]

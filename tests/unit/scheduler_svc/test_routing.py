@@ -34,11 +34,26 @@ def router(board: Board, store: FakeStore | None = None, **settings: object) -> 
 def gpu_worker_record() -> WorkerRecord:
     """A GPU worker that takes OCR, alive in the registry (connected to some replica)."""
     now = datetime.now(UTC)
-    return WorkerRecord(worker_id="gpu-elsewhere", hostname="h", pid=1, task_types=(OCR,), gpu_available=True,
-                        gpu_count=1, gpu_names=("gpu",), gpu_memory_total_bytes=1, gpu_util_percent=0.0,
-                        gpu_memory_percent=0.0, cpu_count=1, cpu_percent=0.0, memory_total_bytes=1,
-                        memory_available_bytes=1, memory_percent=0.0, active_tasks=0, registered_at=now,
-                        last_heartbeat=now)
+    return WorkerRecord(
+        worker_id="gpu-elsewhere",
+        hostname="h",
+        pid=1,
+        task_types=(OCR,),
+        gpu_available=True,
+        gpu_count=1,
+        gpu_names=("gpu",),
+        gpu_memory_total_bytes=1,
+        gpu_util_percent=0.0,
+        gpu_memory_percent=0.0,
+        cpu_count=1,
+        cpu_percent=0.0,
+        memory_total_bytes=1,
+        memory_available_bytes=1,
+        memory_percent=0.0,
+        active_tasks=0,
+        registered_at=now,
+        last_heartbeat=now,
+    )
 
 
 def test_text_goes_to_every_worker_that_takes_it_the_one_with_most_credits_first() -> None:

@@ -29,9 +29,13 @@ def test_the_default_quota_is_a_fraction_of_the_global_limit_unless_given() -> N
 
 
 def test_an_entry_overrides_only_what_it_names() -> None:
-    s = Settings.from_env({"SIEVE_CALLER_POLICIES": "svc-a:max_pending=2000,rate_per_s=500,burst=1000,"
-                                                    "priorities=HIGH|CRITICAL\n# a comment\nsvc-b:priorities=high;"
-                                                    "svc-c:rate_per_s=5 ; svc-d:max_pending=none,rate_per_s=none"})
+    s = Settings.from_env(
+        {
+            "SIEVE_CALLER_POLICIES": "svc-a:max_pending=2000,rate_per_s=500,burst=1000,"
+            "priorities=HIGH|CRITICAL\n# a comment\nsvc-b:priorities=high;"
+            "svc-c:rate_per_s=5 ; svc-d:max_pending=none,rate_per_s=none"
+        }
+    )
     policies = CallerPolicies(s)
     a, b, c, d = (policies.policy(n, operator=False) for n in ("svc-a", "svc-b", "svc-c", "svc-d"))
     assert (a.max_pending, a.rate_per_s, a.burst, a.priorities) == (2000, 500.0, 1000, ENTITLED)
@@ -48,38 +52,44 @@ def test_operators_use_every_priority_and_have_no_limits_unless_named() -> None:
     assert (named.max_pending, named.rate_per_s, named.priorities) == (None, 100.0, ENTITLED)
 
 
-@pytest.mark.parametrize(("value", "fragment"), [
-    ("svc", "is not name:key=value"),
-    ("svc:speed=3", "unknown key 'speed'"),
-    ("svc:max_pending=0", "max_pending must be a positive number"),
-    ("svc:max_pending=-4", "max_pending must be a positive number"),
-    ("svc:max_pending=1.5", "max_pending='1.5' is not a valid int"),
-    ("svc:rate_per_s=inf", "rate_per_s must be a positive number"),
-    ("svc:rate_per_s=nan", "rate_per_s must be a positive number"),
-    ("svc:burst=none", "burst='none' is not a valid int"),
-    ("svc:priorities=URGENT", "unknown priority 'URGENT'"),
-    ("svc:priorities=HIGH|", "unknown priority ''"),
-    ("svc:burst", "'burst' is not key=value"),
-    ("svc:burst=1,burst=2", "burst given twice"),
-    ("svc:burst=1;svc:burst=2", "caller 'svc' appears twice"),
-    ("a/b:burst=1", "bad caller name"),
-    (":burst=1", "bad caller name"),
-])
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ("svc", "is not name:key=value"),
+        ("svc:speed=3", "unknown key 'speed'"),
+        ("svc:max_pending=0", "max_pending must be a positive number"),
+        ("svc:max_pending=-4", "max_pending must be a positive number"),
+        ("svc:max_pending=1.5", "max_pending='1.5' is not a valid int"),
+        ("svc:rate_per_s=inf", "rate_per_s must be a positive number"),
+        ("svc:rate_per_s=nan", "rate_per_s must be a positive number"),
+        ("svc:burst=none", "burst='none' is not a valid int"),
+        ("svc:priorities=URGENT", "unknown priority 'URGENT'"),
+        ("svc:priorities=HIGH|", "unknown priority ''"),
+        ("svc:burst", "'burst' is not key=value"),
+        ("svc:burst=1,burst=2", "burst given twice"),
+        ("svc:burst=1;svc:burst=2", "caller 'svc' appears twice"),
+        ("a/b:burst=1", "bad caller name"),
+        (":burst=1", "bad caller name"),
+    ],
+)
 def test_a_bad_policy_is_refused_naming_the_variable(value: str, fragment: str) -> None:
     with pytest.raises(SettingsError, match="SIEVE_CALLER_POLICIES") as err:
         Settings.from_env({"SIEVE_CALLER_POLICIES": value})
     assert fragment in str(err.value)
 
 
-@pytest.mark.parametrize(("variable", "value"), [
-    ("SIEVE_CALLER_MAX_PENDING", "-1"),
-    ("SIEVE_CALLER_MAX_PENDING_FRACTION", "0"),
-    ("SIEVE_CALLER_MAX_PENDING_FRACTION", "1.5"),
-    ("SIEVE_CALLER_SUBMIT_RATE_PER_S", "-1"),
-    ("SIEVE_CALLER_SUBMIT_RATE_PER_S", "inf"),
-    ("SIEVE_CALLER_SUBMIT_BURST", "0"),
-    ("SIEVE_DEVICE_OWNER_REFRESH_S", "0"),
-])
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("SIEVE_CALLER_MAX_PENDING", "-1"),
+        ("SIEVE_CALLER_MAX_PENDING_FRACTION", "0"),
+        ("SIEVE_CALLER_MAX_PENDING_FRACTION", "1.5"),
+        ("SIEVE_CALLER_SUBMIT_RATE_PER_S", "-1"),
+        ("SIEVE_CALLER_SUBMIT_RATE_PER_S", "inf"),
+        ("SIEVE_CALLER_SUBMIT_BURST", "0"),
+        ("SIEVE_DEVICE_OWNER_REFRESH_S", "0"),
+    ],
+)
 def test_bad_tenant_limits_are_refused_naming_the_variable(variable: str, value: str) -> None:
     with pytest.raises(SettingsError, match=variable):
         Settings.from_env({variable: value})

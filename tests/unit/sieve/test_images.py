@@ -35,14 +35,17 @@ def png_header(width: int, height: int, depth: int = 8, colour: int = 2) -> byte
     return b"\x89PNG\r\n\x1a\n" + chunk
 
 
-@pytest.mark.parametrize(("fmt", "options", "name"), [
-    ("PNG", {}, "png"),
-    ("JPEG", {"quality": 80}, "jpeg"),
-    ("JPEG", {"progressive": True}, "jpeg"),
-    ("WEBP", {"lossless": True}, "webp"),
-    ("WEBP", {"quality": 70}, "webp"),
-    ("BMP", {}, "bmp"),
-])
+@pytest.mark.parametrize(
+    ("fmt", "options", "name"),
+    [
+        ("PNG", {}, "png"),
+        ("JPEG", {"quality": 80}, "jpeg"),
+        ("JPEG", {"progressive": True}, "jpeg"),
+        ("WEBP", {"lossless": True}, "webp"),
+        ("WEBP", {"quality": 70}, "webp"),
+        ("BMP", {}, "bmp"),
+    ],
+)
 def test_the_header_of_each_accepted_format_gives_its_size(fmt: str, options: dict, name: str) -> None:
     info = inspect_image(encoded(fmt, **options), require_complete=True)
     assert (info.format, info.width, info.height) == (name, 321, 123)
@@ -72,7 +75,7 @@ def test_zero_size_dimensions_are_refused() -> None:
         inspect_image(png_header(0, 100))
     jpeg = bytearray(encoded("JPEG"))
     sof = jpeg.index(b"\xff\xc0")
-    jpeg[sof + 5:sof + 7] = b"\x00\x00"  # height 0
+    jpeg[sof + 5 : sof + 7] = b"\x00\x00"  # height 0
     with pytest.raises(ImageError, match="zero-size"):
         inspect_image(bytes(jpeg))
 
@@ -107,8 +110,11 @@ def test_intake_accepts_a_good_image_and_refuses_bad_headers_naming_task_image()
     settings = Settings.from_env({}, ocr_max_image_pixels=1_000_000)
     task = validate_spec(image_spec(encoded("PNG")), "task", "anonymous", settings)
     assert task.image is not None
-    for data, reason in ((encoded("JPEG")[:25], "truncated"), (png_header(0, 5), "zero-size"),
-                         (png_header(2000, 2000), "more than the limit")):
+    for data, reason in (
+        (encoded("JPEG")[:25], "truncated"),
+        (png_header(0, 5), "zero-size"),
+        (png_header(2000, 2000), "more than the limit"),
+    ):
         with pytest.raises(InvalidInput) as err:
             validate_spec(image_spec(data), "task", "anonymous", settings)
         assert err.value.field == "task.image"

@@ -37,14 +37,16 @@ def test_defaults_are_the_seeds() -> None:
 
 
 def test_integer_and_float_variables_are_parsed_by_their_field_type() -> None:
-    s = Settings.from_env({
-        "SIEVE_MAX_TOTAL_PENDING": "7",
-        "SIEVE_MAX_PER_DEVICE_PENDING": "3",
-        "SIEVE_BATCH_SIZE": "4",
-        "SIEVE_AGING_MAX_WAIT_S": "1.5",
-        "SIEVE_STARVATION_HINT_S": "2",
-        "SIEVE_REDIS_PREFIX": "other",
-    })
+    s = Settings.from_env(
+        {
+            "SIEVE_MAX_TOTAL_PENDING": "7",
+            "SIEVE_MAX_PER_DEVICE_PENDING": "3",
+            "SIEVE_BATCH_SIZE": "4",
+            "SIEVE_AGING_MAX_WAIT_S": "1.5",
+            "SIEVE_STARVATION_HINT_S": "2",
+            "SIEVE_REDIS_PREFIX": "other",
+        }
+    )
     assert s.max_total_pending == 7
     assert isinstance(s.max_total_pending, int)
     assert s.max_per_device_pending == 3
@@ -142,8 +144,17 @@ def test_no_credentials_by_default_and_anonymous_callers_refused() -> None:
     assert (s.auth_tokens, s.auth_tokens_file, s.allow_anonymous, s.grpc_reflection) == ("", "", False, False)
 
 
-@pytest.mark.parametrize("tokens", ["alice", "alice:client", "alice:admin:" + "0" * 64, "alice:client:abc",
-                                    ":client:" + "0" * 64, "a/b:worker:" + "0" * 64])
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        "alice",
+        "alice:client",
+        "alice:admin:" + "0" * 64,
+        "alice:client:abc",
+        ":client:" + "0" * 64,
+        "a/b:worker:" + "0" * 64,
+    ],
+)
 def test_a_bad_credential_entry_is_refused_naming_the_variable(tokens: str) -> None:
     with pytest.raises(SettingsError, match="SIEVE_AUTH_TOKENS"):
         Settings.from_env({"SIEVE_AUTH_TOKENS": tokens})
@@ -176,6 +187,6 @@ def test_the_readme_documents_every_setting_as_the_settings_define_it() -> None:
     from sieve.settings_doc import BEGIN, END, markdown_table
 
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    block = readme[readme.index(BEGIN) + len(BEGIN):readme.index(END)].strip()
+    block = readme[readme.index(BEGIN) + len(BEGIN) : readme.index(END)].strip()
     assert block == markdown_table(), "README settings table is stale: paste `python -m sieve.settings_doc` into it"
     assert all(f"`{name}`" in block for name in settings_field_names())

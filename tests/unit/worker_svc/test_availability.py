@@ -19,11 +19,24 @@ from worker_svc.resources import ResourceSampler, over_watermark, parse_fixed_re
 def _record(cpu: float = 10.0, memory: float = 20.0, gpu_memory: float = 0.0) -> WorkerRecord:
     moment = datetime(2026, 6, 18, 10, 0, tzinfo=UTC)
     return WorkerRecord(
-        worker_id="w1", hostname="worker-01", pid=12345, task_types=(types_pb2.TASK_TYPE_TEXT,),
-        gpu_available=gpu_memory > 0, gpu_count=1 if gpu_memory > 0 else 0, gpu_names=(),
-        gpu_memory_total_bytes=0, gpu_util_percent=0.0, gpu_memory_percent=gpu_memory, cpu_count=16,
-        cpu_percent=cpu, memory_total_bytes=33559728128, memory_available_bytes=12559728128,
-        memory_percent=memory, active_tasks=0, registered_at=moment, last_heartbeat=moment,
+        worker_id="w1",
+        hostname="worker-01",
+        pid=12345,
+        task_types=(types_pb2.TASK_TYPE_TEXT,),
+        gpu_available=gpu_memory > 0,
+        gpu_count=1 if gpu_memory > 0 else 0,
+        gpu_names=(),
+        gpu_memory_total_bytes=0,
+        gpu_util_percent=0.0,
+        gpu_memory_percent=gpu_memory,
+        cpu_count=16,
+        cpu_percent=cpu,
+        memory_total_bytes=33559728128,
+        memory_available_bytes=12559728128,
+        memory_percent=memory,
+        active_tasks=0,
+        registered_at=moment,
+        last_heartbeat=moment,
     )
 
 
@@ -65,7 +78,9 @@ def test_every_reading_over_its_watermark_gives_one_reason_each() -> None:
     record = _record(cpu=99.0, memory=80.0, gpu_memory=76.0)
 
     assert availability(record, Settings()) == [
-        "cpu 99.0% >= 75.0%", "memory 80.0% >= 75.0%", "gpu memory 76.0% >= 75.0%",
+        "cpu 99.0% >= 75.0%",
+        "memory 80.0% >= 75.0%",
+        "gpu memory 76.0% >= 75.0%",
     ]
 
 
@@ -83,16 +98,22 @@ def test_the_worker_and_the_registry_judge_the_same_readings_alike() -> None:
     resources = record.resources()
 
     # Then the worker's own check and the registry's availability agree
-    assert over_watermark(resources, Settings()) == availability(record, Settings()) == [
-        "memory 88.0% >= 75.0%"
-    ]
+    assert over_watermark(resources, Settings()) == availability(record, Settings()) == ["memory 88.0% >= 75.0%"]
 
 
 def test_a_record_carries_its_reasons_into_its_proto() -> None:
     # Given a stored hash of a worker over the memory watermark
-    data = {"hostname": "h", "pid": "7", "task_types": "TEXT,OCR_IMAGE", "cpu_percent": "5.0",
-            "memory_percent": "90.0", "gpu_names": '["NVIDIA A10, rev 1"]', "gpu_available": "1",
-            "registered_at": "2026-06-18T10:00:00+00:00", "last_heartbeat": "2026-06-18T10:00:15+00:00"}
+    data = {
+        "hostname": "h",
+        "pid": "7",
+        "task_types": "TEXT,OCR_IMAGE",
+        "cpu_percent": "5.0",
+        "memory_percent": "90.0",
+        "gpu_names": '["NVIDIA A10, rev 1"]',
+        "gpu_available": "1",
+        "registered_at": "2026-06-18T10:00:00+00:00",
+        "last_heartbeat": "2026-06-18T10:00:15+00:00",
+    }
 
     # When it is parsed and turned into a WorkerInfo
     info = WorkerRecord.from_hash("w9", data, Settings()).to_proto()
@@ -109,7 +130,9 @@ def test_a_record_carries_its_reasons_into_its_proto() -> None:
 # --- fixed readings -------------------------------------------------------------------------------
 def test_fixed_readings_are_parsed_as_percentages() -> None:
     assert parse_fixed_resources("cpu=90, memory=20,gpu_memory=0") == {
-        "cpu": 90.0, "memory": 20.0, "gpu_memory": 0.0,
+        "cpu": 90.0,
+        "memory": 20.0,
+        "gpu_memory": 0.0,
     }
     assert parse_fixed_resources("gpu_util=12.5") == {"gpu_util": 12.5}
     assert parse_fixed_resources("  ") == {}
@@ -117,8 +140,19 @@ def test_fixed_readings_are_parsed_as_percentages() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["cpu", "cpu=", "=90", "cpu=ninety", "cpu=101", "cpu=-1", "cpu=nan", "disk=10", "cpu=1,cpu=2",
-     "cpu=10,,memory=20", "cpu=10;memory=20"],
+    [
+        "cpu",
+        "cpu=",
+        "=90",
+        "cpu=ninety",
+        "cpu=101",
+        "cpu=-1",
+        "cpu=nan",
+        "disk=10",
+        "cpu=1,cpu=2",
+        "cpu=10,,memory=20",
+        "cpu=10;memory=20",
+    ],
 )
 def test_a_malformed_fixed_reading_is_refused_naming_the_variable(text: str) -> None:
     with pytest.raises(ValueError, match="SIEVE_FIXED_RESOURCES"):

@@ -42,7 +42,8 @@ def step(p: Pressure, clock: Clock, readings: Path, text: str, seconds: float = 
 
 
 def test_a_worker_holds_back_at_the_watermark_and_takes_work_again_only_under_the_hysteresis(
-        readings: Path, caplog: pytest.LogCaptureFixture) -> None:
+    readings: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="sieve.worker.pressure")
     clock = Clock()
     p = pressure_of(readings, clock)
@@ -90,8 +91,11 @@ def test_time_held_back_is_kept_per_resource_including_the_episode_going_on(read
     assert p.held_back_seconds()["memory"] == pytest.approx(memory_s + 4.0)
     step(p, clock, readings, "cpu=10,memory=10", 0.0)
     clock.now += 100
-    assert p.held_back_seconds() == {"cpu": pytest.approx(3.0), "memory": pytest.approx(memory_s + 4.0),
-                                     "gpu_memory": 0.0}
+    assert p.held_back_seconds() == {
+        "cpu": pytest.approx(3.0),
+        "memory": pytest.approx(memory_s + 4.0),
+        "gpu_memory": 0.0,
+    }
     assert p.episodes == 1
 
 

@@ -14,8 +14,11 @@ from worker_svc.puller import merge_into
 def test_acks_nacks_and_credits_of_later_messages_are_added_to_the_first() -> None:
     # Given two messages that queued up behind each other
     first = scheduler_pb2.PullRequest(credits=3, acks=[scheduler_pb2.Ack(task_id="a", lease_token="1")])
-    later = scheduler_pb2.PullRequest(credits=2, acks=[scheduler_pb2.Ack(task_id="b", lease_token="4")],
-                                      nacks=[scheduler_pb2.Nack(task_id="c", lease_token="2", reason="busy")])
+    later = scheduler_pb2.PullRequest(
+        credits=2,
+        acks=[scheduler_pb2.Ack(task_id="b", lease_token="4")],
+        nacks=[scheduler_pb2.Nack(task_id="c", lease_token="2", reason="busy")],
+    )
 
     # When the later one is folded into the first
     merge_into(first, later)
@@ -28,12 +31,17 @@ def test_acks_nacks_and_credits_of_later_messages_are_added_to_the_first() -> No
 
 
 def test_draining_sticks_and_the_latest_hello_wins() -> None:
-    first = scheduler_pb2.PullRequest(hello=scheduler_pb2.WorkerHello(
-        worker_id="w1", task_types=[types_pb2.TASK_TYPE_OCR_IMAGE], gpu=True))
+    first = scheduler_pb2.PullRequest(
+        hello=scheduler_pb2.WorkerHello(worker_id="w1", task_types=[types_pb2.TASK_TYPE_OCR_IMAGE], gpu=True)
+    )
 
     merge_into(first, scheduler_pb2.PullRequest(draining=True))
-    merge_into(first, scheduler_pb2.PullRequest(hello=scheduler_pb2.WorkerHello(
-        worker_id="w1", task_types=[types_pb2.TASK_TYPE_OCR_IMAGE], gpu=False)))
+    merge_into(
+        first,
+        scheduler_pb2.PullRequest(
+            hello=scheduler_pb2.WorkerHello(worker_id="w1", task_types=[types_pb2.TASK_TYPE_OCR_IMAGE], gpu=False)
+        ),
+    )
     merge_into(first, scheduler_pb2.PullRequest())
 
     assert first.draining
@@ -43,8 +51,12 @@ def test_draining_sticks_and_the_latest_hello_wins() -> None:
 def test_coalescing_folds_what_waits_in_order_and_stops_at_the_close() -> None:
     # Given two messages waiting behind the one about to be sent, then the close, then one more
     queue: asyncio.Queue[scheduler_pb2.PullRequest | None] = asyncio.Queue()
-    for item in (scheduler_pb2.PullRequest(credits=2), scheduler_pb2.PullRequest(credits=3), None,
-                 scheduler_pb2.PullRequest(credits=7)):
+    for item in (
+        scheduler_pb2.PullRequest(credits=2),
+        scheduler_pb2.PullRequest(credits=3),
+        None,
+        scheduler_pb2.PullRequest(credits=7),
+    ):
         queue.put_nowait(item)
     first = scheduler_pb2.PullRequest(credits=1)
 

@@ -15,15 +15,21 @@ from worker_svc.puller import Puller
 from worker_svc.resources import ResourceSampler
 
 
-async def never_runs(batch: list[scheduler_pb2.Assignment]) -> tuple[list[scheduler_pb2.Ack],
-                                                                      list[scheduler_pb2.Nack]]:
+async def never_runs(batch: list[scheduler_pb2.Assignment]) -> tuple[list[scheduler_pb2.Ack], list[scheduler_pb2.Nack]]:
     raise AssertionError("a batch that arrives while the worker holds back must not run")
 
 
 def puller_with(readings: Path) -> tuple[Puller, asyncio.Queue[scheduler_pb2.PullRequest | None]]:
     settings = Settings(fixed_resources=f"file:{readings}", pressure_retry_s=30)
-    puller = Puller(settings, "w-test", [types_pb2.TASK_TYPE_TEXT], False, 8, never_runs,
-                    Pressure(ResourceSampler(settings), settings))
+    puller = Puller(
+        settings,
+        "w-test",
+        [types_pb2.TASK_TYPE_TEXT],
+        False,
+        8,
+        never_runs,
+        Pressure(ResourceSampler(settings), settings),
+    )
     outbox: asyncio.Queue[scheduler_pb2.PullRequest | None] = asyncio.Queue()
     puller._outbox = outbox  # the stream's outgoing queue, as _stream sets it
     return puller, outbox
@@ -51,7 +57,8 @@ async def test_holding_back_withdraws_granted_credits_and_grants_none(tmp_path: 
 
 
 async def test_a_batch_that_arrives_while_held_back_is_put_back_uncounted_with_the_pressures_delay(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     readings = tmp_path / "readings"
     readings.write_text("cpu=5,memory=95")
     puller, outbox = puller_with(readings)
@@ -60,8 +67,10 @@ async def test_a_batch_that_arrives_while_held_back_is_put_back_uncounted_with_t
     await asyncio.gather(*puller._running)
     # Then both go back at once, uncounted, to wait about a second (the pressure has only just begun)
     sent = outbox.get_nowait()
-    assert [(n.task_id, n.lease_token, n.count_attempt) for n in sent.nacks] == [("a", "tok-a", False),
-                                                                                 ("b", "tok-b", False)]
+    assert [(n.task_id, n.lease_token, n.count_attempt) for n in sent.nacks] == [
+        ("a", "tok-a", False),
+        ("b", "tok-b", False),
+    ]
     assert all(1000 <= n.retry_after.ToMilliseconds() <= 1200 for n in sent.nacks)
     assert sent.nacks[0].reason == "worker over watermark: memory 95.0% >= 75.0%"
     assert not sent.acks and sent.credits == 0

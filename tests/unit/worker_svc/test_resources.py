@@ -42,9 +42,11 @@ def _write(path: Path, text: str) -> None:
 def v2_layout(root: Path, own: str = "/kubepods/pod1/ctr") -> Path:
     """/proc/self/{cgroup,mountinfo} and /sys/fs/cgroup of a cgroup v2 host, as the kernel shows them."""
     _write(root / "proc/self/cgroup", f"0::{own}\n")
-    _write(root / "proc/self/mountinfo",
-           "24 30 0:22 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate\n"
-           "30 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n")
+    _write(
+        root / "proc/self/mountinfo",
+        "24 30 0:22 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate\n"
+        "30 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n",
+    )
     cg = root / "sys/fs/cgroup"
     _write(cg / "cgroup.controllers", "cpuset cpu io memory hugetlb pids\n")
     leaf = cg / own.lstrip("/")
@@ -133,10 +135,12 @@ def test_a_v2_hierarchy_without_the_cpu_and_memory_controllers_is_not_used(tmp_p
 def test_a_cgroup_v1_container_reads_cfs_quota_cpuacct_and_the_memory_controller(tmp_path: Path) -> None:
     # Given cgroup v1 with cpu,cpuacct co-mounted and the memory controller, a docker container inside
     _write(tmp_path / "proc/self/cgroup", "5:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n1:name=systemd:/x\n")
-    _write(tmp_path / "proc/self/mountinfo",
-           "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
-           "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct\n"
-           "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n")
+    _write(
+        tmp_path / "proc/self/mountinfo",
+        "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"
+        "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct\n"
+        "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n",
+    )
     cpu = tmp_path / "sys/fs/cgroup/cpu,cpuacct/docker/abc"
     memory = tmp_path / "sys/fs/cgroup/memory/docker/abc"
     _write(cpu / "cpu.cfs_quota_us", "50000\n")
@@ -246,8 +250,10 @@ class _FakeNvml:
 
         me, other = os.getpid(), 999_999
         memories = [SimpleNamespace(total=100, used=80), SimpleNamespace(total=100, used=50)]
-        processes = [[SimpleNamespace(pid=me, usedGpuMemory=70), SimpleNamespace(pid=other, usedGpuMemory=10)],
-                     [SimpleNamespace(pid=other, usedGpuMemory=50)]]
+        processes = [
+            [SimpleNamespace(pid=me, usedGpuMemory=70), SimpleNamespace(pid=other, usedGpuMemory=10)],
+            [SimpleNamespace(pid=other, usedGpuMemory=50)],
+        ]
         monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
         monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
         monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 2)
@@ -346,8 +352,14 @@ def real_v1_cgroup() -> Iterator[tuple[list[Path], int]]:
 
 
 def _run_child(mode: str, procs: list[Path]) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-c", CHILD, mode, *map(str, procs)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, mode, *map(str, procs)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -39,12 +39,22 @@ def noon(day: date) -> datetime:
     return datetime.combine(day, time(12), UTC)
 
 
-def new_task(at: datetime | None = None, *, key: str | None = None, image: bytes | None = None,
-             task_id: uuid.UUID | None = None) -> NewTask:
+def new_task(
+    at: datetime | None = None, *, key: str | None = None, image: bytes | None = None, task_id: uuid.UUID | None = None
+) -> NewTask:
     at = at or datetime.now(UTC)
-    return NewTask(task_id or uuid7(datetime_ms(at)), DEVICE, types_pb2.TASK_TYPE_OCR_IMAGE if image else
-                   types_pb2.TASK_TYPE_TEXT, types_pb2.PRIORITY_NORMAL, "tests", at, at + timedelta(hours=1),
-                   text=None if image else "hello", image=image, idempotency_key=key)
+    return NewTask(
+        task_id or uuid7(datetime_ms(at)),
+        DEVICE,
+        types_pb2.TASK_TYPE_OCR_IMAGE if image else types_pb2.TASK_TYPE_TEXT,
+        types_pb2.PRIORITY_NORMAL,
+        "tests",
+        at,
+        at + timedelta(hours=1),
+        text=None if image else "hello",
+        image=image,
+        idempotency_key=key,
+    )
 
 
 async def finish(store: TaskStore, *tasks: NewTask) -> None:
@@ -97,8 +107,9 @@ async def test_the_migration_makes_today_and_the_days_ahead_and_new_tasks_land_i
     assert await where(pg, task.task_id) == partition_name("tasks", today())
 
 
-async def test_a_run_makes_the_days_ahead_and_the_days_it_missed(pg: asyncpg.Pool,
-                                                                 retention_settings: Settings) -> None:
+async def test_a_run_makes_the_days_ahead_and_the_days_it_missed(
+    pg: asyncpg.Pool, retention_settings: Settings
+) -> None:
     # Given a task of a day nothing ran on (its partition was not made: it waits in the default one)
     store = TaskStore(pg)
     missed = today() + timedelta(days=4)
@@ -119,13 +130,16 @@ async def test_a_run_makes_the_days_ahead_and_the_days_it_missed(pg: asyncpg.Poo
     for day in days:
         assert {partition_name("tasks", day), partition_name("results", day)} <= await tables(pg)
     lo, hi = day_bounds(later)
-    bound = await pg.fetchval("SELECT pg_get_expr(c.relpartbound, c.oid) FROM pg_class c WHERE c.relname = $1",
-                              partition_name("results", later))
+    bound = await pg.fetchval(
+        "SELECT pg_get_expr(c.relpartbound, c.oid) FROM pg_class c WHERE c.relname = $1",
+        partition_name("results", later),
+    )
     assert str(lo) in bound and str(hi) in bound
 
 
 async def test_rows_of_a_day_without_partition_wait_in_the_default_one_and_move_into_their_day(
-        pg: asyncpg.Pool, retention_settings: Settings) -> None:
+    pg: asyncpg.Pool, retention_settings: Settings
+) -> None:
     # Given a task (with a result and a key) of a day that has no partition yet
     store = TaskStore(pg)
     later = today() + timedelta(days=5)
@@ -138,8 +152,9 @@ async def test_rows_of_a_day_without_partition_wait_in_the_default_one_and_move_
     # Then the task and its result moved there, and the default partitions are empty again
     assert report.moved == 1 and later in report.created
     assert await where(pg, task.task_id) == partition_name("tasks", later)
-    assert await pg.fetchval("SELECT tableoid::regclass::text FROM results WHERE task_id = $1",
-                             task.task_id) == partition_name("results", later)
+    assert await pg.fetchval(
+        "SELECT tableoid::regclass::text FROM results WHERE task_id = $1", task.task_id
+    ) == partition_name("results", later)
     assert await pg.fetchval("SELECT count(*) FROM tasks_default") == 0
     assert await pg.fetchval("SELECT count(*) FROM results_default") == 0
     # and the key still finds it
@@ -149,7 +164,8 @@ async def test_rows_of_a_day_without_partition_wait_in_the_default_one_and_move_
 
 # --- dropping old days --------------------------------------------------------------------------------------------
 async def test_an_old_day_whose_tasks_are_final_goes_with_its_results_images_and_keys(
-        settings: Settings, retention_settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, retention_settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     # Given today's tasks, finished: one with an image and a key, one with a key only, one plain
     store = TaskStore(pg)
     image_task, keyed, plain = new_task(image=PNG, key="k-image"), new_task(key="k-text"), new_task()
@@ -216,8 +232,9 @@ async def test_a_day_with_an_open_task_is_kept_until_it_ends(pg: asyncpg.Pool, r
     assert await pg.fetchval("SELECT count(*) FROM idempotency_keys") == 0
 
 
-async def test_a_day_whose_task_changed_within_retention_is_kept(pg: asyncpg.Pool,
-                                                                 retention_settings: Settings) -> None:
+async def test_a_day_whose_task_changed_within_retention_is_kept(
+    pg: asyncpg.Pool, retention_settings: Settings
+) -> None:
     # Given a day whose task finished long after the day itself (it was requeued from the dead letters)
     store = TaskStore(pg)
     task = new_task()
@@ -239,14 +256,16 @@ async def test_retention_days_zero_keeps_everything(pg: asyncpg.Pool, retention_
     await store.insert([task])
     await finish(store, task)
     report = await Retention(pg, retention_settings.replace(retention_days=0)).run(
-        now=datetime.now(UTC) + timedelta(days=400))
+        now=datetime.now(UTC) + timedelta(days=400)
+    )
     assert report.dropped == [] and report.created
     assert await store.get(task.task_id) is not None
 
 
 # --- the default partition ------------------------------------------------------------------------------------------
 async def test_old_final_rows_of_the_default_partition_are_deleted_in_batches(
-        pg: asyncpg.Pool, retention_settings: Settings) -> None:
+    pg: asyncpg.Pool, retention_settings: Settings
+) -> None:
     # Given tasks with random (v4) ids, as recorded before ids were time-ordered: most are final, one is open
     store = TaskStore(pg)
     tasks = [new_task(task_id=uuid.uuid4(), key=f"legacy-{i}") for i in range(23)]
@@ -291,8 +310,9 @@ async def test_the_migration_carries_existing_rows_keys_and_results_over(setting
     try:
         await conn.execute(f'CREATE SCHEMA "{schema}"')
         await conn.execute(f'SET search_path TO "{schema}"')
-        await conn.execute("CREATE TABLE schema_migrations (version text PRIMARY KEY, "
-                           "applied_at timestamptz NOT NULL DEFAULT now())")
+        await conn.execute(
+            "CREATE TABLE schema_migrations (version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
         texts = await asyncio.to_thread(lambda: [p.read_text() for p in before])
         for path, text in zip(before, texts, strict=True):
             await conn.execute(text)
@@ -305,17 +325,23 @@ async def test_the_migration_carries_existing_rows_keys_and_results_over(setting
             SELECT id, $2, 'TEXT', 3, CASE WHEN n % 2 = 0 THEN 'SUCCEEDED' ELSE 'PENDING' END, 'tests',
                    CASE WHEN n % 3 = 0 THEN 'key-' || n END, 'hello', now(), now(), now() + interval '1 hour', now()
             FROM unnest($1::uuid[]) WITH ORDINALITY AS u(id, n)
-            """, ids, DEVICE)
-        await conn.execute("INSERT INTO results (task_id, verdict, hits, text, worker_id, attempt) "
-                           "SELECT id, 'PASS', '[]', 'hello', 'w1', 1 FROM tasks WHERE status = 'SUCCEEDED'")
+            """,
+            ids,
+            DEVICE,
+        )
+        await conn.execute(
+            "INSERT INTO results (task_id, verdict, hits, text, worker_id, attempt) "
+            "SELECT id, 'PASS', '[]', 'hello', 'w1', 1 FROM tasks WHERE status = 'SUCCEEDED'"
+        )
         await conn.close()
 
         # When the services start (migrations applied)
         assert "0008_retention_partitions" in await apply_migrations(settings)
 
         # Then every row is there, reachable by id, and the keys still find their tasks
-        pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2,
-                                         server_settings={"search_path": schema})
+        pool = await asyncpg.create_pool(
+            settings.database_url, min_size=1, max_size=2, server_settings={"search_path": schema}
+        )
         try:
             assert await pool.fetchval("SELECT count(*) FROM tasks") == 30
             assert await pool.fetchval("SELECT count(*) FROM results") == 15
@@ -337,7 +363,8 @@ async def test_the_migration_carries_existing_rows_keys_and_results_over(setting
 
 
 async def test_the_scheduler_housekeeping_makes_the_partitions_ahead(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     from tests.integration.conftest import platform_with
 
     async with platform_with(settings, redis, pg, retention_ahead_days=4, retention_check_interval_s=0.2):
@@ -353,17 +380,26 @@ async def run_devices(store: QueueStore, first: int, count: int, *, nack_first: 
     """`count` devices submit one task each (an enqueue), and each is served (a pop) and finished (an ack);
     with nack_first each task is first put back with a retry delay and promoted again, then served."""
     now = now_ms()
-    macs = [f"02:00:{(i >> 24) & 0xFF:02X}:{(i >> 16) & 0xFF:02X}:{(i >> 8) & 0xFF:02X}:{i & 0xFF:02X}"
-            for i in range(first, first + count)]
+    macs = [
+        f"02:00:{(i >> 24) & 0xFF:02X}:{(i >> 16) & 0xFF:02X}:{(i >> 8) & 0xFF:02X}:{i & 0xFF:02X}"
+        for i in range(first, first + count)
+    ]
     for chunk in range(0, count, 500):
-        group = macs[chunk: chunk + 500]
-        await store.enqueue_many({mac: [Entry(f"t-{mac}", 1, 3, int(now), int(now) + 3_600_000, caller="tests")]
-                                  for mac in group}, now=now)
+        group = macs[chunk : chunk + 500]
+        await store.enqueue_many(
+            {mac: [Entry(f"t-{mac}", 1, 3, int(now), int(now) + 3_600_000, caller="tests")] for mac in group}, now=now
+        )
         popped = {mac: await store.pop(mac, "tok", 1, release=True, now=now) for mac in group}
         if nack_first:
             for mac, p in popped.items():
-                await store.requeue(mac, [(e.task_id, e.attempt) for e in p.taken], count_attempt=False,
-                                    reason="later", retry_at_ms=now + 1000, now=now)
+                await store.requeue(
+                    mac,
+                    [(e.task_id, e.attempt) for e in p.taken],
+                    count_attempt=False,
+                    reason="later",
+                    retry_at_ms=now + 1000,
+                    now=now,
+                )
             assert await store.promote_due(now=now + 1000, limit=len(group)) == len(group)
             popped = {mac: await store.pop(mac, "tok", 1, release=True, now=now + 1000) for mac in group}
         leases = [(e.task_id, e.attempt) for p in popped.values() for e in p.taken]
@@ -392,8 +428,14 @@ async def test_a_device_keeps_its_state_while_it_has_work_out(settings: Settings
     await store.enqueue(mac, [Entry(f"t{i}", 1, 3, now, now + 3_600_000) for i in range(2)], now=now)
     # one task leased, one delayed: the device is idle but keeps its meta (the wait of its next turn, its rate)
     popped = await store.pop(mac, "tok", 2, release=True, now=now)
-    await store.requeue(mac, [(popped.taken[1].task_id, popped.taken[1].attempt)], count_attempt=True,
-                        reason="nack", retry_at_ms=now + 5000, now=now)
+    await store.requeue(
+        mac,
+        [(popped.taken[1].task_id, popped.taken[1].attempt)],
+        count_attempt=True,
+        reason="nack",
+        retry_at_ms=now + 5000,
+        now=now,
+    )
     meta = await store.device_meta(mac)
     assert (meta["state"], meta["outstanding"], meta["last_served_ms"]) == ("idle", "2", str(now))
     # the lease finishes: one is still out (delayed)
@@ -428,13 +470,15 @@ async def test_a_device_backing_off_keeps_its_state_until_it_resumes(settings: S
 
 
 async def test_through_the_platform_no_device_state_is_left_once_tasks_finish(
-        settings: Settings, redis: Redis, pg: asyncpg.Pool) -> None:
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
     from tests.integration.conftest import platform_with, text_spec, wait_final
 
     async with platform_with(settings, redis, pg, workers=1) as p:
         macs = [f"02:00:00:00:01:{i:02X}" for i in range(40)]
-        reply = await p.intake.SubmitBatch(intake_pb2.SubmitBatchRequest(
-            tasks=[text_spec(mac, f"hello {i}") for i, mac in enumerate(macs)]))
+        reply = await p.intake.SubmitBatch(
+            intake_pb2.SubmitBatchRequest(tasks=[text_spec(mac, f"hello {i}") for i, mac in enumerate(macs)])
+        )
         ids = [item.task.task_id for item in reply.items]
         assert len(ids) == len(macs)
         for task_id in ids:
@@ -444,6 +488,9 @@ async def test_through_the_platform_no_device_state_is_left_once_tasks_finish(
         while await redis.exists(p.queues.keys.lease_data):
             assert asyncio.get_running_loop().time() < deadline, "leases never settled"
             await asyncio.sleep(0.05)
-        left = [k for k in await prefix_keys(redis, settings.redis_prefix, count=5000)
-                if ":meta:" in k or ":q:" in k or ":lock:" in k]
+        left = [
+            k
+            for k in await prefix_keys(redis, settings.redis_prefix, count=5000)
+            if ":meta:" in k or ":q:" in k or ":lock:" in k
+        ]
         assert left == []

@@ -17,12 +17,21 @@ from sieve.v1 import types_pb2
 
 def _task() -> NewTask:
     now = datetime.now(UTC)
-    return NewTask(uuid.uuid4(), "AA:BB:CC:DD:EE:01", types_pb2.TASK_TYPE_TEXT, types_pb2.PRIORITY_NORMAL,
-                   "tests", now, now + timedelta(hours=1), text="hello")
+    return NewTask(
+        uuid.uuid4(),
+        "AA:BB:CC:DD:EE:01",
+        types_pb2.TASK_TYPE_TEXT,
+        types_pb2.PRIORITY_NORMAL,
+        "tests",
+        now,
+        now + timedelta(hours=1),
+        text="hello",
+    )
 
 
 async def test_starting_tasks_relaxes_only_its_own_commit_and_the_connection_stays_durable(
-        settings: Settings, pg: asyncpg.Pool) -> None:
+    settings: Settings, pg: asyncpg.Pool
+) -> None:
     # Given a pool of exactly one connection, and a recorded task
     pool = await create_pool(settings.replace(db_pool_min=1, db_pool_max=1), attempts=1, migrate_first=False)
     try:

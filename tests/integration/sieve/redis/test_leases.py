@@ -14,7 +14,8 @@ from sieve.settings import Settings
 
 
 async def test_a_token_is_checked_by_another_process_for_its_task_lease_and_worker_only(
-        settings: Settings, redis: Redis) -> None:
+    settings: Settings, redis: Redis
+) -> None:
     key = Keys(settings.redis_prefix).lease_key
     issuer, other = LeaseSigner(redis, key), LeaseSigner(redis, key)
     await issuer.ensure()

@@ -56,8 +56,15 @@ Op = tuple[Any, ...]
 
 dev = st.integers(0, 4)
 OPS: st.SearchStrategy[Op] = st.one_of(
-    st.tuples(st.just("enqueue"), dev, st.integers(1, 4), st.sampled_from(PRIORITIES),
-              st.sampled_from([False, False, False, True]), st.sampled_from(TYPES), st.sampled_from(CALLERS)),
+    st.tuples(
+        st.just("enqueue"),
+        dev,
+        st.integers(1, 4),
+        st.sampled_from(PRIORITIES),
+        st.sampled_from([False, False, False, True]),
+        st.sampled_from(TYPES),
+        st.sampled_from(CALLERS),
+    ),
     st.tuples(st.just("serve"), dev, st.integers(1, 4)),
     st.tuples(st.just("serve_typed"), dev, st.integers(1, 4), st.sampled_from([(1,), (2,), (1, 2)])),
     st.tuples(st.just("rank_serve"), st.integers(1, 4)),
@@ -89,9 +96,11 @@ class Model:
         return f"t{self.serial}"
 
     def queued_ids(self, mac: str | None = None) -> set[str]:
-        return {t for t, m in self.created.items()
-                if t not in self.leased and t not in self.delayed and t not in self.finished
-                and (mac is None or m == mac)}
+        return {
+            t
+            for t, m in self.created.items()
+            if t not in self.leased and t not in self.delayed and t not in self.finished and (mac is None or m == mac)
+        }
 
     def open_by_caller(self) -> Counter[str]:
         """Accepted and not finished tasks (queued, leased or delayed) of each caller."""
@@ -150,10 +159,11 @@ async def read_view(redis: Redis, store: QueueStore, macs: list[str]) -> View:
     per_device = 3 + len(PRIORITIES) + len(classes)
     devices: dict[str, DeviceView] = {}
     for i, mac in enumerate(macs):
-        row = values[5 + i * per_device: 5 + (i + 1) * per_device]
-        entries = [Entry.decode(raw) for items in row[3: 3 + len(PRIORITIES)] for raw in items]
-        members = {pw: score for pw, score in zip(classes, row[3 + len(PRIORITIES):], strict=True)
-                   if score is not None}
+        row = values[5 + i * per_device : 5 + (i + 1) * per_device]
+        entries = [Entry.decode(raw) for items in row[3 : 3 + len(PRIORITIES)] for raw in items]
+        members = {
+            pw: score for pw, score in zip(classes, row[3 + len(PRIORITIES) :], strict=True) if score is not None
+        }
         devices[mac] = DeviceView(row[0], row[1], row[2], entries, members)
     return View(lease_data, set(lease_list), serving, active, delayed, devices)
 
@@ -257,9 +267,14 @@ async def check(redis: Redis, store: QueueStore, model: Model, macs: list[str], 
 async def run(redis_url: str, n_devices: int, ops: list[Op]) -> None:
     prefix = f"prop-{uuid.uuid4().hex[:10]}"
     settings = Settings.from_env(
-        {}, redis_url=redis_url, redis_prefix=prefix, max_total_pending=MAX_TOTAL,
-        max_per_device_pending=MAX_PER_DEVICE, max_attempts=MAX_ATTEMPTS,
-        device_weights=f"{MACS[1]}=2")
+        {},
+        redis_url=redis_url,
+        redis_prefix=prefix,
+        max_total_pending=MAX_TOTAL,
+        max_per_device_pending=MAX_PER_DEVICE,
+        max_attempts=MAX_ATTEMPTS,
+        device_weights=f"{MACS[1]}=2",
+    )
     redis = Redis.from_url(redis_url, decode_responses=True)
     store = QueueStore(redis, settings)
     await store.mark_rebuilt("property-test")
@@ -275,12 +290,22 @@ async def run(redis_url: str, n_devices: int, ops: list[Op]) -> None:
         await redis.aclose()
 
 
-async def take(store: QueueStore, model: Model, mac: str, token: str, count: int, now: int, *,
-               allowed: tuple[int, ...] | None = None, release: bool = False) -> list[Entry]:
+async def take(
+    store: QueueStore,
+    model: Model,
+    mac: str,
+    token: str,
+    count: int,
+    now: int,
+    *,
+    allowed: tuple[int, ...] | None = None,
+    release: bool = False,
+) -> list[Entry]:
     """Pops `count` from a device, recording leases and expiries; [] when it was not ready."""
     state = (await store.device_meta(mac)).get("state")
-    popped = await store.pop(mac, token, count, now=now, release=release,
-                             allowed_types=None if allowed is None else list(allowed))
+    popped = await store.pop(
+        mac, token, count, now=now, release=release, allowed_types=None if allowed is None else list(allowed)
+    )
     assert popped.ready == (state == "ready"), (mac, state, popped)
     if popped.expired:
         event("pop dropped expired tasks")
@@ -327,8 +352,13 @@ async def op_enqueue(step: Step, d: int, n: int, prio: int, expired: bool, task_
     try:
         await store.enqueue(mac, entries, now=now, caller_limit=MAX_PER_CALLER)
     except AdmissionRefused as refused:
-        expected = (ScriptCode.GLOBAL_LIMIT if total + n > MAX_TOTAL else
-                    ScriptCode.CALLER_LIMIT if over_caller else ScriptCode.DEVICE_LIMIT)
+        expected = (
+            ScriptCode.GLOBAL_LIMIT
+            if total + n > MAX_TOTAL
+            else ScriptCode.CALLER_LIMIT
+            if over_caller
+            else ScriptCode.DEVICE_LIMIT
+        )
         assert refused.code is expected
         assert total + n > MAX_TOTAL or over_caller or mine + n > MAX_PER_DEVICE
         if refused.code is ScriptCode.CALLER_LIMIT:
@@ -396,8 +426,7 @@ async def op_defer_types(step: Step, d: int, k: int, types: tuple[int, ...]) -> 
     put_back = taken[:k]  # the rest stay leased (handed out)
     # what waits: those taken here, and every queued task of those types that has not expired
     queued = [e for e in await store.queued(mac) if e.task_type in types and e.expires_ms > now]
-    result = await store.defer_types(mac, step.token, [e.task_id for e in put_back], list(types), "no worker",
-                                     now=now)
+    result = await store.defer_types(mac, step.token, [e.task_id for e in put_back], list(types), "no worker", now=now)
     moved = [*put_back, *queued]
     dead = {r["task_id"] for r in result.dead_letters}
     assert dead == {e.task_id for e in moved if e.defers + 1 >= MAX_ATTEMPTS}
@@ -410,8 +439,9 @@ async def op_defer_types(step: Step, d: int, k: int, types: tuple[int, ...]) -> 
         if e.task_id in dead:
             model.finish(e.task_id, "dead")
     for t in result.waiting:
-        due = await store.redis.zscore(store.keys.delayed, next(
-            m for m in await store.redis.zrange(store.keys.delayed, 0, -1) if f"|{t}|" in m))
+        due = await store.redis.zscore(
+            store.keys.delayed, next(m for m in await store.redis.zrange(store.keys.delayed, 0, -1) if f"|{t}|" in m)
+        )
         model.delayed[t] = int(due)
     return now
 
@@ -436,10 +466,16 @@ async def op_requeue(step: Step, i: int, k: int, counted: bool, later: bool) -> 
     first = sorted(model.leased)[i % len(model.leased)]
     mac = model.leased[first][0]
     mine = sorted(t for t, (m, _) in model.leased.items() if m == mac)
-    chosen = mine[mine.index(first):][:k]
+    chosen = mine[mine.index(first) :][:k]
     retry_at = now + 60 * S if later else None
-    result = await step.store.requeue(mac, [(t, model.leased[t][1]) for t in chosen], count_attempt=counted,
-                                      reason="nack", retry_at_ms=retry_at, now=now)
+    result = await step.store.requeue(
+        mac,
+        [(t, model.leased[t][1]) for t in chosen],
+        count_attempt=counted,
+        reason="nack",
+        retry_at_ms=retry_at,
+        now=now,
+    )
     dead = {d["task_id"] for d in result.dead_letters}
     if counted:
         for t in chosen:
@@ -461,8 +497,7 @@ async def op_requeue(step: Step, i: int, k: int, counted: bool, later: bool) -> 
 
 async def op_cancel(step: Step, d: int, i: int, leased: bool) -> int:
     store, model, now, mac = step.store, step.model, step.now, step.mac(d)
-    pool = sorted(t for t, (m, _) in model.leased.items() if m == mac) if leased \
-        else sorted(model.queued_ids(mac))
+    pool = sorted(t for t, (m, _) in model.leased.items() if m == mac) if leased else sorted(model.queued_ids(mac))
     if not pool:
         assert await store.cancel(mac, "nothing-here", now=now) is False
         return now
@@ -541,13 +576,27 @@ def redis_url(settings: Settings) -> str:
     return settings.redis_url
 
 
-@hypothesis_settings(max_examples=40, deadline=None, database=None,
-                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@hypothesis_settings(
+    max_examples=40,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(n_devices=st.integers(3, 5), ops=st.lists(OPS, min_size=20, max_size=60))
 # tasks of a type nobody takes wait twice and are dead-lettered the second time (their caller's count drops)
-@example(n_devices=3, ops=[("enqueue", 0, 2, 3, False, 1, "alice"), ("enqueue", 0, 1, 3, False, 2, "bob"),
-                           ("defer_types", 0, 1, (1,)), ("tick", 60), ("defer_types", 0, 0, (1,)),
-                           ("serve", 0, 4), ("ack", 0, False)])
+@example(
+    n_devices=3,
+    ops=[
+        ("enqueue", 0, 2, 3, False, 1, "alice"),
+        ("enqueue", 0, 1, 3, False, 2, "bob"),
+        ("defer_types", 0, 1, (1,)),
+        ("tick", 60),
+        ("defer_types", 0, 0, (1,)),
+        ("serve", 0, 4),
+        ("ack", 0, False),
+    ],
+)
 def test_counters_agree_and_every_task_is_in_exactly_one_place_after_any_sequence(
-        redis_url: str, n_devices: int, ops: list[Op]) -> None:
+    redis_url: str, n_devices: int, ops: list[Op]
+) -> None:
     asyncio.run(run(redis_url, n_devices, ops))

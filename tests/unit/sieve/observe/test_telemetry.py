@@ -19,15 +19,18 @@ from sieve.observe import metrics, telemetry
 ROOT = Path(__file__).resolve().parents[4]
 
 
-@pytest.mark.parametrize(("env", "kind"), [
-    ({}, ""),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}, "otlp"),
-    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4317"}, "otlp"),
-    ({"OTEL_TRACES_EXPORTER": "otlp"}, "otlp"),
-    ({"OTEL_TRACES_EXPORTER": "console"}, "console"),
-    ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317"}, ""),
-    ({"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317"}, ""),
-])
+@pytest.mark.parametrize(
+    ("env", "kind"),
+    [
+        ({}, ""),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"}, "otlp"),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4317"}, "otlp"),
+        ({"OTEL_TRACES_EXPORTER": "otlp"}, "otlp"),
+        ({"OTEL_TRACES_EXPORTER": "console"}, "console"),
+        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317"}, ""),
+        ({"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317"}, ""),
+    ],
+)
 def test_the_otel_variables_choose_the_exporter_and_none_means_off(env: dict[str, str], kind: str) -> None:
     assert telemetry.exporter_kind(env) == kind
 
@@ -74,14 +77,19 @@ def test_scrape_time_specs_render_as_prometheus_text() -> None:
 
     registry = CollectorRegistry()
     registry.register(Fixed())
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in f.samples
+    }
     assert samples[("sieve_dispatched_tasks_total", ())] == 7
     assert samples[("sieve_pending_tasks", (("priority", "HIGH"), ("type", "TEXT")))] == 2
 
 
-@pytest.mark.parametrize(("address", "parsed"), [("127.0.0.1:9101", ("127.0.0.1", 9101)), ("[::]:9104", ("::", 9104)),
-                                                 (":0", ("0.0.0.0", 0))])
+@pytest.mark.parametrize(
+    ("address", "parsed"),
+    [("127.0.0.1:9101", ("127.0.0.1", 9101)), ("[::]:9104", ("::", 9104)), (":0", ("0.0.0.0", 0))],
+)
 def test_metrics_addresses_parse(address: str, parsed: tuple[str, int]) -> None:
     assert metrics.parse_address(address) == parsed
 

@@ -69,6 +69,7 @@ def _bindings(path: Path) -> tuple[list[str], list[str]]:
 
 # --- resolving --requires ---------------------------------------------------------------------------
 
+
 def test_a_required_include_is_inlined_where_the_requires_line_was(tmp_path: Path) -> None:
     includes = _write(tmp_path, helper="local function helper() return 1 end\n")
     out = assemble("-- a script\n--@requires helper\n\nreturn helper()\n", "main", includes)
@@ -142,6 +143,7 @@ def test_loading_an_unknown_script_raises() -> None:
 
 
 # --- the shipped scripts ---------------------------------------------------------------------------------
+
 
 def test_every_script_the_queue_store_uses_is_shipped_once() -> None:
     names = [_script_name(p) for p in SHIPPED]
@@ -219,9 +221,12 @@ def test_every_include_resolves(path: Path) -> None:
 
 # --- the status codes ------------------------------------------------------------------------------------
 
+
 def test_the_lua_code_table_is_pythons_script_code() -> None:
-    table = {m.group("name"): int(m.group("value"))
-             for m in _CODE_LINE.finditer(_code_only((INCLUDES_DIR / "codes.lua").read_text()))}
+    table = {
+        m.group("name"): int(m.group("value"))
+        for m in _CODE_LINE.finditer(_code_only((INCLUDES_DIR / "codes.lua").read_text()))
+    }
     assert table == {code.name: code.value for code in ScriptCode}
 
 

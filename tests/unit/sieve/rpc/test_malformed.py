@@ -32,16 +32,22 @@ def blame(message_type: type, data: bytes) -> tuple[str, str]:
     return found.field, found.description
 
 
-@pytest.mark.parametrize(("message_type", "data", "where"), [
-    (intake_pb2.SubmitRequest, field(1, spec(device_id="x") + field(4, b"\xff")), "task.text"),
-    (intake_pb2.SubmitRequest, field(1, field(7, b"\xed\xa0\x80")), "task.idempotency_key"),
-    (intake_pb2.SubmitBatchRequest, field(1, spec(text="a")) * 3 + field(1, field(1, b"\xc0\x80")),
-     "tasks[3].device_id"),
-    (intake_pb2.GetTaskRequest, field(1, b"\xe4\xb8"), "task_id"),
-    (scheduler_pb2.PullRequest, field(3, field(2, b"ok")) + field(3, field(2, b"\x80")), "acks[1].lease_token"),
-    (scheduler_pb2.PullRequest, field(1, field(1, b"w\xff")), "hello.worker_id"),
-    (registry_pb2.RegisterRequest, field(5, field(3, b"a") + field(3, b"\xfe")), "resources.gpu_names[1]"),
-])
+@pytest.mark.parametrize(
+    ("message_type", "data", "where"),
+    [
+        (intake_pb2.SubmitRequest, field(1, spec(device_id="x") + field(4, b"\xff")), "task.text"),
+        (intake_pb2.SubmitRequest, field(1, field(7, b"\xed\xa0\x80")), "task.idempotency_key"),
+        (
+            intake_pb2.SubmitBatchRequest,
+            field(1, spec(text="a")) * 3 + field(1, field(1, b"\xc0\x80")),
+            "tasks[3].device_id",
+        ),
+        (intake_pb2.GetTaskRequest, field(1, b"\xe4\xb8"), "task_id"),
+        (scheduler_pb2.PullRequest, field(3, field(2, b"ok")) + field(3, field(2, b"\x80")), "acks[1].lease_token"),
+        (scheduler_pb2.PullRequest, field(1, field(1, b"w\xff")), "hello.worker_id"),
+        (registry_pb2.RegisterRequest, field(5, field(3, b"a") + field(3, b"\xfe")), "resources.gpu_names[1]"),
+    ],
+)
 def test_invalid_utf8_is_blamed_on_its_field(message_type: type, data: bytes, where: str) -> None:
     assert blame(message_type, data) == (where, "is not valid UTF-8")
 
@@ -50,7 +56,9 @@ def test_bytes_that_are_not_wire_format_blame_the_request_or_the_field_they_brea
     assert blame(intake_pb2.GetTaskRequest, b"\xff\xff\xff")[0] == WHOLE_REQUEST
     # a length running past the end: the field whose bytes are cut
     assert blame(intake_pb2.SubmitRequest, field(1, field(4, b"abc"))[:-1]) == (
-        "task", "is not protobuf wire format (truncated)")
+        "task",
+        "is not protobuf wire format (truncated)",
+    )
     # a packed repeated enum with a cut varint
     assert blame(registry_pb2.RegisterRequest, bytes([4 << 3 | 2, 1, 0x80]))[0] == "task_types"
     # wire type 7 does not exist
@@ -72,14 +80,17 @@ def test_lenient_returns_a_marker_instead_of_raising() -> None:
     assert status.code == 3 and status.message == "task_id: is not valid UTF-8"
 
 
-@pytest.mark.parametrize(("value", "kwargs", "problem"), [
-    ("a\x00b", {}, "must not contain U+0000"),
-    ("ok\n", {"printable": True}, "must be printable"),
-    ("\x00", {"printable": True}, "must be printable"),
-    ("x" * 11, {"max_chars": 10}, "at most 10 characters"),
-    ("é" * 6, {"max_bytes": 10}, "larger than 10 bytes"),
-    ("\ud800", {"max_bytes": 3}, "lone surrogate"),
-])
+@pytest.mark.parametrize(
+    ("value", "kwargs", "problem"),
+    [
+        ("a\x00b", {}, "must not contain U+0000"),
+        ("ok\n", {"printable": True}, "must be printable"),
+        ("\x00", {"printable": True}, "must be printable"),
+        ("x" * 11, {"max_chars": 10}, "at most 10 characters"),
+        ("é" * 6, {"max_bytes": 10}, "larger than 10 bytes"),
+        ("\ud800", {"max_bytes": 3}, "lone surrogate"),
+    ],
+)
 def test_text_problems(value: str, kwargs: dict[str, object], problem: str) -> None:
     found = text_problem(value, **kwargs)  # type: ignore[arg-type]
     assert found is not None and problem in found

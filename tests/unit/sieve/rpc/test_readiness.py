@@ -77,7 +77,8 @@ def registry_readiness(settings: Settings) -> Readiness:
 
 
 async def test_listens_at_once_refuses_calls_then_serves_and_recovers_from_a_redis_restart(
-        quick: Settings, redis_proc: RedisProcess, caplog: pytest.LogCaptureFixture) -> None:
+    quick: Settings, redis_proc: RedisProcess, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, "sieve.rpc.readiness")
     settings = quick.replace(redis_url=redis_proc.url)
     async with serve(registry_readiness(settings), settings) as served:
@@ -115,8 +116,9 @@ async def test_listens_at_once_refuses_calls_then_serves_and_recovers_from_a_red
         assert served.readiness.error is None
 
 
-async def test_streaming_calls_are_refused_cleanly_before_the_service_exists(quick: Settings,
-                                                                          redis_proc: RedisProcess) -> None:
+async def test_streaming_calls_are_refused_cleanly_before_the_service_exists(
+    quick: Settings, redis_proc: RedisProcess
+) -> None:
     built: list[str] = []
 
     async def build(stores: Stores) -> Built:  # never reached: Redis does not come up in this test
@@ -140,7 +142,8 @@ async def test_streaming_calls_are_refused_cleanly_before_the_service_exists(qui
 
 
 async def test_start_up_step_runs_before_the_loops_and_again_after_each_recovery(
-        quick: Settings, redis_proc: RedisProcess) -> None:
+    quick: Settings, redis_proc: RedisProcess
+) -> None:
     events: list[str] = []
     redis_proc.start()
 
@@ -176,8 +179,7 @@ async def test_start_up_step_runs_before_the_loops_and_again_after_each_recovery
         assert await served.status() == SERVING
 
 
-async def test_an_error_that_is_not_a_store_error_ends_the_service(quick: Settings,
-                                                                  redis_proc: RedisProcess) -> None:
+async def test_an_error_that_is_not_a_store_error_ends_the_service(quick: Settings, redis_proc: RedisProcess) -> None:
     redis_proc.start()
 
     async def build(stores: Stores) -> Built:
@@ -191,8 +193,9 @@ async def test_an_error_that_is_not_a_store_error_ends_the_service(quick: Settin
         assert await served.status() == NOT_SERVING
 
 
-async def test_waits_for_postgres_and_recovers_after_it_restarts(quick: Settings,
-                                                                caplog: pytest.LogCaptureFixture) -> None:
+async def test_waits_for_postgres_and_recovers_after_it_restarts(
+    quick: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, "sieve.rpc.readiness")
     pg = PostgresProcess()
     try:
@@ -216,7 +219,8 @@ async def test_waits_for_postgres_and_recovers_after_it_restarts(quick: Settings
             admin = await asyncpg.connect(pg.url)
             dropped = await admin.fetchval(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
-                f"sieve:{settings.database_schema}")
+                f"sieve:{settings.database_schema}",
+            )
             await admin.close()
             assert dropped >= 1
             await asyncio.sleep(1.5)  # several probes
@@ -255,7 +259,8 @@ async def test_the_check_names_the_policy_and_the_fix(quick: Settings, lru_redis
 
 
 async def test_an_evicting_redis_is_refused_until_its_policy_is_fixed(
-        quick: Settings, lru_redis: RedisProcess, caplog: pytest.LogCaptureFixture) -> None:
+    quick: Settings, lru_redis: RedisProcess, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO)
     settings = quick.replace(redis_url=lru_redis.url)
     async with serve(registry_readiness(settings), settings) as served:
@@ -274,7 +279,8 @@ async def test_an_evicting_redis_is_refused_until_its_policy_is_fixed(
 
 
 async def test_an_evicting_redis_is_served_with_an_error_when_not_required(
-        quick: Settings, lru_redis: RedisProcess, caplog: pytest.LogCaptureFixture) -> None:
+    quick: Settings, lru_redis: RedisProcess, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO)
     settings = quick.replace(redis_url=lru_redis.url, redis_require_noeviction=False)
     assert Settings.from_env({"SIEVE_REDIS_REQUIRE_NOEVICTION": "false"}).redis_require_noeviction is False
@@ -285,8 +291,9 @@ async def test_an_evicting_redis_is_served_with_an_error_when_not_required(
         assert len(errors) == 1 and "Serving anyway" in errors[0].getMessage()
 
 
-async def test_a_redis_that_forbids_config_is_warned_about_once(quick: Settings, redis_proc: RedisProcess,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_redis_that_forbids_config_is_warned_about_once(
+    quick: Settings, redis_proc: RedisProcess, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO)
     redis_proc.start()
     admin = Redis.from_url(redis_proc.url, decode_responses=True)

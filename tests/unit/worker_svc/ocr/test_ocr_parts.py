@@ -21,8 +21,7 @@ def test_a_hit_is_mapped_to_its_line_and_the_offsets_in_that_line() -> None:
     assert joined.text == "今天天气很好\n这里有 赌.博 网站\ncasino"
     hits = Matcher([LexiconEntry("赌博", "gambling", 3), LexiconEntry("casino", "gambling", 2)]).match(joined.text).hits
     located = {h.word: joined.locate(h.start, h.end) for h in hits}
-    assert located["赌博"] == {"line": 1, "line_start": 4, "line_end": 7,
-                               "spans": [{"line": 1, "start": 4, "end": 7}]}
+    assert located["赌博"] == {"line": 1, "line_start": 4, "line_end": 7, "spans": [{"line": 1, "start": 4, "end": 7}]}
     assert located["casino"]["line"] == 2 and located["casino"]["line_start"] == 0
 
 
@@ -75,11 +74,18 @@ def test_an_ocr_worker_holds_a_few_tasks_per_core_on_cpu_and_more_on_gpu() -> No
     assert default_concurrency(gpu_mode(settings), cores=2) == 16
 
 
-@pytest.mark.parametrize(("name", "value"), [
-    ("ocr_device", "tpu"), ("ocr_payload_retention", "forever"), ("ocr_fault", "boom"),
-    ("ocr_max_image_pixels", 0), ("ocr_min_line_confidence", 1.5), ("ocr_fetch_timeout_s", 0.0),
-    ("ocr_cpu_threads", -1),
-])
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("ocr_device", "tpu"),
+        ("ocr_payload_retention", "forever"),
+        ("ocr_fault", "boom"),
+        ("ocr_max_image_pixels", 0),
+        ("ocr_min_line_confidence", 1.5),
+        ("ocr_fetch_timeout_s", 0.0),
+        ("ocr_cpu_threads", -1),
+    ],
+)
 def test_impossible_ocr_settings_are_refused_naming_the_variable(name: str, value: object) -> None:
     with pytest.raises(SettingsError, match=f"SIEVE_{name.upper()}"):
         check_settings(Settings.from_env({}, test_hooks=True, **{name: value}))
@@ -121,8 +127,11 @@ def test_configured_model_folders_need_their_own_inference_yml(tmp_path: Path) -
         prepare_models(settings, tmp_path)
     (tmp_path / "det" / "inference.yml").write_text("Global:\n  model_name: PP-OCRv5_server_det\n")
     models = prepare_models(settings, tmp_path)
-    assert (models.det_name, models.rec_name, models.source) == ("PP-OCRv5_server_det", "PP-OCRv5_server_rec",
-                                                                  "configured")
+    assert (models.det_name, models.rec_name, models.source) == (
+        "PP-OCRv5_server_det",
+        "PP-OCRv5_server_rec",
+        "configured",
+    )
 
 
 @pytest.mark.ocr_extra
@@ -145,13 +154,14 @@ def test_decoding_gives_bgr_pixels_puts_transparency_on_white_and_refuses_corrup
         decode_image(b"", 1000)
     corrupt = bytearray(out.getvalue())
     start = corrupt.index(b"IDAT") + 4
-    corrupt[start:start + 20] = b"\xff" * 20
+    corrupt[start : start + 20] = b"\xff" * 20
     with pytest.raises(BadImage, match="could not be decoded"):
         decode_image(bytes(corrupt), 10_000)
 
 
-def test_paddle_is_not_prepared_in_a_process_that_loaded_grpc_tools_protoc(monkeypatch: pytest.MonkeyPatch,
-                                                                         tmp_path: Path) -> None:
+def test_paddle_is_not_prepared_in_a_process_that_loaded_grpc_tools_protoc(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     import sys
     import types
 

@@ -11,9 +11,7 @@ from worker_svc.text.matcher import Hit, LexiconEntry, Matcher, MatchResult, Ver
 
 
 def _matcher(*words: tuple[str, str, int], block_severity: int = 3) -> Matcher:
-    return Matcher(
-        [LexiconEntry(word, category, severity) for word, category, severity in words], block_severity
-    )
+    return Matcher([LexiconEntry(word, category, severity) for word, category, severity in words], block_severity)
 
 
 def _words(result: MatchResult) -> list[str]:
@@ -86,9 +84,7 @@ def test_upper_case_lexicon_words_match_lower_case_text() -> None:
 
 def test_every_hit_maps_back_to_the_original_text() -> None:
     # Given a lexicon and a text mixing widths, separators, invisible characters and scripts
-    matcher = _matcher(
-        ("赌博", "gambling", 3), ("casino", "gambling", 2), ("毒品", "drugs", 3), ("k粉", "drugs", 3)
-    )
+    matcher = _matcher(("赌博", "gambling", 3), ("casino", "gambling", 2), ("毒品", "drugs", 3), ("k粉", "drugs", 3))
     original = "Ｃａｓｉｎｏ 里 赌\u200b博, 卖 毒-品 和 Ｋ 粉!"
 
     result = matcher.match(original)
@@ -221,9 +217,7 @@ def test_the_default_lexicon_loads_with_more_than_fifty_entries_of_severity_one_
     assert len(entries) > 50
     assert all(1 <= entry.severity <= 3 for entry in entries)
     assert all(entry.word and entry.category for entry in entries)
-    assert {"gambling", "drugs", "violence", "fraud", "adult", "spam"} <= {
-        entry.category for entry in entries
-    }
+    assert {"gambling", "drugs", "violence", "fraud", "adult", "spam"} <= {entry.category for entry in entries}
 
 
 def test_the_default_lexicon_words_are_distinct_once_normalised() -> None:

@@ -49,9 +49,7 @@ def test_zero_width_and_format_characters_are_removed() -> None:
     assert normalized.offsets == (0, 2, 5)
 
 
-@pytest.mark.parametrize(
-    "disguised", ["敏 感 词", "敏.感.词", "敏*感-词", "敏_感/词", "敏，感。词", "敏\t感\n词"]
-)
+@pytest.mark.parametrize("disguised", ["敏 感 词", "敏.感.词", "敏*感-词", "敏_感/词", "敏，感。词", "敏\t感\n词"])
 def test_separators_between_chinese_characters_are_dropped(disguised: str) -> None:
     assert normalize(disguised).text == "敏感词"
 

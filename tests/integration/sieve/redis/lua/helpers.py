@@ -24,8 +24,16 @@ BACKGROUND, LOW, NORMAL, HIGH, CRITICAL = 1, 2, 3, 4, 5
 TEXT, OCR = 1, 2
 
 
-def entry(task_id: str, *, prio: int = NORMAL, at: int = T0, ttl_ms: int = 3600 * S,
-          attempt: int = 0, defers: int = 0, task_type: int = TEXT) -> Entry:
+def entry(
+    task_id: str,
+    *,
+    prio: int = NORMAL,
+    at: int = T0,
+    ttl_ms: int = 3600 * S,
+    attempt: int = 0,
+    defers: int = 0,
+    task_type: int = TEXT,
+) -> Entry:
     return Entry(task_id, task_type, prio, at, at + ttl_ms, attempt, defers)
 
 

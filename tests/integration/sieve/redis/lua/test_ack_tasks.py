@@ -1,5 +1,4 @@
-"""ackTasks (QueueStore.ack): only the lease's current attempt (its fencing token) finishes a task.
-"""
+"""ackTasks (QueueStore.ack): only the lease's current attempt (its fencing token) finishes a task."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ from sieve.redis.queue_store import QueueStore
 from tests.integration.sieve.redis.lua.helpers import T0, A, S, tasks
 
 
-async def test_an_ack_with_the_leases_attempt_finishes_the_task(store: QueueStore, redis: Redis,
-                                                                keys: Keys) -> None:
+async def test_an_ack_with_the_leases_attempt_finishes_the_task(store: QueueStore, redis: Redis, keys: Keys) -> None:
     await store.enqueue(A, tasks("a", 2), now=T0)
     popped = await store.pop(A, "tok", 2, now=T0)
     await store.release(A, "tok", now=T0)
@@ -21,7 +19,8 @@ async def test_an_ack_with_the_leases_attempt_finishes_the_task(store: QueueStor
 
 
 async def test_an_ack_with_a_stale_attempt_or_of_an_unknown_task_is_refused(
-        store: QueueStore, redis: Redis, keys: Keys) -> None:
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
     # Given a1 leased at attempt 2 (its first lease was requeued, counted)
     await store.enqueue(A, tasks("a", 2), now=T0)
     await store.pop(A, "tok", 2, now=T0)
@@ -41,8 +40,7 @@ async def test_an_empty_ack_does_nothing(store: QueueStore) -> None:
     assert await store.ack([]) == []
 
 
-async def test_a_stale_lease_cannot_ack_after_an_uncounted_requeue(store: QueueStore, redis: Redis,
-                                                                   keys: Keys) -> None:
+async def test_a_stale_lease_cannot_ack_after_an_uncounted_requeue(store: QueueStore, redis: Redis, keys: Keys) -> None:
     # Given a0 leased to worker 1 (attempt 1), requeued without counting (e.g. scheduler shutdown)
     await store.enqueue(A, tasks("a", 1), now=T0)
     first = await store.pop(A, "tok", 1, now=T0)

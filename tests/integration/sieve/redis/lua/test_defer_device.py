@@ -18,7 +18,8 @@ from tests.integration.sieve.redis.lua.helpers import HIGH, T0, TEXT, A, B, S, e
 
 
 async def test_defer_puts_the_tasks_back_at_the_front_in_the_order_they_were_taken(
-        store: QueueStore, redis: Redis, keys: Keys) -> None:
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
     await store.enqueue(A, [entry("h1", prio=HIGH), entry("n1"), entry("n2"), entry("n3")], now=T0)
     popped = await store.pop(A, "tok", 3, now=T0 + S)
     taken = [e.task_id for e in popped.taken]
@@ -41,8 +42,7 @@ async def test_defer_puts_the_tasks_back_at_the_front_in_the_order_they_were_tak
     assert await redis.zscore(keys.serving, A) is None
 
 
-async def test_the_backoff_doubles_on_successive_defers_and_is_capped(
-        redis: Redis, settings: Settings) -> None:
+async def test_the_backoff_doubles_on_successive_defers_and_is_capped(redis: Redis, settings: Settings) -> None:
     store = QueueStore(redis, settings.replace(max_attempts=100))
     await store.enqueue(A, tasks("a", 3), now=T0)
     now = T0
@@ -82,7 +82,8 @@ async def test_a_device_in_backoff_is_skipped_by_rank_and_pop(store: QueueStore)
 
 
 async def test_defer_with_a_wrong_token_raises_and_changes_nothing(
-        store: QueueStore, redis: Redis, settings: Settings) -> None:
+    store: QueueStore, redis: Redis, settings: Settings
+) -> None:
     await store.enqueue(A, tasks("a", 2), now=T0)
     popped = await store.pop(A, "tok", 1, now=T0)
     before = await snapshot(redis, settings.redis_prefix)
@@ -91,8 +92,7 @@ async def test_defer_with_a_wrong_token_raises_and_changes_nothing(
     assert await snapshot(redis, settings.redis_prefix) == before
 
 
-async def test_defer_of_a_device_with_nothing_left_leaves_it_idle(store: QueueStore, redis: Redis,
-                                                                  keys: Keys) -> None:
+async def test_defer_of_a_device_with_nothing_left_leaves_it_idle(store: QueueStore, redis: Redis, keys: Keys) -> None:
     await store.enqueue(A, tasks("a", 1), now=T0)
     popped = await store.pop(A, "tok", 1, now=T0)
     # the popped task is handed out; the dispatch defers nothing
@@ -103,8 +103,9 @@ async def test_defer_of_a_device_with_nothing_left_leaves_it_idle(store: QueueSt
     assert await store.ack([(popped.taken[0].task_id, 1)]) == [True]
 
 
-async def test_a_device_that_a_defer_leaves_idle_is_no_longer_active(store: QueueStore, redis: Redis,
-                                                                     keys: Keys) -> None:
+async def test_a_device_that_a_defer_leaves_idle_is_no_longer_active(
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
     await store.enqueue(A, tasks("a", 1), now=T0)
     await store.pop(A, "tok", 1, now=T0)
     await store.defer(A, "tok", [], "no worker", now=T0)
@@ -112,8 +113,7 @@ async def test_a_device_that_a_defer_leaves_idle_is_no_longer_active(store: Queu
     assert not await redis.sismember(keys.devices, A)
 
 
-async def test_a_task_deferred_max_attempts_times_is_dead_lettered(store: QueueStore, redis: Redis,
-                                                                   keys: Keys) -> None:
+async def test_a_task_deferred_max_attempts_times_is_dead_lettered(store: QueueStore, redis: Redis, keys: Keys) -> None:
     # Given a task enqueued at T0 and the default max_attempts of 6
     await store.enqueue(A, [entry("a1", prio=HIGH, at=T0)], now=T0)
     now = T0
@@ -132,10 +132,20 @@ async def test_a_task_deferred_max_attempts_times_is_dead_lettered(store: QueueS
     deferred = await store.defer(A, "tok", ["a1"], "no worker for TEXT", now=now)
     # Then it is dead-lettered with the fields an operator reads, and nothing is queued
     assert deferred.unschedulable_until_ms == 0
-    assert deferred.dead_letters == [{
-        "task_id": "a1", "device": A, "task_type": TEXT, "priority": HIGH, "error": "no worker for TEXT",
-        "attempts": 0, "handouts": 6, "requeue_count": 6, "enqueued_ms": T0, "dead_ms": now,
-    }]
+    assert deferred.dead_letters == [
+        {
+            "task_id": "a1",
+            "device": A,
+            "task_type": TEXT,
+            "priority": HIGH,
+            "error": "no worker for TEXT",
+            "attempts": 0,
+            "handouts": 6,
+            "requeue_count": 6,
+            "enqueued_ms": T0,
+            "dead_ms": now,
+        }
+    ]
     assert [json.loads(r) for r in await redis.lrange(keys.dead_letters, 0, -1)] == deferred.dead_letters
     assert await store.queued(A) == []
     assert await store.pending() == 0

@@ -30,11 +30,13 @@ from tests.integration.sieve.redis.lua.helpers import (
 
 
 async def test_enqueue_updates_queue_backlog_global_counter_and_schedule_set(
-        store: QueueStore, redis: Redis, keys: Keys) -> None:
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
     # Given an empty installation
     # When a device enqueues a NORMAL and a HIGH task
     backlog, pending = await store.enqueue(
-        A, [entry("n1", prio=NORMAL, at=T0), entry("h1", prio=HIGH, at=T0 + 5 * S)], now=T0 + 5 * S)
+        A, [entry("n1", prio=NORMAL, at=T0), entry("h1", prio=HIGH, at=T0 + 5 * S)], now=T0 + 5 * S
+    )
     # Then counters, queues and the device's schedule set agree
     assert (backlog, pending) == (2, 2)
     assert await store.pending() == 2
@@ -67,7 +69,8 @@ async def test_enqueue_adds_to_the_back_of_the_queue(store: QueueStore) -> None:
 
 
 async def test_a_higher_priority_task_moves_a_ready_device_to_the_higher_class(
-        store: QueueStore, redis: Redis, keys: Keys) -> None:
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
     await store.enqueue(A, [entry("n1")], now=T0)
     await store.enqueue(A, [entry("c1", prio=CRITICAL, at=T0 + S)], now=T0 + S)
     assert await schedule_score(redis, keys, A, NORMAL) is None
@@ -76,7 +79,8 @@ async def test_a_higher_priority_task_moves_a_ready_device_to_the_higher_class(
 
 
 async def test_enqueue_publishes_on_the_wake_channel_only_when_the_device_becomes_schedulable(
-        store: QueueStore, redis: Redis, keys: Keys) -> None:
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
     pubsub = redis.pubsub()
     await pubsub.subscribe(keys.wake_channel)
     try:
@@ -98,7 +102,8 @@ async def test_enqueue_publishes_on_the_wake_channel_only_when_the_device_become
 
 
 async def test_enqueue_to_a_device_being_served_does_not_reschedule_it(
-        store: QueueStore, redis: Redis, keys: Keys) -> None:
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
     await store.enqueue(A, [entry("t1")], now=T0)
     await store.pop(A, "tok", 1, now=T0 + S)
     await store.enqueue(A, [entry("t2", at=T0 + 2 * S)], now=T0 + 2 * S)
@@ -128,7 +133,8 @@ async def test_a_global_limit_refusal_changes_nothing(redis: Redis, settings: Se
 
 
 async def test_a_device_limit_refusal_changes_no_queue_or_counter_and_marks_the_device_overloaded(
-        redis: Redis, settings: Settings) -> None:
+    redis: Redis, settings: Settings
+) -> None:
     # Given a device at its limit of 2
     store = QueueStore(redis, settings.replace(max_per_device_pending=2))
     await store.enqueue(A, [entry("a1"), entry("a2")], now=T0)
@@ -159,7 +165,8 @@ async def test_a_batch_larger_than_the_device_limit_is_refused_whole(redis: Redi
 
 
 async def test_the_overloaded_mark_is_cleared_when_a_pop_brings_the_backlog_below_the_limit(
-        redis: Redis, settings: Settings) -> None:
+    redis: Redis, settings: Settings
+) -> None:
     store = QueueStore(redis, settings.replace(max_per_device_pending=2))
     await store.enqueue(A, [entry("a1"), entry("a2")], now=T0)
     with pytest.raises(AdmissionRefused):
@@ -174,7 +181,8 @@ async def test_the_overloaded_mark_is_cleared_when_a_pop_brings_the_backlog_belo
 
 
 async def test_the_overloaded_mark_is_cleared_when_a_cancel_brings_the_backlog_below_the_limit(
-        redis: Redis, settings: Settings) -> None:
+    redis: Redis, settings: Settings
+) -> None:
     store = QueueStore(redis, settings.replace(max_per_device_pending=2))
     await store.enqueue(A, [entry("a1"), entry("a2")], now=T0)
     with pytest.raises(AdmissionRefused):

@@ -50,7 +50,8 @@ async def test_a_device_just_served_ranks_after_a_device_that_arrived_later(stor
 
 
 async def test_a_backlog_of_a_thousand_tasks_does_not_beat_a_newcomer_after_one_serve(
-        redis: Redis, settings: Settings) -> None:
+    redis: Redis, settings: Settings
+) -> None:
     store = QueueStore(redis, settings.replace(max_per_device_pending=1000))
     # Given a device with 1 000 old tasks and a newcomer with one
     await store.enqueue(A, tasks("a", 1000, at=T0), now=T0)
@@ -84,8 +85,7 @@ async def test_priority_classes_rank_in_order(store: QueueStore) -> None:
     assert order == [f"AA:BB:CC:DD:EE:1{i}" for i in (4, 3, 2, 1, 0)]
 
 
-async def test_a_normal_device_whose_wait_reached_max_wait_beats_a_high_priority_one(
-        store: QueueStore) -> None:
+async def test_a_normal_device_whose_wait_reached_max_wait_beats_a_high_priority_one(store: QueueStore) -> None:
     # Given A (NORMAL) queued at T0 and B (HIGH) queued later
     await store.enqueue(A, [entry("a1", prio=NORMAL, at=T0)], now=T0)
     await store.enqueue(B, [entry("b1", prio=HIGH, at=T0 + 60 * S)], now=T0 + 60 * S)
@@ -95,7 +95,8 @@ async def test_a_normal_device_whose_wait_reached_max_wait_beats_a_high_priority
 
 
 async def test_two_devices_over_max_wait_are_ranked_by_the_oldest_wait_whatever_their_priority(
-        store: QueueStore) -> None:
+    store: QueueStore,
+) -> None:
     await store.enqueue(A, [entry("a1", prio=CRITICAL, at=T0 + 10 * S)], now=T0 + 10 * S)
     await store.enqueue(B, [entry("b1", prio=BACKGROUND, at=T0)], now=T0 + 10 * S)
     assert (await store.rank(now=T0 + 900 * S)).mac == B
@@ -114,8 +115,7 @@ async def test_a_weight_multiplies_the_wait_within_a_priority_class(redis: Redis
     assert (await store.rank(now=T0 + 12 * S)).mac == B
 
 
-async def test_a_weight_does_not_lift_a_device_over_a_higher_priority_class(
-        redis: Redis, settings: Settings) -> None:
+async def test_a_weight_does_not_lift_a_device_over_a_higher_priority_class(redis: Redis, settings: Settings) -> None:
     store = QueueStore(redis, settings.replace(device_weights=f"{A}=100"))
     await store.enqueue(A, [entry("a1", prio=NORMAL, at=T0)], now=T0)
     await store.enqueue(B, [entry("b1", prio=HIGH, at=T0 + 100 * S)], now=T0 + 100 * S)
@@ -123,7 +123,8 @@ async def test_a_weight_does_not_lift_a_device_over_a_higher_priority_class(
 
 
 async def test_a_weight_is_capped_by_max_wait_but_still_counts_in_the_top_tier(
-        redis: Redis, settings: Settings) -> None:
+    redis: Redis, settings: Settings
+) -> None:
     store = QueueStore(redis, settings.replace(device_weights=f"{A}=2"))
     await store.enqueue(B, [entry("b1", at=T0)], now=T0)
     await store.enqueue(A, [entry("a1", at=T0 + 100 * S)], now=T0 + 100 * S)
@@ -131,8 +132,7 @@ async def test_a_weight_is_capped_by_max_wait_but_still_counts_in_the_top_tier(
     assert (await store.rank(now=T0 + 1000 * S)).mac == A
 
 
-async def test_equal_scores_go_to_the_heavier_device(redis: Redis,
-                                                                            settings: Settings) -> None:
+async def test_equal_scores_go_to_the_heavier_device(redis: Redis, settings: Settings) -> None:
     store = QueueStore(redis, settings.replace(device_weights=f"{A}=2"))
     # A (weight 2) waits 10 s, B (weight 1) waits 20 s: equal scores, the heavier A goes first
     # (breaking ties towards weight keeps weighted shares exact when claims are discrete)
@@ -180,8 +180,7 @@ async def test_rank_with_only_the_excluded_device_finds_nothing(store: QueueStor
     assert (await store.rank(exclude=A, now=T0 + S)).mac is None
 
 
-async def test_rank_skips_an_excluded_device_even_behind_two_others_in_the_same_set(
-        store: QueueStore) -> None:
+async def test_rank_skips_an_excluded_device_even_behind_two_others_in_the_same_set(store: QueueStore) -> None:
     for i, mac in enumerate((A, B, C)):
         await store.enqueue(mac, [entry(f"t{i}", at=T0 + i * S)], now=T0 + i * S)
     assert (await store.rank(exclude=A, now=T0 + 10 * S)).mac == B

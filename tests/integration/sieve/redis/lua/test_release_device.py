@@ -16,7 +16,8 @@ from tests.integration.sieve.redis.lua.helpers import NORMAL, T0, A, B, S, entry
 
 
 async def test_release_with_a_wrong_token_raises_and_changes_nothing(
-        store: QueueStore, redis: Redis, settings: Settings) -> None:
+    store: QueueStore, redis: Redis, settings: Settings
+) -> None:
     await store.enqueue(A, tasks("a", 2), now=T0)
     await store.pop(A, "tok", 1, now=T0 + S)
     before = await snapshot(redis, settings.redis_prefix)
@@ -26,7 +27,8 @@ async def test_release_with_a_wrong_token_raises_and_changes_nothing(
 
 
 async def test_release_reschedules_the_device_with_its_wait_restarting_now(
-        store: QueueStore, redis: Redis, keys: Keys) -> None:
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
     await store.enqueue(A, tasks("a", 3, at=T0), now=T0)
     await store.pop(A, "tok", 1, now=T0 + 50 * S)
     await store.release(A, "tok", now=T0 + 50 * S)
@@ -40,7 +42,8 @@ async def test_release_reschedules_the_device_with_its_wait_restarting_now(
 
 
 async def test_a_release_later_than_the_claim_restarts_the_wait_at_the_release(
-        store: QueueStore, redis: Redis, keys: Keys) -> None:
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
     # Given A claimed at T0+50s whose dispatch ends at T0+80s, and B arriving at T0+60s
     await store.enqueue(A, tasks("a", 3, at=T0), now=T0)
     await store.pop(A, "tok", 1, now=T0 + 50 * S)
@@ -52,7 +55,8 @@ async def test_a_release_later_than_the_claim_restarts_the_wait_at_the_release(
 
 
 async def test_release_of_an_emptied_device_makes_it_idle_and_inactive(
-        store: QueueStore, redis: Redis, keys: Keys) -> None:
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
     await store.enqueue(A, tasks("a", 2), now=T0)
     await store.pop(A, "tok", 5, now=T0 + S)
     await store.release(A, "tok", now=T0 + S)
@@ -63,8 +67,7 @@ async def test_release_of_an_emptied_device_makes_it_idle_and_inactive(
     assert (await store.rank(now=T0 + 2 * S)).mac is None
 
 
-async def test_the_owner_may_still_release_after_its_lock_expired(store: QueueStore, redis: Redis,
-                                                                   keys: Keys) -> None:
+async def test_the_owner_may_still_release_after_its_lock_expired(store: QueueStore, redis: Redis, keys: Keys) -> None:
     await store.enqueue(A, tasks("a", 2), now=T0)
     await store.pop(A, "tok", 1, now=T0 + S)
     await redis.delete(keys.lock(A))  # the lock's TTL ran out
@@ -74,8 +77,7 @@ async def test_the_owner_may_still_release_after_its_lock_expired(store: QueueSt
     assert (await store.device_meta(A))["state"] == "ready"
 
 
-async def test_a_forced_release_frees_a_device_whose_holder_died(store: QueueStore, redis: Redis,
-                                                                 keys: Keys) -> None:
+async def test_a_forced_release_frees_a_device_whose_holder_died(store: QueueStore, redis: Redis, keys: Keys) -> None:
     await store.enqueue(A, tasks("a", 2), now=T0)
     await store.pop(A, "dead-holder", 1, now=T0 + S)
     await store.release(A, "*", now=T0 + 2 * S)

@@ -24,10 +24,10 @@ from tests.integration.sieve.redis.lua.helpers import (
 )
 
 
-async def test_cancel_removes_a_queued_task_and_keeps_the_counters_exact(store: QueueStore, redis: Redis,
-                                                                         keys: Keys) -> None:
-    await store.enqueue(A, [entry("a0", at=T0), entry("a1", at=T0 + S), entry("h0", prio=HIGH, at=T0 + S)],
-                        now=T0 + S)
+async def test_cancel_removes_a_queued_task_and_keeps_the_counters_exact(
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
+    await store.enqueue(A, [entry("a0", at=T0), entry("a1", at=T0 + S), entry("h0", prio=HIGH, at=T0 + S)], now=T0 + S)
     await store.enqueue(B, [entry("b0")], now=T0 + S)
     assert await store.cancel(A, "a0", now=T0 + 2 * S)
     assert await ids(store, A) == ["h0", "a1"]
@@ -40,8 +40,7 @@ async def test_cancel_removes_a_queued_task_and_keeps_the_counters_exact(store: 
     assert await schedule_score(redis, keys, A, NORMAL) == T0 + S
 
 
-async def test_cancelling_the_last_task_makes_the_device_idle(store: QueueStore, redis: Redis,
-                                                              keys: Keys) -> None:
+async def test_cancelling_the_last_task_makes_the_device_idle(store: QueueStore, redis: Redis, keys: Keys) -> None:
     await store.enqueue(A, [entry("a0")], now=T0)
     assert await store.cancel(A, "a0", now=T0 + S)
     meta = await store.device_meta(A)
@@ -51,7 +50,8 @@ async def test_cancelling_the_last_task_makes_the_device_idle(store: QueueStore,
 
 
 async def test_cancel_of_a_leased_or_unknown_task_returns_false_and_changes_nothing(
-        store: QueueStore, redis: Redis, settings: Settings) -> None:
+    store: QueueStore, redis: Redis, settings: Settings
+) -> None:
     await store.enqueue(A, tasks("a", 2), now=T0)
     await store.pop(A, "tok", 1, now=T0)
     await store.release(A, "tok", now=T0)

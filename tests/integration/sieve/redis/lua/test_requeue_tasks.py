@@ -31,14 +31,14 @@ async def test_requeue_puts_tasks_at_the_front_in_their_original_order(store: Qu
     await store.enqueue(A, tasks("a", 5), now=T0)
     popped = await store.pop(A, "tok", 3, now=T0)
     await store.release(A, "tok", now=T0)
-    result = await store.requeue(A, [(e.task_id, e.attempt) for e in popped.taken], count_attempt=True,
-                                 reason="worker gone", now=T0 + S)
+    result = await store.requeue(
+        A, [(e.task_id, e.attempt) for e in popped.taken], count_attempt=True, reason="worker gone", now=T0 + S
+    )
     assert (result.requeued, result.dead_letters) == (3, [])
     assert await ids(store, A) == ["a0", "a1", "a2", "a3", "a4"]
 
 
-async def test_a_counted_requeue_counts_a_failure_and_an_uncounted_one_does_not(
-        store: QueueStore) -> None:
+async def test_a_counted_requeue_counts_a_failure_and_an_uncounted_one_does_not(store: QueueStore) -> None:
     await store.enqueue(A, tasks("a", 2), now=T0)
     popped = await store.pop(A, "tok", 2, now=T0)
     await store.release(A, "tok", now=T0)
@@ -49,19 +49,20 @@ async def test_a_counted_requeue_counts_a_failure_and_an_uncounted_one_does_not(
 
 
 async def test_requeue_ignores_a_stale_attempt_and_takes_any_attempt_for_a_wildcard(
-        store: QueueStore, redis: Redis, keys: Keys) -> None:
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
     await store.enqueue(A, tasks("a", 2), now=T0)
     await store.pop(A, "tok", 2, now=T0)
     await store.release(A, "tok", now=T0)
-    result = await store.requeue(A, [("a0", 5), ("unknown", None), ("a1", None)], count_attempt=True,
-                                 reason="x", now=T0)
+    result = await store.requeue(
+        A, [("a0", 5), ("unknown", None), ("a1", None)], count_attempt=True, reason="x", now=T0
+    )
     assert result.requeued == 1
     assert await ids(store, A) == ["a1"]
     assert await redis.zrange(keys.leases, 0, -1) == ["a0"]
 
 
-async def test_requeue_makes_an_idle_device_schedulable_again(store: QueueStore, redis: Redis,
-                                                              keys: Keys) -> None:
+async def test_requeue_makes_an_idle_device_schedulable_again(store: QueueStore, redis: Redis, keys: Keys) -> None:
     await store.enqueue(A, tasks("a", 1, at=T0), now=T0)
     await serve(store, A, 1, T0 + 10 * S)
     assert (await store.device_meta(A))["state"] == "idle"
@@ -75,23 +76,33 @@ async def test_requeue_makes_an_idle_device_schedulable_again(store: QueueStore,
 
 
 async def test_a_task_whose_counted_attempts_reach_max_attempts_is_dead_lettered(
-        store: QueueStore, redis: Redis, keys: Keys) -> None:
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
     await store.enqueue(A, [entry("a0", prio=LOW, at=T0)], now=T0)
     now = T0
     for attempt in range(1, 7):
         popped = await store.pop(A, "tok", 1, now=now)
         await store.release(A, "tok", now=now)
         assert popped.taken[0].attempt == attempt
-        result = await store.requeue(A, [("a0", attempt)], count_attempt=True, reason="worker died",
-                                     now=now + 60 * S)
+        result = await store.requeue(A, [("a0", attempt)], count_attempt=True, reason="worker died", now=now + 60 * S)
         now += 61 * S
         if attempt < 6:
             assert (result.requeued, result.dead_letters) == (1, [])
     assert result.requeued == 0
-    assert result.dead_letters == [{
-        "task_id": "a0", "device": A, "task_type": TEXT, "priority": LOW, "error": "worker died",
-        "attempts": 6, "handouts": 6, "requeue_count": 0, "enqueued_ms": T0, "dead_ms": now - S,
-    }]
+    assert result.dead_letters == [
+        {
+            "task_id": "a0",
+            "device": A,
+            "task_type": TEXT,
+            "priority": LOW,
+            "error": "worker died",
+            "attempts": 6,
+            "handouts": 6,
+            "requeue_count": 0,
+            "enqueued_ms": T0,
+            "dead_ms": now - S,
+        }
+    ]
     assert await redis.llen(keys.dead_letters) == 1
     assert await store.queued(A) == []
     assert await redis.zcard(keys.leases) == 0
@@ -102,14 +113,16 @@ async def test_uncounted_requeues_never_dead_letter(store: QueueStore) -> None:
     for _ in range(10):
         popped = await store.pop(A, "tok", 1, now=T0)
         await store.release(A, "tok", now=T0)
-        result = await store.requeue(A, [("a0", popped.taken[0].attempt)], count_attempt=False,
-                                     reason="over watermark", now=T0)
+        result = await store.requeue(
+            A, [("a0", popped.taken[0].attempt)], count_attempt=False, reason="over watermark", now=T0
+        )
         assert (result.requeued, result.dead_letters) == (1, [])
     assert [(e.attempt, e.failures) for e in await store.queued(A)] == [(10, 0)]
 
 
-async def test_requeue_to_a_device_being_served_waits_for_its_release(store: QueueStore, redis: Redis,
-                                                                      keys: Keys) -> None:
+async def test_requeue_to_a_device_being_served_waits_for_its_release(
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
     await store.enqueue(A, tasks("a", 2), now=T0)
     await store.pop(A, "tok", 1, now=T0)
     await store.release(A, "tok", now=T0)
@@ -122,14 +135,21 @@ async def test_requeue_to_a_device_being_served_waits_for_its_release(store: Que
 
 
 async def test_a_requeue_with_a_retry_time_delays_the_tasks_until_promoted(
-        store: QueueStore, redis: Redis, keys: Keys) -> None:
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
     # Given two leased tasks and one still queued
     await store.enqueue(A, tasks("a", 3), now=T0)
     popped = await store.pop(A, "tok", 2, now=T0)
     await store.release(A, "tok", now=T0)
     # When they are requeued to retry 30 s later
-    result = await store.requeue(A, [(e.task_id, e.attempt) for e in popped.taken], count_attempt=True,
-                                 reason="retry later", retry_at_ms=T0 + 30 * S, now=T0 + S)
+    result = await store.requeue(
+        A,
+        [(e.task_id, e.attempt) for e in popped.taken],
+        count_attempt=True,
+        reason="retry later",
+        retry_at_ms=T0 + 30 * S,
+        now=T0 + S,
+    )
     # Then they wait in the delayed set, neither queued nor leased nor pending
     assert (result.requeued, result.dead_letters) == (0, [])
     assert await ids(store, A) == ["a2"]
@@ -137,7 +157,9 @@ async def test_a_requeue_with_a_retry_time_delays_the_tasks_until_promoted(
     assert await redis.zcard(keys.leases) == 0
     failed = [replace(e, failures=1) for e in popped.taken]
     assert await redis.zrange(keys.delayed, 0, -1, withscores=True) == [
-        (f"{A}|{failed[0].encode()}", T0 + 30 * S), (f"{A}|{failed[1].encode()}", T0 + 30 * S)]
+        (f"{A}|{failed[0].encode()}", T0 + 30 * S),
+        (f"{A}|{failed[1].encode()}", T0 + 30 * S),
+    ]
     # and promote_due brings them back at the front, in order, only when due
     assert await store.promote_due(now=T0 + 30 * S - 1) == 0
     assert await store.promote_due(now=T0 + 30 * S) == 2
@@ -147,30 +169,32 @@ async def test_a_requeue_with_a_retry_time_delays_the_tasks_until_promoted(
     assert await store.pending() == 3
 
 
-async def test_a_requeue_with_a_retry_time_still_dead_letters_at_max_attempts(store: QueueStore,
-                                                                               redis: Redis,
-                                                                               keys: Keys) -> None:
+async def test_a_requeue_with_a_retry_time_still_dead_letters_at_max_attempts(
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
     await store.enqueue(A, tasks("a", 1), now=T0)
     await serve(store, A, 1, T0)
-    result = await store.requeue(A, [("a0", 1)], count_attempt=True, reason="bad input", max_attempts=1,
-                                 retry_at_ms=T0 + 60 * S, now=T0)
+    result = await store.requeue(
+        A, [("a0", 1)], count_attempt=True, reason="bad input", max_attempts=1, retry_at_ms=T0 + 60 * S, now=T0
+    )
     assert [d["task_id"] for d in result.dead_letters] == ["a0"]
     assert await redis.zcard(keys.delayed) == 0
 
 
-async def test_a_requeue_with_a_retry_time_in_the_past_is_immediate(store: QueueStore, redis: Redis,
-                                                                    keys: Keys) -> None:
+async def test_a_requeue_with_a_retry_time_in_the_past_is_immediate(
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
     await store.enqueue(A, tasks("a", 1), now=T0)
     await serve(store, A, 1, T0)
-    result = await store.requeue(A, [("a0", 1)], count_attempt=True, reason="x", retry_at_ms=T0,
-                                 now=T0 + S)
+    result = await store.requeue(A, [("a0", 1)], count_attempt=True, reason="x", retry_at_ms=T0, now=T0 + S)
     assert result.requeued == 1
     assert await redis.zcard(keys.delayed) == 0
     assert await ids(store, A) == ["a0"]
 
 
 async def test_leases_due_lists_expired_leases_by_device_and_renew_pushes_them_back(
-        store: QueueStore, redis: Redis, keys: Keys) -> None:
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
     ttl = int(store.settings.lease_ttl_s * 1000)
     await store.enqueue(A, tasks("a", 2), now=T0)
     await store.enqueue(B, tasks("b", 1), now=T0)
@@ -188,8 +212,7 @@ async def test_leases_due_lists_expired_leases_by_device_and_renew_pushes_them_b
     await store.renew_leases([])
 
 
-async def test_leases_due_drops_a_deadline_without_lease_data(store: QueueStore, redis: Redis,
-                                                               keys: Keys) -> None:
+async def test_leases_due_drops_a_deadline_without_lease_data(store: QueueStore, redis: Redis, keys: Keys) -> None:
     await redis.zadd(keys.leases, {"orphan": T0})
     assert await store.leases_due(now=T0 + S) == {}
     assert await redis.zscore(keys.leases, "orphan") is None

@@ -12,7 +12,8 @@ from tests.integration.sieve.redis.lua.helpers import NORMAL, T0, A, S, entry, i
 
 
 async def test_resume_due_before_the_deadline_does_nothing_and_after_it_schedules_the_device(
-        store: QueueStore, redis: Redis, keys: Keys) -> None:
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
     await store.enqueue(A, tasks("a", 2, at=T0), now=T0)
     popped = await store.pop(A, "tok", 1, now=T0 + 10 * S)
     await store.defer(A, "tok", [popped.taken[0].task_id], "no worker", now=T0 + 10 * S)
@@ -43,8 +44,9 @@ async def test_enqueue_to_a_device_in_backoff_does_not_schedule_it(store: QueueS
     assert await ids(store, A) == ["a0", "a9"]
 
 
-async def test_a_device_that_resumes_with_nothing_left_is_no_longer_active(store: QueueStore, redis: Redis,
-                                                                           keys: Keys) -> None:
+async def test_a_device_that_resumes_with_nothing_left_is_no_longer_active(
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
     await store.enqueue(A, tasks("a", 2), now=T0)
     popped = await store.pop(A, "tok", 1, now=T0)
     await store.defer(A, "tok", [popped.taken[0].task_id], "no worker", now=T0)
