@@ -222,10 +222,10 @@ def start_embedded_postgres(data_dir: Path) -> str:
     pgdata = data_dir / "pg"
     _prune_dead_handles(pgdata)
     try:
-        server = pgserver.get_server(pgdata, cleanup_mode="stop")  # type: ignore[attr-defined]
+        server = pgserver.get_server(pgdata, cleanup_mode="stop")
     except Exception as exc:
         raise EmbeddedError(f"embedded PostgreSQL (pgserver) did not start: {exc}; see {pgdata / 'log'}") from exc
-    url = server.get_uri("postgres")
+    url = str(server.get_uri("postgres"))
     if not postgres_answers(url, timeout_s=10.0):
         server.cleanup()
         raise EmbeddedError(f"embedded PostgreSQL started but {url} does not answer; see {pgdata / 'log'}")
