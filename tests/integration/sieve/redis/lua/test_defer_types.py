@@ -5,8 +5,6 @@ other types; counters stay exact (pending == queue lengths == backlogs)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 from redis.asyncio import Redis
 
@@ -15,17 +13,12 @@ from sieve.redis.entry import Entry
 from sieve.redis.keys import Keys
 from sieve.redis.queue_store import QueueStore
 from sieve.settings import Settings
-from tests.integration.sieve.redis.lua.helpers import OCR, T0, TEXT, A, B, S, assert_counters, entry
-
-
-@pytest.fixture(autouse=True)
-async def _counter_invariant(redis: Redis, settings: Settings) -> AsyncIterator[None]:
-    yield
-    await assert_counters(redis, settings.redis_prefix)
+from tests.integration.sieve.redis.lua.helpers import OCR, T0, TEXT, A, B, S, entry
 
 
 @pytest.fixture
 def store(redis: Redis, settings: Settings) -> QueueStore:
+    """The package's store, with a per-device pending limit of 4 (the lua conftest checks the counters)."""
     return QueueStore(redis, settings.replace(max_per_device_pending=4))
 
 
