@@ -27,7 +27,7 @@ from dataclasses import asdict
 from typing import Any
 
 from sieve.db.tasks import Outcome, Started
-from worker_svc.detection import ENGINE_BUSY, Retry
+from worker_svc.detection import ENGINE_BUSY, Retry, failed
 from worker_svc.ocr.fetch import FetchError
 from worker_svc.ocr.images import BadImage
 from worker_svc.ocr.lines import join_lines
@@ -39,18 +39,6 @@ log = logging.getLogger("sieve.worker.ocr")
 
 def _ms(value: float) -> float:
     return round(value, 3)
-
-
-def _failed(task: Started, worker_id: str, error: str) -> Outcome:
-    return Outcome(
-        task_id=task.task_id,
-        attempt=task.attempt,
-        worker_id=worker_id,
-        verdict=None,
-        hits_json="[]",
-        text="",
-        error=error,
-    )
 
 
 #: a task handed back because the engine is held by abandoned work may run again after this long
@@ -75,17 +63,17 @@ async def run_ocr(
             timings["fetch"] = _ms(fetch_ms)
             source = "url"
         else:
-            return _failed(task, worker_id, "OCR_IMAGE task has neither image bytes nor an image_url")
+            return failed(task, worker_id, "OCR_IMAGE task has neither image bytes nor an image_url")
         progress.stage = "decode"
         decoded = await runtime.decode(data)
         timings["decode"] = _ms(decoded.decode_ms)
         inference = await runtime.recognise(decoded.pixels, progress)
     except BadImage as exc:
-        return _failed(task, worker_id, str(exc))
+        return failed(task, worker_id, str(exc))
     except FetchError as exc:
         if exc.transient:
             return Retry(task_id, str(exc))
-        return _failed(task, worker_id, str(exc))
+        return failed(task, worker_id, str(exc))
     except EngineBusy as exc:
         return Retry(task_id, str(exc), ENGINE_BUSY, counted=False, retry_after_s=ENGINE_BUSY_RETRY_S)
     except Exception as exc:
