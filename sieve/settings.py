@@ -14,6 +14,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, get_type_hints
+from urllib.parse import urlsplit
 
 from sieve.caller_policy import PolicyError, parse_policies
 from sieve.credentials import AuthError, parse_credentials
@@ -36,6 +37,9 @@ class Settings:
     redis_prefix: str = "sieve"
     #: Stay NOT_SERVING while Redis' maxmemory-policy is not noeviction (false: serve, logging an error).
     redis_require_noeviction: bool = True
+    #: redis_url names one node of a Redis Cluster (redis:// or rediss://, database 0): the client learns the
+    #: others from it and sends each command to the master of its keys' slot.
+    redis_cluster: bool = False
     #: PostgreSQL holding tasks, results and the lexicon (the record).
     database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     #: PostgreSQL schema of Sieve's tables (tests use one schema each).
@@ -281,7 +285,17 @@ class Settings:
         if self.no_gpu_strategy not in ("defer", "cpu", "dead_letter"):
             raise SettingsError("SIEVE_NO_GPU_STRATEGY must be defer, cpu or dead_letter")
         self.weights_by_device  # noqa: B018  (parses and validates)
+        self._validate_redis_cluster()
         self._validate_security()
+
+    def _validate_redis_cluster(self) -> None:
+        """A cluster is reached over TCP (redis:// or rediss://) and has database 0 only."""
+        url = urlsplit(self.redis_url)
+        if self.redis_cluster and (url.scheme not in ("redis", "rediss") or url.path.strip("/") not in ("", "0")):
+            raise SettingsError(
+                "SIEVE_REDIS_CLUSTER=true needs SIEVE_REDIS_URL to name a cluster node as redis:// or rediss:// "
+                "host:port (database 0: a cluster has no other)"
+            )
 
     def _validate_security(self) -> None:
         """Outbound allow-lists, credentials, TLS files and the test-only hooks."""

@@ -6,15 +6,33 @@ for Redis through `sieve.rpc.readiness`, which calls `check_eviction_policy` on 
 queues, leases and admission counters, and a policy other than `noeviction` lets Redis drop them silently
 under memory pressure, so such a Redis is refused (SIEVE_REDIS_REQUIRE_NOEVICTION, default true) or warned
 about loudly.
+
+**Redis Cluster** (SIEVE_REDIS_CLUSTER=true; SIEVE_REDIS_URL names any one node): `redis_client` makes a
+`redis.asyncio.cluster.RedisCluster` instead, which learns the other nodes from that one and sends each command
+to the master of its keys' slot. Every Sieve key carries the hash tag `{prefix}` (sieve/redis/keys.py), so every
+script's keys, including the ones a script builds itself, and every MULTI/EXEC live in one slot. The cluster
+client is handed around typed as `Redis` (it has the same command methods); what differs is kept here:
+
+- its pipelines refuse `evalsha` (redis-py blocks it in cluster pipelines, although it routes EVALSHA by its
+  keys like any keyed command): `SieveCluster.pipeline` gives pipelines that queue it as a plain EVALSHA, so the
+  queue store's pipelined script calls work on both kinds of client;
+- it has no pub/sub: `node_client` gives a plain client of the master that serves a key's (or channel's) slot,
+  to subscribe there (a PUBLISH, also from a script, reaches every node of a cluster);
+- SCAN answers per node (`scan_iter` walks every master), and CONFIG GET is asked of every master
+  (`EvictionCheck`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any, cast
 from urllib.parse import urlsplit
 
-from redis.asyncio import Redis
+from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.cluster import ClusterPipeline, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
@@ -27,9 +45,74 @@ log = logging.getLogger("sieve.redis")
 REQUIRED_POLICY = "noeviction"
 
 
+class SieveClusterPipeline(ClusterPipeline):
+    """A cluster pipeline that takes EVALSHA like any keyed command (routed by its keys' slot)."""
+
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> ClusterPipeline:  # type: ignore[override]
+        return self.execute_command("EVALSHA", sha, numkeys, *keys_and_args)
+
+
+class SieveCluster(RedisCluster):
+    """The asyncio cluster client, with pipelines that take EVALSHA (`SieveClusterPipeline`)."""
+
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> ClusterPipeline:
+        if shard_hint:  # as RedisCluster.pipeline
+            return super().pipeline(transaction, shard_hint)
+        return SieveClusterPipeline(self, transaction)  # type: ignore[abstract]  # (a Protocol attribute redis-py's class lacks too)
+
+
 def redis_client(settings: Settings) -> Redis:
-    """A decoded-string async client on settings.redis_url; connects on first use."""
+    """A decoded-string async client on settings.redis_url (a cluster client with settings.redis_cluster, typed
+    as `Redis`: it has the same commands; see the module); connects on first use."""
+    if settings.redis_cluster:
+        return cast(Redis, cluster_client(settings))
     return Redis.from_url(settings.redis_url, decode_responses=True, health_check_interval=10, socket_keepalive=True)
+
+
+def cluster_client(settings: Settings, **options: Any) -> SieveCluster:
+    """A decoded-string cluster client seeded with the node settings.redis_url names; `options` are RedisCluster's
+    (they win)."""
+    kwargs: dict[str, Any] = {"decode_responses": True, "health_check_interval": 10, "socket_keepalive": True}
+    return cast(SieveCluster, SieveCluster.from_url(settings.redis_url, **(kwargs | options)))
+
+
+def probe_client(settings: Settings, timeout_s: float) -> Redis:
+    """A client for health checks: no retries inside redis-py, short timeouts, few connections; on a cluster it
+    PINGs every node and reads every master's eviction policy."""
+    if settings.redis_cluster:
+        return cast(
+            Redis,
+            cluster_client(
+                settings,
+                retry=Retry(NoBackoff(), 0),
+                socket_connect_timeout=timeout_s,
+                socket_timeout=timeout_s,
+                max_connections=2,
+            ),
+        )
+    return Redis.from_url(
+        settings.redis_url,
+        decode_responses=True,
+        retry=Retry(NoBackoff(), 0),
+        socket_connect_timeout=timeout_s,
+        socket_timeout=timeout_s,
+        max_connections=2,
+    )
+
+
+def is_cluster(client: Redis | RedisCluster) -> bool:
+    """Whether `client` is a Redis Cluster client."""
+    return isinstance(client, RedisCluster)
+
+
+async def node_client(client: RedisCluster, key: str) -> Redis:
+    """A plain client of the master that serves `key`'s slot, with the cluster client's connection options (its
+    own pool: `aclose` closes it), for what a cluster client cannot do itself: pub/sub."""
+    await client.initialize()  # no-op once the slots are known
+    node = client.get_node_from_key(key)
+    if node is None:
+        raise RedisConnectionError(f"no Redis Cluster master serves the slot of {key}")
+    return Redis.from_pool(ConnectionPool(connection_class=node.connection_class, **node.connection_kwargs))
 
 
 def redis_location(url: str) -> str:
@@ -73,11 +156,12 @@ class EvictionCheck:
         #: the policy seen on the last check (None: not known)
         self.policy: str | None = None
 
-    async def check(self, client: Redis) -> None:
+    async def check(self, client: Redis | RedisCluster) -> None:
+        """Reads the policy (of every master, on a cluster) and judges it (see the class)."""
         if self._warned_unchecked:  # refused once: not asked again (each refusal is an ACL LOG entry)
             return
         try:
-            reply = await client.config_get("maxmemory-policy")
+            policies = await self._policies(client)
         except ResponseError as exc:  # NOPERM from an ACL, or CONFIG renamed away by a managed Redis
             if not self._warned_unchecked:
                 self._warned_unchecked = True
@@ -89,12 +173,14 @@ class EvictionCheck:
                     REQUIRED_POLICY,
                 )
             return
-        policy = str(reply.get("maxmemory-policy", "")) if isinstance(reply, dict) else ""
-        self.policy = policy or None
-        if not policy or policy == REQUIRED_POLICY:
+        wrong = [(where, policy) for where, policy in policies if policy and policy != REQUIRED_POLICY]
+        known = wrong or [(where, policy) for where, policy in policies if policy]
+        self.policy = known[0][1] if known else None
+        if not wrong:
             return
+        where, policy = wrong[0]
         message = (
-            f"Redis at {self.where} runs with maxmemory-policy {policy}: it may evict queued tasks, leases "
+            f"Redis at {where} runs with maxmemory-policy {policy}: it may evict queued tasks, leases "
             f"and admission counters under memory pressure. Fix: start Redis with --maxmemory-policy "
             f"{REQUIRED_POLICY} (or run CONFIG SET maxmemory-policy {REQUIRED_POLICY})."
         )
@@ -103,3 +189,17 @@ class EvictionCheck:
                 message + " Refusing to serve until then (SIEVE_REDIS_REQUIRE_NOEVICTION=false serves anyway)."
             )
         log.error("%s Serving anyway: SIEVE_REDIS_REQUIRE_NOEVICTION is false.", message)
+
+    async def _policies(self, client: Redis | RedisCluster) -> list[tuple[str, str]]:
+        """(where, maxmemory-policy) of the server, or of every master of a cluster ("" when not told)."""
+        if not isinstance(client, RedisCluster):
+            return [(self.where, _policy(await client.config_get("maxmemory-policy")))]
+        await client.initialize()  # no-op once the nodes are known
+        return [
+            (node.name, _policy(await client.config_get("maxmemory-policy", target_nodes=node)))
+            for node in client.get_primaries()
+        ]
+
+
+def _policy(reply: object) -> str:
+    return str(reply.get("maxmemory-policy", "")) if isinstance(reply, dict) else ""

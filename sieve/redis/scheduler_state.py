@@ -6,7 +6,8 @@
   backed-off devices; dead letters — read by GetWatermark and by the metrics scrape, and the watermark record
   autoscalers read (`publish_watermark`: `Keys.watermark`, JSON with a TTL);
 - the replicas' signs of life (`Keys.schedulers`: replica id -> when it last said it was alive, ms);
-- the wake-up channel (`Keys.wake_channel`, published by enqueueTasks when a device becomes schedulable);
+- the wake-up channel (`Keys.wake_channel`, published by enqueueTasks when a device becomes schedulable; on a
+  Redis Cluster subscribed to on the master of its slot, the cluster client having no pub/sub of its own);
 - whether GPU workers are expected (`Keys.gpu_expected`: exists, with a TTL, while one was seen recently);
 - the rebuild lock (`Keys.rebuild_lock`) and the reconciliation turn (`Keys.reconcile_lock`);
 - the key lease tokens are signed with (`lease_signer`: `Keys.lease_key`, read and made by `LeaseSigner`);
@@ -23,7 +24,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
+from sieve.redis.connection import node_client
 from sieve.redis.keys import Keys
 from sieve.redis.leases import LeaseSigner
 from sieve.redis.queue_store import QueueStore, now_ms
@@ -118,14 +121,22 @@ class SchedulerState:
     async def wake_ups(self) -> AsyncGenerator[None, None]:
         """Yields once per wake-up published (a device became schedulable). Ends, or raises, when the subscription
         is lost; closing the iterator (`contextlib.aclosing`) unsubscribes."""
-        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        channel = self.keys.wake_channel
+        client: Redis | RedisCluster = self.redis
+        # a cluster client has no pub/sub: subscribe on the master of the channel's slot (a PUBLISH reaches every
+        # node; that master is the one the device scripts run on, so the subscription ends when they would fail)
+        node = await node_client(client, channel) if isinstance(client, RedisCluster) else None
+        pubsub = (node or self.redis).pubsub(ignore_subscribe_messages=True)
         try:
-            await pubsub.subscribe(self.keys.wake_channel)
+            await pubsub.subscribe(channel)
             async for _message in pubsub.listen():
                 yield None
         finally:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]  # (redis-py leaves it unannotated)
+            if node is not None:
+                with contextlib.suppress(Exception):
+                    await node.aclose()
 
     # --- GPU workers expected ------------------------------------------------------------------------
     async def mark_gpu_expected(self, window_ms: int) -> None:

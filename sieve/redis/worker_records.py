@@ -11,8 +11,8 @@ Owns the registry's storage, which the registry service writes and the scheduler
 
 Hash fields are strings: numbers in decimal, booleans "1"/"0", `task_types` a comma list of TaskType
 names without their prefix ("TEXT,OCR_IMAGE"), `gpu_names` a JSON array of strings (GPU names may hold
-commas), times ISO-8601 UTC. Listing uses SCAN with MATCH (never KEYS) and reads each page's hashes in
-one pipeline.
+commas), times ISO-8601 UTC. Listing uses SCAN with MATCH (never KEYS; on a Redis Cluster, every master) and reads
+each page's hashes in one pipeline.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Protocol, cast
@@ -360,7 +360,9 @@ class WorkerRecords:
             while True:
                 try:
                     await pipe.watch(key)
-                    if not await pipe.exists(key):
+                    # EXISTS as a plain command: a cluster pipeline's `exists` splits its keys by slot and, while
+                    # WATCHing, drops the reply (it answers the pipeline itself, which is true)
+                    if not await pipe.execute_command("EXISTS", key):
                         await pipe.unwatch()  # type: ignore[no-untyped-call]  # (redis-py leaves it unannotated)
                         return False
                     pipe.multi()  # type: ignore[no-untyped-call]
@@ -386,31 +388,38 @@ class WorkerRecords:
         None means every type.
         """
         found: dict[str, WorkerRecord] = {}
-        cursor = 0
-        while True:
-            cursor, keys = await self._redis.scan(cursor, match=self._keys.worker_pattern, count=SCAN_COUNT)
-            fresh = [k for k in dict.fromkeys(keys) if k.removeprefix(self._record_prefix) not in found]
-            if fresh:
-                async with self._redis.pipeline(transaction=False) as pipe:
-                    for key in fresh:
-                        pipe.hgetall(key)
-                    hashes = await pipe.execute(raise_on_error=False)
-                for key, data in zip(fresh, hashes, strict=True):
-                    worker_id = key.removeprefix(self._record_prefix)
-                    if isinstance(data, Exception):  # not a worker hash (WRONGTYPE): not ours to list
-                        log.warning("key %s is not a worker record: %s", key, data)
-                        continue
-                    record = self._parse(worker_id, data) if data else None
-                    if record is not None:
-                        found[worker_id] = record
-            if cursor == 0:
-                break
+        page: list[str] = []
+        # scan_iter: on a Redis Cluster, SCAN answers per master (and walks each of them to its end)
+        async for key in self._redis.scan_iter(match=self._keys.worker_pattern, count=SCAN_COUNT):
+            page.append(key)
+            if len(page) >= SCAN_COUNT:
+                await self._read_page(page, found)
+                page = []
+        await self._read_page(page, found)
         records = sorted(found.values(), key=lambda r: r.worker_id)
         if task_type:
             records = [r for r in records if r.takes(task_type)]
         if available_only:
             records = [r for r in records if r.available]
         return records
+
+    async def _read_page(self, keys: Sequence[str], found: dict[str, WorkerRecord]) -> None:
+        """Reads the worker hashes of one page of SCAN's keys not read yet (one pipeline) into `found`."""
+        fresh = [k for k in dict.fromkeys(keys) if k.removeprefix(self._record_prefix) not in found]
+        if not fresh:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key in fresh:
+                pipe.hgetall(key)
+            hashes = await pipe.execute(raise_on_error=False)
+        for key, data in zip(fresh, hashes, strict=True):
+            worker_id = key.removeprefix(self._record_prefix)
+            if isinstance(data, Exception):  # not a worker hash (WRONGTYPE): not ours to list
+                log.warning("key %s is not a worker record: %s", key, data)
+                continue
+            record = self._parse(worker_id, data) if data else None
+            if record is not None:
+                found[worker_id] = record
 
     async def live_count(self) -> int:
         """How many workers are alive (records not yet expired), from the index, without scanning."""
