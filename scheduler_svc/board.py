@@ -129,10 +129,15 @@ class Board:
         return self.signer.sign(task_id, lease, worker_id) if self.signer is not None else new_token(lease)
 
     def send(self, session: Session, mac: str, entries: list[Entry]) -> None:
-        """Sends placed entries to their stream in one batch, and records them ASSIGNED."""
+        """Sends placed entries of one device to their stream in one batch, and records them ASSIGNED."""
+        self.send_many(session, [(mac, e) for e in entries])
+
+    def send_many(self, session: Session, items: list[tuple[str, Entry]]) -> None:
+        """Sends placed (device, entry) pairs, of any number of devices, to their stream in one batch, and
+        records them ASSIGNED."""
         now = datetime.now(UTC)
         batch = scheduler_pb2.AssignmentBatch()
-        for e in entries:
+        for mac, e in items:
             a = batch.assignments.add(
                 task_id=e.task_id,
                 device_id=mac,
@@ -147,7 +152,7 @@ class Board:
         session.send(scheduler_pb2.PullResponse(batch=batch))
         if self.lifecycle is not None:
             self.lifecycle.assigned(
-                [HandOut(uuid.UUID(e.task_id), e.attempt, e.failures + 1, session.worker_id, now) for e in entries]
+                [HandOut(uuid.UUID(e.task_id), e.attempt, e.failures + 1, session.worker_id, now) for _, e in items]
             )
 
     def holder(self, task_id: str) -> Session | None:

@@ -1,9 +1,13 @@
-"""The dispatch loop: claim the best device, pop a batch, hand it to workers with credits, release.
+"""The dispatch loop: claim the next devices of the fair order, hand their tasks to workers with credits.
 
-It runs as soon as work and credits both exist: new work wakes it through the Redis wake channel,
-new credits through the board. Starvation (another device waited past the hint) shrinks the batch to
-the minimum and skips the device just served at the next claim, so that service spreads over many devices
-instead of going in large batches to a few.
+One claim round (`QueueStore.claim`, the claimDevices script) takes, in one round trip, the devices the fair
+order names one after another — the caller first, then its device (`lua/includes/rankNext.lua`) — and their
+tasks, for as many tasks as the workers have credits (by type); each device is claimed and released on its
+own, as one claim at a time would. The tasks go out in one batch per worker, whatever the number of devices.
+It runs as soon as work and credits both exist: new work wakes it through the Redis wake channel, new credits
+through the board. Starvation (another device waited past the hint) shrinks each device's share of a round to
+the minimum batch and skips the device just served at the next choice, so that service spreads over many
+devices instead of going in large batches to a few.
 """
 
 from __future__ import annotations
@@ -12,21 +16,25 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections import defaultdict
 from collections.abc import AsyncGenerator
 from typing import Protocol
 
-from scheduler_svc.board import Board
+from scheduler_svc.board import Board, Placement
 from scheduler_svc.drain import DrainMeter
 from scheduler_svc.outcomes import Outcomes
 from scheduler_svc.routing import Action, Router
+from scheduler_svc.sessions import Session
 from scheduler_svc.tracing import DispatchObserver
 from sieve.redis.entry import Entry
-from sieve.redis.queue_store import QueueStore, Rank, now_ms
+from sieve.redis.queue_store import Claim, QueueStore, Rank, now_ms
 from sieve.settings import Settings
 
 log = logging.getLogger("sieve.scheduler.dispatch")
 
 IDLE_POLL_S = 1.0
+#: most devices one claim round takes tasks from (bounds the time one claimDevices call holds Redis)
+CLAIM_MAX_DEVICES = 256
 
 
 class WakeUps(Protocol):
@@ -90,75 +98,94 @@ class Dispatcher:
         self.wake.clear()
 
     async def run(self) -> None:
-        rank: Rank | None = None
         while not self._stopping.is_set():
             if self.board.credits <= 0:
                 self.board.changed.clear()
                 if self.board.credits <= 0:
                     await self.board.changed.wait()
-                rank = None  # waits grew while there was no room: rank afresh (weights depend on it)
                 continue
             try:
-                rank = await self.dispatch_once(rank)
+                await self.dispatch_once()
                 await self.drain.tick()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("dispatch failed; retrying")
-                rank = None
                 await asyncio.sleep(0.2)
 
-    async def dispatch_once(self, rank: Rank | None = None) -> Rank | None:
-        """One claim-and-hand-out round. `rank` is the device to serve when already known; returns the
-        next one (ranked in the same round trip, skipping the device just served) or None."""
-        if rank is None or rank.mac is None:
-            self.wake.clear()
-            rank = await self.queues.rank()
-            if rank.mac is None:
-                await self._idle_until_work(rank)
-                return None
-        mac = rank.mac
-        size = self.settings.min_batch_size if rank.starving else self.settings.batch_size
-        size = max(1, min(size, self.board.credits))
+    async def dispatch_once(self) -> Claim:
+        """One claim-and-hand-out round: claims the next devices of the fair order (caller, then device) for
+        the workers' credits in one round trip, hands their tasks out, then waits when there was nothing to
+        take (for work, for credits, or for the first device to come out of backoff)."""
+        self.wake.clear()
+        budgets = self.router.budgets()
+        want = min(self.board.credits, sum(budgets.values()))
         now = now_ms()
-        carry = self._carry(rank, now)
-        # under starvation the device just served sits out the next claim: service spreads over the waiting devices
-        claim_ns = self.observer.claim_started()
-        popped, next_rank = await self.queues.pop_and_rank(
-            mac,
-            uuid.uuid4().hex,
-            size,
-            self.router.allowed_types(),
-            exclude=mac if rank.starving else None,
-            carry_ms=carry,
-            now=now,
-        )
-        if not popped.ready:  # another replica took it first
-            return next_rank if next_rank.mac else None
-        if popped.expired:
-            await self.outcomes.expired(popped.expired)
-        await self._hand_out(mac, self.observer.claimed(mac, popped.taken, claim_ns, rank.starving))
-        if popped.blocked and not popped.taken:
-            if await self._blocked(mac):
-                return None  # that type waits now; the device's other types may be ready at once: rank afresh
-            if next_rank.mac is None:  # nothing else to serve: wait for credits rather than spin
-                self.board.changed.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.board.changed.wait(), timeout=IDLE_POLL_S)
-        return next_rank if next_rank.mac else None
+        if want <= 0:
+            # credits only for types that may not run now: the next device's task goes to routing (it waits its
+            # turn, waits out a delay with the rest of its type, or is dead-lettered)
+            claim = Claim([], await self.queues.rank(now=now))
+            if claim.next.mac is not None and await self._blocked(claim.next.mac):
+                return claim
+        else:
+            # a device served a little after it overtook the runner-up keeps that overshoot, at most two claim
+            # intervals (a newcomer loses at most that) and the setting: without it claims made one round at a
+            # time blur the weights
+            gap = max(0.0, now - self._last_claim_ms)
+            self._last_claim_ms = now
+            claim_ns = self.observer.claim_started()
+            claim = await self.queues.claim(
+                uuid.uuid4().hex,
+                want,
+                budgets,
+                max_devices=min(want, CLAIM_MAX_DEVICES),
+                carry_max_ms=min(2 * gap, self.settings.aging_carry_max_ms),
+                now=now,
+            )
+            await self._hand_out_claim(claim, budgets, claim_ns)
+        if claim.taken == 0:
+            await self._idle_until_work(claim.next)
+        return claim
 
-    async def _hand_out(self, mac: str, entries: list[Entry], token: str | None = None) -> bool:
-        """Sends what has a worker; what has none goes back (waits its turn, waits out a delay with the rest
-        of its type, or is dead-lettered, as routing says). With `token` the device is still locked and is
-        released here. True when tasks were sent to wait out a delay."""
-        placement = self.board.place(mac, entries, self.router.route)
-        for session, batch in placement.placed.items():
-            self.board.send(session, mac, batch)
-            self.observer.sent(session, mac, batch)
-            self.dispatched += len(batch)
-        self.observer.unplaced(placement)
-        for reason, task_ids in placement.notes.items():
-            await self.outcomes.noted(task_ids, reason)
+    async def _hand_out_claim(self, claim: Claim, budgets: dict[int, int], claim_ns: int) -> None:
+        """Hands out what a claim took, one batch per worker whatever the number of devices; then the devices
+        whose next task is of a type that no worker may run now go to routing (`_blocked`)."""
+        expired = [e for _, popped in claim.devices for e in popped.expired]
+        if expired:
+            await self.outcomes.expired(expired)
+        taken = [
+            (mac, self.observer.claimed(mac, popped.taken, claim_ns, claim.next.starving))
+            for mac, popped in claim.devices
+            if popped.taken
+        ]
+        await self._hand_out(taken)
+        for mac, popped in claim.devices:
+            if popped.blocked and not popped.taken and popped.blocked not in budgets:
+                await self._blocked(mac)
+
+    async def _hand_out(self, taken: list[tuple[str, list[Entry]]], token: str | None = None) -> bool:
+        """Sends what has a worker, one batch per worker; what has none goes back (waits its turn, waits out a
+        delay with the rest of its type, or is dead-lettered, as routing says). With `token` (one device, still
+        locked) the device is released here. True when tasks were sent to wait out a delay."""
+        placed: dict[Session, list[tuple[str, Entry]]] = defaultdict(list)
+        deferred_any = False
+        for mac, entries in taken:
+            placement = self.board.place(mac, entries, self.router.route)
+            for session, batch in placement.placed.items():
+                placed[session].extend((mac, e) for e in batch)
+            self.observer.unplaced(placement)
+            for reason, task_ids in placement.notes.items():
+                await self.outcomes.noted(task_ids, reason)
+            deferred_any = await self._unplaced(mac, placement, token) or deferred_any
+        for session, items in placed.items():
+            self.board.send_many(session, items)
+            self.observer.sent(session, items)
+            self.dispatched += len(items)
+        return deferred_any
+
+    async def _unplaced(self, mac: str, placement: Placement, token: str | None) -> bool:
+        """What of one device's tasks no worker took: back to the queue, dead-lettered, or sent to wait (the
+        device still locked with `token` is released here). True when tasks were sent to wait out a delay."""
         waiting = placement.unplaced.get(Action.WAIT.value, [])
         if waiting:
             await self.queues.requeue(
@@ -183,24 +210,25 @@ class Dispatcher:
             )
         return False
 
-    def _carry(self, rank: Rank, now: float) -> float:
-        """How much of its wait the device keeps when served: the wait it had beyond the point where it
-        overtook the runner-up of its tier, up to now. Claims come one at a time, so a device is served
-        a little after it overtook; dropping that overshoot every time biases shares against heavy
-        devices. Bounded by two claim intervals (a newcomer loses at most that) and the setting."""
-        gap = max(0.0, now - self._last_claim_ms)
-        self._last_claim_ms = now
-        overshoot = rank.overshoot_ms + max(0.0, now - rank.ranked_at_ms)
-        return min(overshoot, 2 * gap, self.settings.aging_carry_max_ms)
-
     async def _idle_until_work(self, rank: Rank) -> None:
+        """Nothing was taken: waits for new work or, when devices are ready but none of their next tasks has a
+        worker with room, for credits to change; resumes devices whose backoff is over."""
         wait_s = IDLE_POLL_S
         if rank.next_backoff_ms is not None:
             wait_s = min(wait_s, (rank.next_backoff_ms - now_ms()) / 1000)
         if wait_s <= 0:
             await self.queues.resume_due()
-        else:
+        elif rank.mac is None:
             await self._idle(wait_s)
+        else:
+            self.board.changed.clear()
+            waits = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(self.board.changed.wait())]
+            try:
+                await asyncio.wait(waits, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+            self.wake.clear()
 
     async def _blocked(self, mac: str) -> bool:
         """The device's next task is of a type no eligible worker has room for: take it alone, with the
@@ -213,7 +241,7 @@ class Dispatcher:
             return False
         if popped.expired:
             await self.outcomes.expired(popped.expired)
-        return await self._hand_out(mac, self.observer.claimed(mac, popped.taken, claim_ns), token)
+        return await self._hand_out([(mac, self.observer.claimed(mac, popped.taken, claim_ns))], token)
 
     async def _defer(self, mac: str, token: str, entries: list[Entry]) -> None:
         """Tasks nobody can run now wait, with every queued task of their types of this device; the device

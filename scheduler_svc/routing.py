@@ -135,3 +135,13 @@ class Router:
     def allowed_types(self) -> list[int]:
         """Types some eligible worker has a credit for now (popping stops before any other type)."""
         return [t for t in ALL_TYPES if any(s.credits > 0 for s in self.route(t).sessions)]
+
+    def budgets(self) -> dict[int, int]:
+        """For each type some eligible worker has a credit for, the credits of its eligible workers: the most
+        tasks of that type a claim should take (the types are those of `allowed_types`)."""
+        out: dict[int, int] = {}
+        for t in ALL_TYPES:
+            credits = sum(max(0, s.credits) for s in self.route(t).sessions if not s.closed)
+            if credits > 0:
+                out[t] = credits
+        return out

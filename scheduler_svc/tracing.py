@@ -86,14 +86,14 @@ class DispatchObserver:
             out.append(dataclasses.replace(e, trace=telemetry.traceparent_of(assign)))
         return out
 
-    def sent(self, session: Session, device: str, entries: Sequence[Entry]) -> None:
-        """A batch went to a worker: its size is counted and its tasks' assign spans end (a debug line each,
-        with the task's trace)."""
-        metrics.DISPATCH_BATCH_SIZE.observe(len(entries))
+    def sent(self, session: Session, items: Sequence[tuple[str, Entry]]) -> None:
+        """A batch of (device, entry) went to a worker: its size is counted and its tasks' assign spans end (a
+        debug line each, with the task's trace)."""
+        metrics.DISPATCH_BATCH_SIZE.observe(len(items))
         debug = log.isEnabledFor(logging.DEBUG)
         if not (self._assigning or debug):
             return
-        for e in entries:
+        for device, e in items:
             span = self._assigning.pop(e.task_id, None)
             if debug:
                 with trace.use_span(span, end_on_exit=False) if span is not None else contextlib.nullcontext():

@@ -12,6 +12,10 @@ has by default. Its format (`parse_policies`):
     burst=B              the bucket's size (tasks it may submit at once after a quiet time); default: twice
                          the rate when the entry gives one, else caller_submit_burst
     priorities=P|Q       the priorities it may use beyond NORMAL, LOW and BACKGROUND: HIGH, CRITICAL; "none"
+    weight=W             its share of the scheduler when callers compete (1..100, default 1): backlogged callers
+                         are served in proportion to their weights, whatever the number of their devices
+                         (the first level of the fair order; within a caller its devices share by their own
+                         weights)
 
 e.g. `svc-a:max_pending=2000,rate_per_s=500,burst=1000,priorities=HIGH|CRITICAL;svc-b:priorities=HIGH`.
 
@@ -47,6 +51,8 @@ class CallerPolicy:
     burst: int
     #: priorities beyond NORMAL this caller may use (a subset of ENTITLED)
     priorities: frozenset[int]
+    #: its share when backlogged callers compete for the scheduler (1..100)
+    weight: int = 1
 
     def may_use(self, priority: int) -> bool:
         return priority not in ENTITLED or priority in self.priorities
@@ -127,10 +133,15 @@ def _field_value(name: str, key: str, value: str) -> object:
         return _number(value, name, key, int)
     if key == "rate_per_s":
         return _number(value, name, key, float)
+    if key == "weight":
+        weight = _number(value, name, key, int)
+        if not isinstance(weight, int) or not 1 <= weight <= 100:
+            raise PolicyError(f"{SETTING}: {name}: weight must be 1..100")
+        return weight
     if key == "priorities":
         chosen = set() if value.lower() in ("", "none") else {_priority(p, name) for p in value.split("|")}
         return frozenset(chosen & ENTITLED)
-    raise PolicyError(f"{SETTING}: {name}: unknown key {key!r} (max_pending, rate_per_s, burst, priorities)")
+    raise PolicyError(f"{SETTING}: {name}: unknown key {key!r} (max_pending, rate_per_s, burst, priorities, weight)")
 
 
 class CallerSettings(Protocol):
@@ -178,6 +189,17 @@ class CallerPolicies:
         if "rate_per_s" in override.fields and "burst" not in override.fields and policy.rate_per_s is not None:
             policy = replace(policy, burst=max(1, math.ceil(2 * policy.rate_per_s)))
         return replace(policy, priorities=ENTITLED) if operator else policy
+
+    def weight(self, name: str) -> int:
+        """The caller's weight in the fair order (1 unless its entry gives one)."""
+        override = self.overrides.get(name)
+        value = override.fields.get("weight", 1) if override is not None else 1
+        return value if isinstance(value, int) else 1
+
+    @property
+    def all_weights(self) -> tuple[int, ...]:
+        """Every caller weight in use (1 and each one an entry gives), ascending."""
+        return tuple(sorted({1, *(self.weight(name) for name in self.overrides)}))
 
 
 __all__ = [

@@ -6,7 +6,14 @@ expects as KEYS[1..11] (and names with `lua/includes/deviceBlock.lua`):
 
     KEYS[1]      meta hash of the device      {p}:meta:<mac>
     KEYS[2..6]   its queue lists, priority 1..5 (BACKGROUND..CRITICAL)   {p}:q:<mac>:<prio>
-    KEYS[7..11]  the schedule sets of its weight, priority 1..5          {p}:sched:<prio>:<weight>
+    KEYS[7..11]  the schedule sets of its weight, priority 1..5, without the caller group:
+                 {p}:sched:<prio>:<weight>; the device sits in {p}:sched:<prio>:<weight>:<group>
+
+The fair order has two levels (`lua/includes/rankNext.lua`): caller groups, then the devices of a group. A
+device's group is the caller that first queued work for it (meta "group", "-" when none was named). The
+scripts name a group's keys from these patterns (same hash tag, so the same slot): `schedule`, `group_ready`,
+`callers`; `lua/includes/deviceBlock.lua` builds the same names as this module (checked by the tests), and
+`claimDevices` builds a device's block as `device` does.
 
 Queue entries are strings `task_id|type|prio|enqueued_ms|expires_ms|attempt|defers|failures|trace[|caller]`
 (`entry.py`).
@@ -32,6 +39,11 @@ class DeviceKeys:
     def block(self) -> list[str]:
         """KEYS[1..11] of every device script: meta, five queues, five schedule sets."""
         return [self.meta, *self.queues, *self.schedules]
+
+
+def group_name(caller: str) -> str:
+    """The caller group of a caller's devices ("-" for tasks without a caller)."""
+    return caller or "-"
 
 
 class Keys:
@@ -84,6 +96,8 @@ class Keys:
         #: Dispatch rate of each scheduler replica: replica id -> "tasks_per_s|at_ms" (how fast the queues drain,
         #: for the intake's retry delays).
         self.drain = f"{self.base}:drain"
+        #: When each caller group was last served: group -> ms (its wait in the fair order restarts then).
+        self.caller_served = f"{self.base}:caller:served"
 
     def queue(self, mac: str, priority: int) -> str:
         return f"{self.base}:q:{mac}:{priority}"
@@ -94,14 +108,27 @@ class Keys:
     def lock(self, mac: str) -> str:
         return f"{self.base}:lock:{mac}"
 
-    def schedule(self, priority: int, weight: int) -> str:
+    def schedule_base(self, priority: int, weight: int) -> str:
+        """The name the schedule sets of a priority and weight share before ":<group>" (KEYS[7..11])."""
         return f"{self.base}:sched:{priority}:{weight}"
+
+    def schedule(self, priority: int, weight: int, group: str = "-") -> str:
+        """Ready devices of a caller group, priority and weight, scored by the start of their wait (ms)."""
+        return f"{self.schedule_base(priority, weight)}:{group_name(group)}"
+
+    def group_ready(self, group: str) -> str:
+        """Every ready device of a caller group, scored by the start of its wait (ms)."""
+        return f"{self.base}:gready:{group_name(group)}"
+
+    def callers(self, caller_weight: int) -> str:
+        """Caller groups of this weight with a ready device, scored by the start of their wait (ms)."""
+        return f"{self.base}:callers:{caller_weight}"
 
     def device(self, mac: str, weight: int) -> DeviceKeys:
         return DeviceKeys(
             meta=self.meta(mac),
             queues=tuple(self.queue(mac, p) for p in PRIORITIES),
-            schedules=tuple(self.schedule(p, weight) for p in PRIORITIES),
+            schedules=tuple(self.schedule_base(p, weight) for p in PRIORITIES),
             lock=self.lock(mac),
         )
 

@@ -1,6 +1,6 @@
 """Typed access to the device queues in Redis: every state change is one Lua script call.
 
-The path of a task through Redis reads in this module's order: enqueue -> rank -> pop (claim, lease)
+The path of a task through Redis reads in this module's order: enqueue -> rank -> claim / pop (lease)
 -> release -> ack, with requeue / defer / resume for the ways back.
 """
 
@@ -16,10 +16,11 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
+from sieve.caller_policy import CallerPolicies
 from sieve.errors import AdmissionRefused, LockNotOwned, RedisNotReady, ScriptCode
 from sieve.redis import lua
 from sieve.redis.entry import Entry
-from sieve.redis.keys import PRIORITIES, Keys
+from sieve.redis.keys import PRIORITIES, Keys, group_name
 from sieve.redis.reply import reply as _reply
 from sieve.settings import Settings
 
@@ -54,8 +55,20 @@ class Popped:
     ready: bool
     taken: list[Entry] = field(default_factory=list)
     expired: list[Entry] = field(default_factory=list)
-    #: popping stopped at a task whose type was not allowed
-    blocked: bool = False
+    #: popping stopped at a task of this type: not allowed, or its budget was spent (0: it did not stop so)
+    blocked: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What one claimDevices call took: each device claimed, in the fair order, and the device ranked next."""
+
+    devices: list[tuple[str, Popped]]
+    next: Rank
+
+    @property
+    def taken(self) -> int:
+        return sum(len(p.taken) for _, p in self.devices)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +139,7 @@ class QueueStore:
         "enqueueTasks",
         "rankDevices",
         "popBatch",
+        "claimDevices",
         "releaseDevice",
         "deferDevice",
         "deferTypes",
@@ -143,8 +157,9 @@ class QueueStore:
         self.keys = Keys(settings.redis_prefix)
         self._scripts = {name: redis.register_script(lua.load(name)) for name in self._SCRIPTS}
         self._classes = [(p, w) for w in settings.all_weights for p in PRIORITIES]
-        self._class_keys = [self.keys.schedule(p, w) for p, w in self._classes]
-        self._class_args = [f"{p}:{w}" for p, w in self._classes]
+        self._classes_arg = ",".join(f"{p}:{w}" for p, w in self._classes)
+        self.callers = CallerPolicies(settings)
+        self._caller_weights_arg = ",".join(map(str, self.callers.all_weights))
 
     async def _call(self, name: str, keys: list[str], args: list[Any]) -> Any:
         return await self._scripts[name](keys=keys, args=args)
@@ -213,6 +228,8 @@ class QueueStore:
                         k.wake_channel,
                         int(not rebuilding),
                         per_caller,
+                        group_name(entries[0].caller),
+                        self.callers.weight(entries[0].caller),
                         *(e.encode() for e in entries),
                     ],
                 )
@@ -315,13 +332,21 @@ class QueueStore:
         s = self.settings
         return (
             "rankDevices",
-            [*self._class_keys, self.keys.backoff],
-            [now, int(s.aging_max_wait_s * 1000), int(s.starvation_hint_s * 1000), exclude or "", *self._class_args],
+            [self.keys.backoff],
+            [
+                now,
+                int(s.aging_max_wait_s * 1000),
+                int(s.starvation_hint_s * 1000),
+                exclude or "",
+                self._classes_arg,
+                self._caller_weights_arg,
+                self.keys.base,
+            ],
         )
 
     @staticmethod
     def _rank(reply: list[Any], now: float) -> Rank:
-        mac, _index, starving, next_backoff, longest, wait, weight, runner = reply
+        mac, _group, starving, next_backoff, longest, wait, weight, runner = reply
         next_backoff, longest, wait, runner = float(next_backoff), float(longest), float(wait), float(runner)
         overshoot = max(0.0, wait - runner / int(weight)) if mac and runner >= 0 and weight else 0.0
         return Rank(
@@ -378,7 +403,7 @@ class QueueStore:
             True,
             [Entry.decode(r) for r in rest[:taken_count]],
             [Entry.decode(r) for r in rest[taken_count:]],
-            bool(blocked),
+            int(blocked),
         )
 
     async def pop(
@@ -415,6 +440,59 @@ class QueueStore:
             [self._pop_call(mac, token, count, allowed_types, True, now, carry_ms), self._rank_call(exclude, now)]
         )
         return self._popped(popped), self._rank(ranked, now)
+
+    async def claim(
+        self,
+        token: str,
+        want: int,
+        budget: Mapping[int, int] | None,
+        *,
+        max_devices: int,
+        per_device: int | None = None,
+        carry_max_ms: float = 0.0,
+        now: float | None = None,
+    ) -> Claim:
+        """Claims the next devices of the fair order and takes up to `want` tasks of theirs in one round trip
+        (claimDevices): at most `per_device` from each (batch_size; min_batch_size while another device waited
+        past the hint), at most `budget[type]` of each type (None: any), from at most `max_devices` devices.
+        Each device is released and rescheduled as it is served; a device whose task could not be taken
+        because its type's budget was spent keeps that task at its head (`Popped.blocked`)."""
+        now = now or now_ms()
+        k, s = self.keys, self.settings
+        budget_arg = "" if budget is None else (",".join(f"{t}:{n}" for t, n in budget.items()) or "-")
+        reply = await self._call(
+            "claimDevices",
+            [k.backoff, k.pending, k.serving, k.leases, k.lease_data, k.overloaded, k.devices, k.caller_open],
+            [
+                now,
+                token,
+                int(s.lock_ttl_s * 1000),
+                want,
+                per_device or s.batch_size,
+                s.min_batch_size,
+                int(s.aging_max_wait_s * 1000),
+                int(s.starvation_hint_s * 1000),
+                int(s.lease_ttl_s * 1000),
+                s.max_per_device_pending,
+                budget_arg,
+                round(carry_max_ms, 1),
+                max_devices,
+                self._classes_arg,
+                self._caller_weights_arg,
+                k.base,
+            ],
+        )
+        devices: list[tuple[str, Popped]] = []
+        at = 2
+        for _ in range(int(reply[1])):
+            mac, code, taken, expired, blocked = reply[at : at + 5]
+            mac = mac.decode() if isinstance(mac, bytes) else mac
+            at += 5
+            entries = [Entry.decode(r) for r in reply[at : at + taken + expired]]
+            at += taken + expired
+            ok = code == ScriptCode.OK
+            devices.append((mac, Popped(ok, entries[:taken], entries[taken:], int(blocked))))
+        return Claim(devices, self._rank(reply[at : at + 8], now))
 
     async def release(self, mac: str, token: str, *, now: float | None = None) -> None:
         """Unlocks a device after a dispatch; it is scheduled again if it has work (wait restarts)."""
@@ -774,8 +852,10 @@ class QueueStore:
         """Devices in a schedule set whose meta does not say they belong there (a deleted or evicted meta: the
         dispatcher would claim them in vain, again and again). Read in steps, not atomic: repair_devices checks."""
         members: list[tuple[str, int]] = []
-        for (priority, _weight), key in zip(self._classes, self._class_keys, strict=True):
-            members += [(mac, priority) async for mac, _ in self.redis.zscan_iter(key, count=1000)]
+        async for key in self.redis.scan_iter(match=f"{self.keys.base}:sched:*", count=1000, _type="zset"):
+            name = key.decode() if isinstance(key, bytes) else key
+            priority = int(name[len(self.keys.base) :].split(":", 3)[2])
+            members += [(mac, priority) async for mac, _ in self.redis.zscan_iter(name, count=1000)]
         if not members:
             return []
         async with self.redis.pipeline(transaction=False) as pipe:

@@ -18,7 +18,9 @@
     ARGV[7]      needsRebuilt   1 to refuse when the generation key is missing (Redis lost its memory and has
                                 not been rebuilt yet), 0 for the rebuild itself
     ARGV[8]      maxPerCaller   per-caller limit of open tasks, applied to each caller of the entries
-    ARGV[9..]    raws           entries (sieve/redis/entry.py):
+    ARGV[9]      group          the caller group of a device new to Redis ("" for "-"; a known device keeps its own)
+    ARGV[10]     cweight        that caller's weight
+    ARGV[11..]   raws           entries (sieve/redis/entry.py):
                                 "task_id|type|prio|enqueued_ms|expires_ms|attempt|defers|failures|trace[|caller]"
 
   Output:
@@ -39,8 +41,10 @@ local mac = ARGV[5]
 local wakeChannel = ARGV[6]
 local needsRebuilt = ARGV[7] == "1"
 local maxPerCaller = tonumber(ARGV[8])
-local raws = slice(ARGV, 9)
-local device = deviceBlock(KEYS, mac)
+local group = ARGV[9]
+local cweight = ARGV[10]
+local raws = slice(ARGV, 11)
+local device = deviceBlock(KEYS, mac, group, cweight)
 local pendingKey = KEYS[12]
 local overloadedKey = KEYS[13]
 local devicesKey = KEYS[14]

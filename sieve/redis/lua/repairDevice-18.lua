@@ -23,7 +23,7 @@
   Output:
     {problem, queued, backlog before}   problem "" when nothing was wrong (nothing changed)
 ]]
---@requires deviceBlock, deviceFacts, reschedule
+--@requires deviceBlock, deviceFacts, reschedule, callerGroup
 
 local now = tonumber(ARGV[1])
 local mac = ARGV[2]
@@ -43,7 +43,7 @@ if problem == "" then
 end
 local serving = state == "serving" and (redis.call("EXISTS", lockKey) == 1 or redis.call("ZSCORE", servingKey, mac))
 local backingOff = state == "backoff" and redis.call("ZSCORE", backoffKey, mac)
-for p = 1, 5 do redis.call("ZREM", device.schedules[p], mac) end
+unscheduleDevice(device)
 redis.call("HSET", device.meta, "backlog", queued, "class", 0, "device", mac)
 redis.call("HSETNX", device.meta, "weight", weight)
 if queued > 0 then redis.call("SADD", devicesKey, mac) end

@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from scheduler_svc.reconcile import PassReport, Reconciler
 from sieve.db.tasks import RECONCILE_PAGE_SETTINGS, RECONCILE_PAGE_SQL, NewTask, Outcome, TaskStore
 from sieve.ids import uuid7_at
-from sieve.redis.keys import PRIORITIES
+from sieve.redis.keys import PRIORITIES, Keys
 from sieve.redis.queue_store import QueueStore
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, types_pb2
@@ -59,6 +59,20 @@ async def submit(p: object, device: str, count: int) -> list[str]:
         )
     )
     return [item.task.task_id for item in reply.items]
+
+
+async def group_of(redis: Redis, keys: Keys, mac: str) -> str:
+    """The caller group of a device (its meta's; "-" once its meta is gone)."""
+    return await redis.hget(keys.meta(mac), "group") or "-"
+
+
+async def schedule_score(redis: Redis, keys: Keys, mac: str, prio: int = types_pb2.PRIORITY_NORMAL) -> float | None:
+    """The device's score in the schedule set of `prio` (weight 1) of whichever caller group holds it."""
+    async for key in redis.scan_iter(match=f"{keys.schedule_base(prio, 1)}:*", count=1000):
+        score = await redis.zscore(key, mac)
+        if score is not None:
+            return float(score)
+    return None
 
 
 async def history_details(pg: asyncpg.Pool, task_id: str) -> list[str]:
@@ -180,7 +194,7 @@ async def test_a_devices_deleted_queues_and_meta_are_requeued_and_every_counter_
         # Given device A's queue lists and meta deleted behind Sieve's back (its schedule entry stays: a ghost)
         deleted = await redis.delete(queues.keys.meta(A), *(queues.keys.queue(A, prio) for prio in PRIORITIES))
         assert deleted == 2  # the meta and its one non-empty queue
-        assert await redis.zscore(queues.keys.schedule(types_pb2.PRIORITY_NORMAL, 1), A) is not None
+        assert await schedule_score(redis, queues.keys, A) is not None
         # When a pass runs
         report = await Reconciler(queues, tasks).run_pass()
         # Then exactly the 30 lost tasks are queued again, and nothing else
@@ -208,8 +222,11 @@ async def test_a_device_left_in_a_schedule_set_without_its_meta_is_taken_out(
         await submit(p, A, 2)
         popped = await queues.pop(A, "tok", 2, release=True)
         # Given a device with leased tasks only, whose meta is deleted while it still sat in a schedule set
+        group = await group_of(redis, queues.keys, A)
         await redis.delete(queues.keys.meta(A))
-        await redis.zadd(queues.keys.schedule(types_pb2.PRIORITY_NORMAL, 1), {A: 1})
+        await redis.zadd(queues.keys.schedule(types_pb2.PRIORITY_NORMAL, 1, group), {A: 1})
+        await redis.zadd(queues.keys.group_ready(group), {A: 1})
+        await redis.zadd(queues.keys.callers(1), {group: 1})
         assert (await queues.rank()).mac == A  # the dispatcher would claim it in vain
         # When a pass runs (no open task of A is past the grace period: only the schedule sets show it)
         report = await Reconciler(queues, TaskStore(pg)).run_pass()
@@ -234,7 +251,13 @@ async def test_device_keys_that_disagree_with_the_queues_are_mended_and_the_devi
         # serving with no lock and no serving entry, out of the active set and of its schedule set
         await redis.hset(k.meta(devices[0]), "backlog", 99)
         await redis.hset(k.meta(devices[1]), mapping={"state": "idle", "class": 0})
-        await redis.zrem(k.schedule(types_pb2.PRIORITY_NORMAL, 1), devices[1], devices[2], devices[3], devices[4])
+        await redis.zrem(
+            k.schedule(types_pb2.PRIORITY_NORMAL, 1, await group_of(redis, k, devices[1])),
+            devices[1],
+            devices[2],
+            devices[3],
+            devices[4],
+        )
         await redis.hset(k.meta(devices[2]), mapping={"state": "backoff", "class": 0})
         await redis.hset(k.meta(devices[3]), mapping={"state": "serving", "class": 0})
         await redis.srem(k.devices, devices[4])
@@ -248,7 +271,7 @@ async def test_device_keys_that_disagree_with_the_queues_are_mended_and_the_devi
         for mac in devices:
             meta = await queues.device_meta(mac)
             assert (meta["backlog"], meta["state"]) == ("3", "ready"), (mac, meta)
-            assert await redis.zscore(k.schedule(types_pb2.PRIORITY_NORMAL, 1), mac) is not None
+            assert await schedule_score(redis, k, mac) is not None
             assert await redis.sismember(k.devices, mac)
         # and a second pass finds nothing wrong; a worker finishes every task
         assert not (await Reconciler(queues, TaskStore(pg)).run_pass()).wrong

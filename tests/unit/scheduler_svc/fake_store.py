@@ -2,12 +2,12 @@
 
 `FakeStore` keeps the same state the Lua scripts keep — per-device queues by priority, the device's dispatch lock
 and state (ready / serving / idle), leases, the delayed set, dead letters — in plain dicts and lists, and implements
-the `QueueStore` methods the dispatcher calls (`rank`, `pop`, `pop_and_rank`, `release`, `requeue`, `defer_types`,
-`resume_due`, `publish_drain`) plus what routing and the dispatcher ask of `SchedulerState` (`mark_gpu_expected`,
-`gpu_expected`, `wake_ups`) with the scripts' semantics, simplified where a unit test does not look: a device's
-queues are popped highest priority first (no aging of head tasks), ranking is by priority tier, then by
-min(wait, aging_max_wait_s) x weight. Time is a settable clock (`now`, ms; the real time when the store was made,
-as the dispatcher passes the real time to the pops it makes).
+the `QueueStore` methods the dispatcher calls (`rank`, `claim`, `pop`, `pop_and_rank`, `release`, `requeue`,
+`defer_types`, `resume_due`, `publish_drain`) plus what routing and the dispatcher ask of `SchedulerState`
+(`mark_gpu_expected`, `gpu_expected`, `wake_ups`) with the scripts' semantics, simplified where a unit test does not
+look: a device's queues are popped highest priority first (no aging of head tasks), ranking is by priority tier,
+then by min(wait, aging_max_wait_s) x weight (one caller group: no first level). Time is a settable clock (`now`,
+ms; the real time when the store was made, as the dispatcher passes the real time to the pops it makes).
 
 `FakeOutcomes` records what the dispatcher reports (expired, dead-lettered, noted) instead of writing PostgreSQL.
 """
@@ -22,7 +22,7 @@ from typing import Any
 from sieve.errors import LockNotOwned
 from sieve.redis.entry import Entry
 from sieve.redis.keys import PRIORITIES
-from sieve.redis.queue_store import Popped, Rank, Requeued, TypesDeferred, now_ms
+from sieve.redis.queue_store import Claim, Popped, Rank, Requeued, TypesDeferred, now_ms
 from sieve.settings import Settings
 
 
@@ -109,6 +109,7 @@ class FakeStore:
         release: bool = False,
         now: float | None = None,
         carry_ms: float = 0.0,
+        budget: dict[int, int] | None = None,
     ) -> Popped:
         now = self._now(now)
         device = self.devices.get(mac)
@@ -118,17 +119,22 @@ class FakeStore:
         device.since_ms = now - carry_ms
         taken: list[Entry] = []
         expired: list[Entry] = []
-        blocked = False
+        blocked = 0
         while len(taken) < count and device.head_priority:
             queue = device.queues[device.head_priority]
             head = queue[0]
-            if head.expires_ms > now and allowed_types is not None and head.task_type not in allowed_types:
-                blocked = True
+            refused = (allowed_types is not None and head.task_type not in allowed_types) or (
+                budget is not None and budget.get(head.task_type, 0) <= 0
+            )
+            if head.expires_ms > now and refused:
+                blocked = head.task_type
                 break
             queue.pop(0)
             if head.expires_ms <= now:
                 expired.append(head)
                 continue
+            if budget is not None:
+                budget[head.task_type] -= 1
             leased = head.with_attempt(head.attempt + 1)
             self.leases[leased.task_id] = (mac, leased)
             taken.append(leased)
@@ -151,6 +157,43 @@ class FakeStore:
             mac, token, count, allowed_types=allowed_types, release=True, now=now, carry_ms=carry_ms
         )
         return popped, await self.rank(exclude=exclude, now=now)
+
+    async def claim(
+        self,
+        token: str,
+        want: int,
+        budget: dict[int, int] | None,
+        *,
+        max_devices: int,
+        per_device: int | None = None,
+        carry_max_ms: float = 0.0,
+        now: float | None = None,
+    ) -> Claim:
+        """rank and pop (released) for the next devices, as claimDevices does, until `want` tasks, `max_devices`
+        devices or the budget is spent, or a device that could not be claimed comes up again."""
+        now = self._now(now)
+        left = dict(budget) if budget is not None else None
+        devices: list[tuple[str, Popped]] = []
+        total = 0
+        refused: set[str] = set()
+        rank = await self.rank(now=now)
+        while (
+            rank.mac
+            and rank.mac not in refused
+            and total < want
+            and len(devices) < max_devices
+            and (left is None or any(left.values()))
+        ):
+            size = self.settings.min_batch_size if rank.starving else (per_device or self.settings.batch_size)
+            popped = await self.pop(
+                rank.mac, f"{token}:{len(devices) + 1}", min(size, want - total), release=True, now=now, budget=left
+            )
+            devices.append((rank.mac, popped))
+            total += len(popped.taken)
+            if not popped.taken:
+                refused.add(rank.mac)
+            rank = await self.rank(exclude=rank.mac if rank.starving or not popped.ready else None, now=now)
+        return Claim(devices, rank)
 
     async def release(self, mac: str, token: str, *, now: float | None = None) -> None:
         device = self.devices[mac]

@@ -9,7 +9,6 @@ from scheduler_svc.board import Board
 from scheduler_svc.dispatcher import Dispatcher
 from scheduler_svc.routing import Router
 from scheduler_svc.sessions import Session
-from sieve.redis.queue_store import Rank
 from sieve.settings import Settings
 from sieve.v1 import scheduler_pb2, types_pb2
 from tests.unit.scheduler_svc.fake_store import FakeOutcomes, FakeStore, entry
@@ -77,12 +76,31 @@ async def test_a_hand_out_is_never_larger_than_the_credits_the_workers_have() ->
     assert [e.task_id for e in r.store.queued(A)] == ["t2", "t3", "t4"]
 
 
-async def test_a_hand_out_is_at_most_one_batch() -> None:
+async def test_a_device_gives_at_most_one_batch_before_the_next_device_in_the_fair_order_has_its_turn() -> None:
     r = Replica(batch_size=2)
-    worker = r.connect("w1", credits=10)
-    r.store.enqueue(A, *(entry(f"t{i}") for i in range(5)))
-    await r.dispatcher.dispatch_once()
-    assert received(worker) == ["t0", "t1"] and worker.credits == 8
+    worker = r.connect("w1", credits=6)
+    r.store.enqueue(A, *(entry(f"a{i}", age_s=50) for i in range(5)))
+    r.store.enqueue(B, *(entry(f"b{i}", age_s=10) for i in range(5)))
+    claim = await r.dispatcher.dispatch_once()
+    # one round: A (the longer wait) gives a batch, then B, then A again, as claims made one at a time would
+    assert [(mac, [e.task_id for e in p.taken]) for mac, p in claim.devices] == [
+        (A, ["a0", "a1"]),
+        (B, ["b0", "b1"]),
+        (A, ["a2", "a3"]),
+    ]
+    # and the worker gets them in one message, whatever the number of devices
+    assert worker.outbound.qsize() == 1
+    assert received(worker) == ["a0", "a1", "b0", "b1", "a2", "a3"] and worker.credits == 0
+
+
+async def test_a_claim_round_takes_one_task_each_from_many_devices_in_one_call() -> None:
+    r = Replica()
+    worker = r.connect("w1", credits=50)
+    for i in range(40):
+        r.store.enqueue(f"AA:00:00:00:01:{i:02X}", entry(f"t{i}", age_s=100 - i))
+    claim = await r.dispatcher.dispatch_once()
+    assert len(claim.devices) == 40 and claim.taken == 40
+    assert received(worker) == [f"t{i}" for i in range(40)]  # oldest wait first
 
 
 async def test_the_device_that_waited_longest_is_served_first() -> None:
@@ -97,12 +115,18 @@ async def test_the_device_that_waited_longest_is_served_first() -> None:
 async def test_while_another_device_starves_a_batch_shrinks_to_the_minimum_and_the_device_served_sits_out() -> None:
     r = Replica(starvation_hint_s=1.0, min_batch_size=1, batch_size=10)
     worker = r.connect("w1", credits=20)
+    assert worker.credits == 20
     r.store.enqueue(A, *(entry(f"a{i}", age_s=100) for i in range(5)))
     r.store.enqueue(B, *(entry(f"b{i}", age_s=50) for i in range(5)))
-    next_rank = await r.dispatcher.dispatch_once()
-    # the oldest device gives one task only, and the next claim goes to the other one
-    assert received(worker) == ["a0"]
-    assert next_rank is not None and next_rank.mac == B
+    claim = await r.dispatcher.dispatch_once()
+    # the oldest device gives one task only, and the next choice goes to the other one; once nobody starves
+    # (A was just served), batches are full again
+    assert [(mac, [e.task_id for e in p.taken]) for mac, p in claim.devices] == [
+        (A, ["a0"]),
+        (B, ["b0", "b1", "b2", "b3", "b4"]),
+        (A, ["a1", "a2", "a3", "a4"]),
+    ]
+    assert worker.credits == 10
 
 
 async def test_a_type_no_worker_takes_waits_on_its_own_while_the_devices_other_tasks_flow() -> None:
@@ -159,11 +183,10 @@ async def test_a_device_another_replica_is_serving_is_left_alone() -> None:
     worker = r.connect("w1", credits=5)
     r.store.enqueue(A, entry("a1"))
     r.store.enqueue(B, entry("b1"))
-    r.store.devices[A].state, r.store.devices[A].token = "serving", "another replica"
-    next_rank = await r.dispatcher.dispatch_once(Rank(A, False, None, None))
-    assert received(worker) == []  # A's pop was refused: it is locked
-    assert next_rank is not None and next_rank.mac == B
-    await r.dispatcher.dispatch_once(next_rank)
+    r.store.devices[A].token = "another replica"  # still ready: its lock was taken a moment ago
+    claim = await r.dispatcher.dispatch_once()
+    # A's claim was refused (it is locked) and the round went on to B; named again, A ends the round
+    assert [(mac, p.ready) for mac, p in claim.devices] == [(A, False), (B, True)]
     assert received(worker) == ["b1"] and [e.task_id for e in r.store.queued(A)] == ["a1"]
 
 

@@ -1,17 +1,19 @@
 --[[
   scheduleDevice(device, now_ms) -> "ready" | "idle"
   Puts a device that is not being served into the schedule set of its best priority, scored by the time its
-  wait started: max(oldest task's enqueue time, last time it was served).
+  wait started: max(oldest task's enqueue time, last time it was served); the same score in its caller group's
+  ready set, and its caller joins the callers of its weight (callerReady).
   A device with no queued work becomes idle; with nothing outstanding either (no lease, no delayed task:
   countOutstanding) its meta is deleted instead (it would say nothing a missing one does not).
 ]]
---@requires deviceHeads
+--@requires deviceHeads, callerGroup
 local function scheduleDevice(device, now)
   local mac = device.mac
   local oldest, best = deviceHeads(device)
   local previous = tonumber(redis.call("HGET", device.meta, "class") or "0")
   if previous > 0 then redis.call("ZREM", device.schedules[previous], mac) end
   if best == 0 then
+    redis.call("ZREM", device.groupReady, mac)
     if tonumber(redis.call("HGET", device.meta, "outstanding") or "0") > 0 then
       redis.call("HSET", device.meta, "state", "idle", "class", 0, "backlog", 0)
       redis.call("HDEL", device.meta, "oldest_ms")
@@ -24,6 +26,9 @@ local function scheduleDevice(device, now)
   local since = oldest
   if served > since then since = served end
   redis.call("ZADD", device.schedules[best], since, mac)
-  redis.call("HSET", device.meta, "state", "ready", "class", best, "oldest_ms", oldest, "since_ms", since)
+  redis.call("ZADD", device.groupReady, since, mac)
+  redis.call("HSET", device.meta, "state", "ready", "class", best, "oldest_ms", oldest, "since_ms", since,
+    "group", device.group, "cweight", device.cweight)
+  callerReady(device, since)
   return "ready"
 end

@@ -36,7 +36,7 @@ from redis.asyncio import Redis
 
 from sieve.errors import AdmissionRefused, ScriptCode
 from sieve.redis.entry import Entry
-from sieve.redis.keys import PRIORITIES, Keys
+from sieve.redis.keys import PRIORITIES, Keys, group_name
 from sieve.redis.queue_store import QueueStore
 from sieve.settings import Settings
 from tests.support.counters import counters
@@ -121,8 +121,10 @@ class DeviceView:
     backoff_until: float | None
     #: its queued entries, highest priority first
     entries: list[Entry]
-    #: (priority, weight) -> score, for each schedule set the device is in
-    members: dict[tuple[int, int], float]
+    #: (priority, weight, caller group) -> score, for each schedule set the device is in
+    members: dict[tuple[int, int, str], float]
+    #: caller group -> score, for each group's ready set the device is in
+    ready_in: dict[str, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +141,8 @@ class View:
 
 async def read_view(redis: Redis, store: QueueStore, macs: list[str]) -> View:
     k: Keys = store.keys
-    classes = [(p, w) for p in PRIORITIES for w in store.settings.all_weights]
+    groups = sorted({group_name(c) for c in CALLERS})
+    classes = [(p, w, g) for p in PRIORITIES for w in store.settings.all_weights for g in groups]
     async with redis.pipeline(transaction=False) as pipe:
         pipe.hgetall(k.lease_data)
         pipe.zrange(k.leases, 0, -1)
@@ -152,19 +155,23 @@ async def read_view(redis: Redis, store: QueueStore, macs: list[str]) -> View:
             pipe.zscore(k.backoff, mac)
             for p in reversed(PRIORITIES):
                 pipe.lrange(k.queue(mac, p), 0, -1)
-            for p, w in classes:
-                pipe.zscore(k.schedule(p, w), mac)
+            for p, w, g in classes:
+                pipe.zscore(k.schedule(p, w, g), mac)
+            for g in groups:
+                pipe.zscore(k.group_ready(g), mac)
         values = await pipe.execute()
     lease_data, lease_list, serving, active, delayed = values[:5]
-    per_device = 3 + len(PRIORITIES) + len(classes)
+    per_device = 3 + len(PRIORITIES) + len(classes) + len(groups)
     devices: dict[str, DeviceView] = {}
     for i, mac in enumerate(macs):
         row = values[5 + i * per_device : 5 + (i + 1) * per_device]
         entries = [Entry.decode(raw) for items in row[3 : 3 + len(PRIORITIES)] for raw in items]
+        at = 3 + len(PRIORITIES)
         members = {
-            pw: score for pw, score in zip(classes, row[3 + len(PRIORITIES) :], strict=True) if score is not None
+            pw: score for pw, score in zip(classes, row[at : at + len(classes)], strict=True) if score is not None
         }
-        devices[mac] = DeviceView(row[0], row[1], row[2], entries, members)
+        ready_in = {g: score for g, score in zip(groups, row[at + len(classes) :], strict=True) if score is not None}
+        devices[mac] = DeviceView(row[0], row[1], row[2], entries, members, ready_in)
     return View(lease_data, set(lease_list), serving, active, delayed, devices)
 
 
@@ -188,10 +195,13 @@ def check_schedule(store: QueueStore, mac: str, device: DeviceView, state: str |
         best = max(e.priority for e in entries)
         heads = [first[0] for p in PRIORITIES if (first := [e for e in entries if e.priority == p])]
         since = max(min(e.enqueued_ms for e in heads), int(meta.get("last_served_ms") or 0))
-        assert members == {(best, store.settings.weight_of(mac)): since}, (mac, meta, members)
+        # in the set of its priority and weight within its caller group, and in its group's ready set
+        assert members == {(best, store.settings.weight_of(mac), meta["group"]): since}, (mac, meta, members)
+        assert device.ready_in == {meta["group"]: since}, (mac, meta, device.ready_in)
         assert meta["class"] == str(best)
     else:
         assert not members, f"{mac} is {state} but scheduled in {members}"
+        assert not device.ready_in, f"{mac} is {state} but ready in {device.ready_in}"
     if state == "backoff":
         assert device.backoff_until == int(meta["unschedulable_until_ms"])
     else:

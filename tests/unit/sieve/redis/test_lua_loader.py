@@ -205,8 +205,8 @@ def test_the_keys_count_in_the_file_name_is_the_keys_the_script_binds(path: Path
 
 
 def test_a_script_without_a_count_in_its_name_has_a_variable_key_count() -> None:
-    assert key_count("rankDevices") is None
-    assert "#KEYS" in lua.load("rankDevices")
+    assert key_count("recountPending") is None
+    assert "slice(KEYS, 3)" in lua.load("recountPending")
 
 
 @pytest.mark.parametrize("path", INCLUDES, ids=lambda p: p.name)

@@ -1,0 +1,132 @@
+--[[
+  Claims the next devices of the fair order and takes their tasks, in one atomic step: what popBatch does for
+  one device, repeated for the device rankNext names next, until `want` tasks are taken, `maxDevices` devices
+  were claimed, the budget is spent, no device is schedulable, or a device that gave nothing earlier in the call
+(its lock was held, or its next task's type had no budget left) is named again. Every device is claimed and released on its
+  own (its own lock token, its wait restarting as it is served), in the order one claim at a time would take
+  them, so a fleet of devices with a task each costs one round trip per batch instead of one per device. The
+  i-th claim of a call happens at now + i x 0.01 ms: the devices and callers served in one call keep the order
+  they were served in (the one served last waits least), as separate claims would.
+
+  Input:
+    KEYS[1]      backoffKey     backoff set
+    KEYS[2]      pendingKey     global pending counter
+    KEYS[3]      servingKey     serving set
+    KEYS[4]      leasesKey      leases (task_id -> deadline ms)
+    KEYS[5]      leaseDataKey   lease data (task_id -> "mac|entry")
+    KEYS[6]      overloadedKey  overloaded devices set
+    KEYS[7]      devicesKey     active devices set
+    KEYS[8]      callerKey      caller counts (caller -> open tasks)
+
+    ARGV[1]      now            now (ms)
+    ARGV[2]      token          lock token prefix (device i is locked with token .. ":" .. i)
+    ARGV[3]      lockTtl        lock ttl (ms)
+    ARGV[4]      want           most tasks to take in all
+    ARGV[5]      perDevice      most tasks to take from one device (batch_size)
+    ARGV[6]      minBatch       most tasks from one device while another waited past the hint (min_batch_size)
+    ARGV[7]      maxWait        max_wait (ms)
+    ARGV[8]      hint           starvation hint (ms)
+    ARGV[9]      leaseTtl       lease ttl (ms)
+    ARGV[10]     maxPerDevice   per-device pending limit (the overloaded mark is cleared below it)
+    ARGV[11]     budgetText     tasks that may be taken per type: "type:n,..." ("" any, "-" none)
+    ARGV[12]     carryMax       most wait (ms) a served device keeps of what it waited past its runner-up
+    ARGV[13]     maxDevices     most devices to claim
+    ARGV[14]     classesText    every schedule set's "priority:weight", comma separated
+    ARGV[15]     callerWeightsText every caller weight in use, comma separated
+    ARGV[16]     base           the keys' hash tag ("{prefix}"): device keys are named from it (deviceKeys)
+
+  Output:
+    {OK, n, [mac, code, taken, expired, blocked, e1..e_taken, x1..x_expired] x n,
+     then the next choice as rankDevices returns it: mac, group, starving, next backoff, longest, wait,
+     weight, runner}
+    code per device: OK, LOCK_HELD or DEVICE_NOT_READY (nothing taken); blocked: the type popping stopped at
+    because its budget was spent or it was not allowed, or 0.
+    (codes: includes/codes.lua)
+]]
+--@requires codes, deviceBlock, rankNext, popDevice
+
+local now = tonumber(ARGV[1])
+local token = ARGV[2]
+local lockTtl = ARGV[3]
+local want = tonumber(ARGV[4])
+local perDevice = tonumber(ARGV[5])
+local minBatch = tonumber(ARGV[6])
+local maxWait = tonumber(ARGV[7])
+local hint = tonumber(ARGV[8])
+local leaseTtl = tonumber(ARGV[9])
+local maxPerDevice = tonumber(ARGV[10])
+local budgetText = ARGV[11]
+local carryMax = tonumber(ARGV[12])
+local maxDevices = tonumber(ARGV[13])
+local classesText = ARGV[14]
+local callerWeightsText = ARGV[15]
+local base = ARGV[16]
+local backoffKey = KEYS[1]
+local pendingKey = KEYS[2]
+local servingKey = KEYS[3]
+local leasesKey = KEYS[4]
+local leaseDataKey = KEYS[5]
+local overloadedKey = KEYS[6]
+local devicesKey = KEYS[7]
+local callerKey = KEYS[8]
+local g = {pending = pendingKey, serving = servingKey, leases = leasesKey, leaseData = leaseDataKey,
+           overloaded = overloadedKey, devices = devicesKey, caller = callerKey}
+
+local STEP = 0.01 -- ms between two claims of one call
+local ctx = rankContext(base, now, maxWait, hint, classesText, callerWeightsText)
+local budget = parseBudget(budgetText)
+
+local function spent()
+  if not budget then return false end
+  for _, n in pairs(budget) do
+    if n > 0 then return false end
+  end
+  return true
+end
+
+local out = {CODE.OK, 0}
+local total, claimed, skip = 0, 0, ""
+local refused = {} -- devices that gave nothing (locked, or their next type has no budget): named again, they end it
+local choice = rankNext(ctx, skip)
+while choice.mac ~= "" and not refused[choice.mac] and total < want and claimed < maxDevices and not spent() do
+  claimed = claimed + 1
+  local at = now + (claimed - 1) * STEP
+  local mac = choice.mac
+  local size = perDevice
+  if choice.starving then size = minBatch end
+  if size > want - total then size = want - total end
+  local carry = 0
+  if choice.runner >= 0 and choice.weight > 0 then
+    carry = choice.wait - choice.runner / choice.weight
+    if carry < 0 then carry = 0 end
+    if carry > carryMax then carry = carryMax end
+  end
+  local device = deviceBlock(deviceKeys(base, mac, choice.weight), mac)
+  local a = {now = at, token = token .. ":" .. claimed, lockTtl = lockTtl, want = size, maxWait = maxWait,
+             leaseTtl = leaseTtl, maxPerDevice = maxPerDevice, budget = budget, release = true,
+             carriedWait = carry}
+  local code, taken, expired, blocked = popDevice(device, base .. ":lock:" .. mac, g, a)
+  out[#out + 1] = mac
+  out[#out + 1] = code
+  out[#out + 1] = #taken
+  out[#out + 1] = #expired
+  out[#out + 1] = blocked
+  for _, v in ipairs(taken) do out[#out + 1] = v end
+  for _, v in ipairs(expired) do out[#out + 1] = v end
+  out[2] = out[2] + 1
+  total = total + #taken
+  if code ~= CODE.OK or #taken == 0 then refused[mac] = true end
+  -- under starvation (or when the device could not be claimed) it sits out the next choice: service spreads
+  if choice.starving or code ~= CODE.OK then skip = mac else skip = "" end
+  ctx.now = at + STEP
+  choice = rankNext(ctx, skip)
+end
+
+local nextBackoff = -1
+local first = redis.call("ZRANGE", backoffKey, 0, 0, "WITHSCORES")
+if #first == 2 then nextBackoff = tonumber(first[2]) end
+for _, v in ipairs({choice.mac, choice.group, choice.starving and 1 or 0, tostring(nextBackoff),
+                    tostring(choice.longest), tostring(choice.wait), choice.weight, tostring(choice.runner)}) do
+  out[#out + 1] = v
+end
+return out

@@ -1,0 +1,142 @@
+--[[
+  popDevice(device, lockKey, g, a) -> code, taken, expired, blockedType
+  Claims a device for serving and takes up to a.want of its tasks (popBatch, claimDevices).
+
+  Takes the device's dispatch lock (SET NX PX with a.token), moves the device from its schedule set to the
+  serving set (its caller group was served: callerServed), then pops: the highest priority first, except that a
+  head task that has waited max_wait or longer is taken before any younger one (low priority never starves).
+  Expired tasks are dropped on the way (the caller records them EXPIRED). Each popped task's attempt is raised
+  and it is leased until now + lease_ttl; the new attempt number is its fencing token.
+
+  Popping stops before a task whose type has no budget left (a.budget: type -> tasks that may still be taken,
+  nil for any type): blockedType is then that type (0 when popping did not stop so). With a.release the
+  dispatch ends in the same step (lock dropped, device rescheduled with its wait restarting at
+  now - a.carriedWait).
+
+  g: the global keys: pending, serving, leases, leaseData, overloaded, devices, caller (caller open counts).
+  a: now, token, lockTtl, want, maxWait, leaseTtl, maxPerDevice, budget, release, carriedWait.
+  code: OK, LOCK_HELD (another dispatch holds the lock) or DEVICE_NOT_READY (not schedulable: taken by another
+  replica, idle, backing off); taken: leased entries (attempt raised); expired: entries dropped as expired.
+]]
+--@requires codes, parseEntry, countCaller, countOutstanding, endDispatch, reschedule, callerGroup
+
+local function popDevice(device, lockKey, g, a)
+  local mac, now = device.mac, a.now
+  if not redis.call("SET", lockKey, a.token, "NX", "PX", a.lockTtl) then
+    return CODE.LOCK_HELD, {}, {}, 0
+  end
+  if redis.call("HGET", device.meta, "state") ~= "ready" then
+    redis.call("DEL", lockKey)
+    if redis.call("EXISTS", device.meta) == 0 then
+      -- no meta at all (its keys were lost): out of the schedule sets, or the next rank picks it again and the
+      -- dispatcher spins on it; the reconciler repairs the device and schedules it again
+      unscheduleDevice(device)
+    end
+    return CODE.DEVICE_NOT_READY, {}, {}, 0
+  end
+  local class = tonumber(redis.call("HGET", device.meta, "class") or "0")
+  unscheduleDevice(device, class)
+  redis.call("ZADD", g.serving, now + tonumber(a.lockTtl), mac)
+  redis.call("HSET", device.meta, "state", "serving", "class", 0, "token", a.token,
+    "last_served_ms", now - a.carriedWait)
+
+  -- the device's non-empty queues, highest priority first
+  local sizes = {}
+  for p = 5, 1, -1 do sizes[p] = redis.call("LLEN", device.queues[p]) end
+
+  local function nextQueue()
+    local agedAt, agedPrio, best, nonEmpty = false, 0, 0, 0
+    for p = 5, 1, -1 do
+      if sizes[p] > 0 then
+        nonEmpty = nonEmpty + 1
+        if best == 0 then best = p end
+      end
+    end
+    if nonEmpty <= 1 then return best end
+    for p = 5, 1, -1 do
+      if sizes[p] > 0 then
+        local e = parseEntry(redis.call("LINDEX", device.queues[p], 0))
+        if now - e.enq >= a.maxWait and ((not agedAt) or e.enq < agedAt) then agedAt, agedPrio = e.enq, p end
+      end
+    end
+    if agedPrio > 0 then return agedPrio end
+    return best
+  end
+
+  local budget = a.budget
+  local taken, expired = {}, {}
+  local leaseArgs, dataArgs = {}, {}
+  local blocked = 0
+  local leaseUntil = now + a.leaseTtl
+  while #taken < a.want do
+    local p = nextQueue()
+    if p == 0 then break end
+    local raw = redis.call("LINDEX", device.queues[p], 0)
+    local e = parseEntry(raw)
+    if e.exp > now and budget and (budget[e.type] or 0) <= 0 then
+      blocked = tonumber(e.type)
+      break
+    end
+    redis.call("LPOP", device.queues[p])
+    sizes[p] = sizes[p] - 1
+    if e.exp <= now then
+      expired[#expired + 1] = raw
+      countCaller(g.caller, e, -1)
+    else
+      if budget then budget[e.type] = budget[e.type] - 1 end
+      e.attempt = e.attempt + 1
+      local leased = encodeEntry(e)
+      leaseArgs[#leaseArgs + 1] = leaseUntil
+      leaseArgs[#leaseArgs + 1] = e.id
+      dataArgs[#dataArgs + 1] = e.id
+      dataArgs[#dataArgs + 1] = mac .. "|" .. leased
+      taken[#taken + 1] = leased
+    end
+  end
+  if #taken > 0 then
+    redis.call("ZADD", g.leases, unpack(leaseArgs))
+    redis.call("HSET", g.leaseData, unpack(dataArgs))
+    countOutstanding(device.meta, #taken)
+  end
+
+  local removed = #taken + #expired
+  if removed > 0 then
+    local backlog = redis.call("HINCRBY", device.meta, "backlog", -removed)
+    redis.call("DECRBY", g.pending, removed)
+    if backlog < a.maxPerDevice then redis.call("SREM", g.overloaded, mac) end
+    redis.call("HINCRBY", device.meta, "served", #taken)
+  end
+  -- service rate, for the retry delay intake gives a refused device: tasks taken per 10 s window
+  local winStart = tonumber(redis.call("HGET", device.meta, "win_start_ms") or "0")
+  if now - winStart >= 10000 then
+    if winStart > 0 then
+      local count = tonumber(redis.call("HGET", device.meta, "win_count") or "0")
+      redis.call("HSET", device.meta, "rate_per_s", string.format("%.3f", count * 1000 / (now - winStart)))
+    end
+    redis.call("HSET", device.meta, "win_start_ms", now, "win_count", 0)
+  end
+  redis.call("HINCRBY", device.meta, "win_count", #taken)
+
+  if a.release then
+    endDispatch(device, lockKey, g.serving)
+    if #taken > 0 then redis.call("HSET", device.meta, "defer_count", 0) end
+    reschedule(device, now, g.devices)
+  end
+  callerServed(device, now)
+  return CODE.OK, taken, expired, blocked
+end
+
+--[[
+  parseBudget(text) -> budget for popDevice
+  "" allows any type (nil); "-" allows none; "type:count,..." allows count tasks of each type named, a type
+  without a count ("type") any number of them.
+]]
+local function parseBudget(text)
+  if text == "" then return nil end
+  local budget = {}
+  for item in string.gmatch(text, "[^,]+") do
+    local t, n = string.match(item, "^(%d+):(%d+)$")
+    if t then budget[t] = tonumber(n) elseif string.match(item, "^%d+$") then budget[item] = math.huge end
+  end
+  return budget
+end
