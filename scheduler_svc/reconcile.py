@@ -167,7 +167,8 @@ class Reconciler:
             if keep is not None:
                 await keep()
         if not report.stopped:
-            await self._repair(await self.queues.misscheduled_devices(), report)
+            stray = await self.queues.misscheduled_devices()
+            await self._repair(list(stray), report, stray)
         if report.wrong:
             recounted = await self.queues.recount_pending()
             if recounted is not None and recounted[0] != recounted[1]:
@@ -333,10 +334,10 @@ class Reconciler:
         except Exception:  # the re-queue matters more than its note
             log.exception("could not note the re-queue of %d tasks", len(entries))
 
-    async def _repair(self, macs: list[str], report: PassReport) -> None:
+    async def _repair(self, macs: list[str], report: PassReport, groups: dict[str, str] | None = None) -> None:
         if not macs:
             return
-        for mac, (problem, queued, backlog) in (await self.queues.repair_devices(macs)).items():
+        for mac, (problem, queued, backlog) in (await self.queues.repair_devices(macs, groups=groups)).items():
             report.found["device"] += 1
             log.warning(
                 "device %s: %s (queues hold %d, its backlog said %d): mended",

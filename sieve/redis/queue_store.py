@@ -813,14 +813,21 @@ class QueueStore:
             out[mac] = Located(int(queued), int(backlog), str(problem), ids[:m], ids[m : m + u], ids[m + u : m + u + d])
         return out
 
-    async def repair_devices(self, macs: list[str], *, now: float | None = None) -> dict[str, tuple[str, int, int]]:
+    async def repair_devices(
+        self, macs: list[str], *, groups: Mapping[str, str] | None = None, now: float | None = None
+    ) -> dict[str, tuple[str, int, int]]:
         """Mends the devices whose own keys disagree (repairDevice, checked again atomically): {mac: (problem,
-        queued, backlog before)} for those that had one."""
+        queued, backlog before)} for those that had one. `groups`: the caller group whose schedule set a device
+        was found in (misscheduled_devices), for a device whose meta was lost."""
         if not macs:
             return {}
         name, now = self._script("repairDevice"), now or now_ms()
+        groups = groups or {}
         replies = await self._call_pipelined(
-            [(name, self._reconcile_keys(mac), [now, mac, self.settings.weight_of(mac)]) for mac in macs]
+            [
+                (name, self._reconcile_keys(mac), [now, mac, self.settings.weight_of(mac), groups.get(mac, "")])
+                for mac in macs
+            ]
         )
         return {mac: (str(r[0]), int(r[1]), int(r[2])) for mac, r in zip(macs, replies, strict=True) if r[0]}
 
@@ -848,27 +855,26 @@ class QueueStore:
             if member.count("|") >= 2
         }
 
-    async def misscheduled_devices(self) -> list[str]:
+    async def misscheduled_devices(self) -> dict[str, str]:
         """Devices in a schedule set whose meta does not say they belong there (a deleted or evicted meta: the
-        dispatcher would claim them in vain, again and again). Read in steps, not atomic: repair_devices checks."""
-        members: list[tuple[str, int]] = []
-        async for key in self.redis.scan_iter(match=f"{self.keys.base}:sched:*", count=1000, _type="zset"):
-            name = key.decode() if isinstance(key, bytes) else key
-            priority = int(name[len(self.keys.base) :].split(":", 3)[2])
-            members += [(mac, priority) async for mac, _ in self.redis.zscan_iter(name, count=1000)]
+        dispatcher would claim them in vain, again and again), with the caller group of the set they were found
+        in. Read in steps, not atomic: repair_devices checks."""
+        members: list[tuple[str, int, str]] = []
+        base = self.keys.base
+        async for key in self.redis.scan_iter(match=f"{base}:sched:*", count=1000, _type="zset"):
+            _, _, priority, _weight, group = key[len(base) :].split(":", 4)
+            members += [(mac, int(priority), group) async for mac, _ in self.redis.zscan_iter(key, count=1000)]
         if not members:
-            return []
+            return {}
         async with self.redis.pipeline(transaction=False) as pipe:
-            for mac, _ in members:
-                pipe.hmget(self.keys.meta(mac), ["state", "class"])
+            for mac, _, _ in members:
+                pipe.hmget(self.keys.meta(mac), ["state", "class", "group"])
             metas = await pipe.execute()
-        return sorted(
-            {
-                mac
-                for (mac, priority), (state, cls) in zip(members, metas, strict=True)
-                if state != "ready" or cls != str(priority)
-            }
-        )
+        return {
+            mac: group
+            for (mac, priority, group), (state, cls, own) in sorted(zip(members, metas, strict=True))
+            if state != "ready" or cls != str(priority) or (own or "-") != group
+        }
 
     async def give_lease_deadlines(self, task_ids: list[str], *, now: float | None = None) -> int:
         """Leases without a deadline (lease data, no entry in the leases set) get one lease TTL from now: renewed

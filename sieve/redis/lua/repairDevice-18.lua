@@ -19,6 +19,8 @@
     ARGV[1]      now           now (ms)
     ARGV[2]      mac           device (normalised MAC)
     ARGV[3]      weight        the device's weight
+    ARGV[4]      group         the caller group whose schedule set the device was found in ("" when not known):
+                               its group when its meta names none (a lost meta)
 
   Output:
     {problem, queued, backlog before}   problem "" when nothing was wrong (nothing changed)
@@ -28,7 +30,8 @@
 local now = tonumber(ARGV[1])
 local mac = ARGV[2]
 local weight = ARGV[3]
-local device = deviceBlock(KEYS, mac)
+local group = ARGV[4]
+local device = deviceBlock(KEYS, mac, group ~= "" and group or nil)
 local lockKey = KEYS[12]
 local servingKey = KEYS[13]
 local backoffKey = KEYS[14]
@@ -38,6 +41,15 @@ local delayedKey = KEYS[17] -- unused
 local devicesKey = KEYS[18]
 
 local queued, backlog, state, problem = deviceFacts(device, lockKey, servingKey, backoffKey, devicesKey)
+if group ~= "" and group ~= device.group then
+  -- found in the sets of a group that is not its own: out of them
+  local removed = redis.call("ZREM", string.match(device.meta, "^(%b{})") .. ":gready:" .. group, mac)
+  for p = 1, 5 do
+    local setBase = string.sub(device.schedules[p], 1, -(#device.group + 2)) -- without ":<its group>"
+    removed = removed + redis.call("ZREM", setBase .. ":" .. group, mac)
+  end
+  if removed > 0 and problem == "" then problem = "stale schedule" end
+end
 if problem == "" then
   return {"", queued, backlog}
 end

@@ -145,3 +145,20 @@ async def test_a_caller_whose_devices_all_left_is_dropped_from_the_callers(
     assert (await store.rank(now=T0 + 2 * S)).mac is None
     assert await redis.zscore(keys.callers(1), "alice") is None
     await assert_counters(redis, settings.redis_prefix)
+
+
+async def test_a_device_found_in_another_groups_schedule_set_is_taken_out_of_it(
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
+    # Given A of alice, ready, and a stray copy of it in bob's schedule set (Redis lost something)
+    await store.enqueue(A, [task("a1", caller="alice")], now=T0)
+    await redis.zadd(keys.schedule(NORMAL, 1, "bob"), {A: T0})
+    # When the reconciler's scan finds it and repairs it
+    stray = await store.misscheduled_devices()
+    assert stray == {A: "bob"}
+    repaired = await store.repair_devices(list(stray), groups=stray, now=T0 + S)
+    # Then it is only in alice's set, and still served
+    assert repaired[A][0] == "stale schedule"
+    assert await redis.zscore(keys.schedule(NORMAL, 1, "bob"), A) is None
+    assert await redis.zscore(keys.schedule(NORMAL, 1, "alice"), A) is not None
+    assert await store.misscheduled_devices() == {}
