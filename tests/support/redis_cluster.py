@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import pytest
 import redis
@@ -85,7 +86,23 @@ class ClusterNode:
         binary = _binary("redis-server")
         assert binary, "redis-server is needed"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
+        with (self.dir / "redis.log").open("ab") as log:  # the child keeps its own descriptor of it
+            self.proc = self._spawn(binary, log)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"redis-server on {self.port} exited with {self.proc.returncode}: {self.log()}")
+            try:
+                with self.client() as client:
+                    client.ping()
+                return
+            except redis.RedisError:
+                time.sleep(0.05)
+        raise AssertionError(f"redis-server on {self.port} did not answer within {START_TIMEOUT_S}s")
+
+    def _spawn(self, binary: str, log: IO[bytes]) -> subprocess.Popen[bytes]:
+        """redis-server in cluster mode on this node's port, no persistence, its cluster config in its folder."""
+        return subprocess.Popen(
             [
                 binary,
                 "--port",
@@ -107,20 +124,9 @@ class ClusterNode:
                 "--maxmemory-policy",
                 "noeviction",
             ],
-            stdout=(self.dir / "redis.log").open("ab"),
+            stdout=log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"redis-server on {self.port} exited with {self.proc.returncode}: {self.log()}")
-            try:
-                with self.client() as client:
-                    client.ping()
-                return
-            except redis.RedisError:
-                time.sleep(0.05)
-        raise AssertionError(f"redis-server on {self.port} did not answer within {START_TIMEOUT_S}s")
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
