@@ -207,6 +207,8 @@ class PullStreams:
         unproven = [a for a in mine if not settled(a)]
         if proven:
             leased = [(a.task_id, session.held[a.task_id][1]) for a in proven]
+            # their ASSIGNED records, if still waiting, would change nothing now: not written
+            self.outcomes.lifecycle.settled((uuid.UUID(task_id), lease) for task_id, lease in leased)
             results = await self.queues.ack(leased, device_of={a.task_id: session.held[a.task_id][0] for a in proven})
             stale = results.count(False)
             if stale:
