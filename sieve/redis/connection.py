@@ -18,8 +18,8 @@ client is handed around typed as `Redis` (it has the same command methods); what
   queue store's pipelined script calls work on both kinds of client;
 - it has no pub/sub: `node_client` gives a plain client of the master that serves a key's (or channel's) slot,
   to subscribe there (a PUBLISH, also from a script, reaches every node of a cluster);
-- SCAN answers per node (`scan_iter` walks every master), and CONFIG GET is asked of every master
-  (`EvictionCheck`).
+- SCAN answers per node (`scan_iter` walks every master), CONFIG GET is asked of every master
+  (`EvictionCheck`), and a health check PINGs every node (`ping`, on a `probe_client`).
 """
 
 from __future__ import annotations
@@ -77,17 +77,15 @@ def cluster_client(settings: Settings, **options: Any) -> SieveCluster:
 
 
 def probe_client(settings: Settings, timeout_s: float) -> Redis:
-    """A client for health checks: no retries inside redis-py, short timeouts, few connections; on a cluster it
-    PINGs every node and reads every master's eviction policy."""
+    """A client for health checks (`ping`, `EvictionCheck`): no retries inside redis-py, short timeouts; two
+    connections at most to a single Redis. A cluster client is not capped: redis-py 7.4 counts a connection that
+    failed to connect against its node's cap for good, so a capped probe would fail forever after a node's
+    restart."""
     if settings.redis_cluster:
         return cast(
             Redis,
             cluster_client(
-                settings,
-                retry=Retry(NoBackoff(), 0),
-                socket_connect_timeout=timeout_s,
-                socket_timeout=timeout_s,
-                max_connections=2,
+                settings, retry=Retry(NoBackoff(), 0), socket_connect_timeout=timeout_s, socket_timeout=timeout_s
             ),
         )
     return Redis.from_url(
@@ -98,6 +96,14 @@ def probe_client(settings: Settings, timeout_s: float) -> Redis:
         socket_timeout=timeout_s,
         max_connections=2,
     )
+
+
+async def ping(client: Redis | RedisCluster) -> bool:
+    """PING the server, or every node of a cluster (a cluster client's own `ping` asks one node only, so it
+    answers True while another master, and the slots it serves, is gone)."""
+    if isinstance(client, RedisCluster):
+        return bool(await reply(client.ping(target_nodes=RedisCluster.ALL_NODES)))
+    return bool(await reply(client.ping()))
 
 
 def is_cluster(client: Redis | RedisCluster) -> bool:

@@ -1,15 +1,15 @@
 """Connecting to a Redis Cluster (sieve/redis/connection.py): SIEVE_REDIS_CLUSTER=true gives a cluster client seeded
-by the node SIEVE_REDIS_URL names, the health-check client PINGs every node, and the eviction-policy check reads
-every master, naming the one that would evict Sieve's keys."""
+by the node SIEVE_REDIS_URL names, the health check PINGs every node (and answers again once a restarted node is
+back), and the eviction-policy check reads every master, naming the one that would evict Sieve's keys."""
 
 from __future__ import annotations
 
 import pytest
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from sieve.errors import SettingsError
-from sieve.redis.connection import EvictionCheck, EvictionPolicyError, create_redis, probe_client
-from sieve.redis.reply import reply
+from sieve.redis.connection import EvictionCheck, EvictionPolicyError, create_redis, ping, probe_client
 from sieve.settings import Settings
 from tests.support.redis_cluster import LocalRedisCluster
 
@@ -31,7 +31,7 @@ async def test_the_eviction_check_reads_every_master(
     # a third master that is not the seed: a check of the seed alone would not see it
     other = redis_cluster.nodes[2]
     try:
-        assert await reply(client.ping())
+        assert await ping(client)
         await check.check(client)
         assert check.policy == "noeviction"
         with other.client() as node:
@@ -42,6 +42,27 @@ async def test_the_eviction_check_reads_every_master(
     finally:
         with other.client() as node:
             node.config_set("maxmemory-policy", "noeviction")
+        await client.aclose()
+
+
+async def test_the_health_ping_fails_while_any_master_is_gone_and_answers_once_it_is_back(
+    cluster_settings: Settings, redis_cluster: LocalRedisCluster
+) -> None:
+    client = probe_client(cluster_settings, 1.0)
+    other = redis_cluster.nodes[2]  # not the seed
+    try:
+        assert await ping(client)
+        redis_cluster.kill(other.port)
+        for _ in range(3):  # (each failed try costs redis-py a connection of that node: no cap, no harm)
+            with pytest.raises(RedisConnectionError):
+                await ping(client)
+        other.start()
+        redis_cluster.wait_ok()
+        assert await ping(client)
+    finally:
+        if other.proc is None:
+            other.start()
+        redis_cluster.wait_ok()
         await client.aclose()
 
 
