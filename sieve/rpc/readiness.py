@@ -30,7 +30,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -38,15 +38,14 @@ import grpc
 from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sieve import rpc
 from sieve.backoff import Backoff
 from sieve.db import create_pool
-from sieve.redis.connection import EvictionCheck, EvictionPolicyError, redis_client, redis_location
+from sieve.redis.connection import EvictionCheck, EvictionPolicyError, ping, probe_client, redis_client, redis_location
 from sieve.rpc.audit import AuditSink, LogSink
 from sieve.rpc.auth import refusing_handler
 from sieve.settings import Settings
@@ -66,6 +65,7 @@ STORE_ERRORS: tuple[type[BaseException], ...] = (
     OSError,  # refused, reset, unreachable, DNS not resolvable yet; TimeoutError is one too
     RedisConnectionError,  # includes BusyLoadingError (Redis loading its data) and AuthenticationError
     RedisTimeoutError,
+    RedisClusterException,  # a cluster client that no node answers
     EvictionPolicyError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,  # a pooled connection closed under us
@@ -105,12 +105,6 @@ class StoreUnavailable(Exception):
 
 #: what `Readiness` waits out while it starts: a store that failed, or one of the errors it raises directly
 NOT_READY_YET: tuple[type[BaseException], ...] = (StoreUnavailable, *STORE_ERRORS)
-
-
-def _ping(client: Redis) -> Awaitable[bool]:
-    """PING on an async client. redis-py types its commands for its sync and async clients at once
-    (`Awaitable[bool] | bool`); on a redis.asyncio client the answer is the awaitable."""
-    return cast(Awaitable[bool], client.ping())
 
 
 class Stores:
@@ -420,7 +414,7 @@ class Readiness:
                 if self.stores._redis is None:
                     self.stores._redis = redis_client(self.settings)
                 client = self._checker()
-                await asyncio.wait_for(_ping(client), PROBE_TIMEOUT_S)
+                await asyncio.wait_for(ping(client), PROBE_TIMEOUT_S)
                 await asyncio.wait_for(self._eviction.check(client), PROBE_TIMEOUT_S)
             except STORE_ERRORS as exc:
                 raise StoreUnavailable(where, exc) from exc
@@ -439,14 +433,7 @@ class Readiness:
         """A client of its own for checks and probes: no retries inside redis-py, short timeouts (the service's
         client keeps its retries for real work)."""
         if self._check_redis is None:
-            self._check_redis = Redis.from_url(
-                self.settings.redis_url,
-                decode_responses=True,
-                retry=Retry(NoBackoff(), 0),
-                socket_connect_timeout=PROBE_TIMEOUT_S,
-                socket_timeout=PROBE_TIMEOUT_S,
-                max_connections=2,
-            )
+            self._check_redis = probe_client(self.settings, PROBE_TIMEOUT_S)
         return self._check_redis
 
     @staticmethod
@@ -475,7 +462,7 @@ class Readiness:
         """PING on Redis, SELECT 1 on PostgreSQL; StoreUnavailable naming the one that failed."""
         if self.needs_redis:
             try:
-                await asyncio.wait_for(_ping(self._checker()), PROBE_TIMEOUT_S)
+                await asyncio.wait_for(ping(self._checker()), PROBE_TIMEOUT_S)
             except STORE_ERRORS as exc:
                 raise StoreUnavailable(f"Redis at {redis_location(self.settings.redis_url)}", exc) from exc
         if self.needs_postgres:
