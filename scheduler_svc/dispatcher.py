@@ -35,6 +35,13 @@ log = logging.getLogger("sieve.scheduler.dispatch")
 IDLE_POLL_S = 1.0
 #: most devices one claim round takes tasks from (bounds the time one claimDevices call holds Redis)
 CLAIM_MAX_DEVICES = 256
+#: the clock of a claim round runs on by about the workers' time per task for each task taken (ms), within these
+MS_PER_TASK_MIN = 0.01
+MS_PER_TASK_MAX = 2.0
+#: the least time between two claims of one round (ms; claimDevices' STEP)
+CLAIM_STEP_MS = 0.01
+#: a round's clock runs at most this far ahead of real time (ms)
+MAX_AHEAD_MS = 100.0
 
 
 class WakeUps(Protocol):
@@ -67,6 +74,12 @@ class Dispatcher:
         self._stopping = asyncio.Event()
         self.dispatched = 0
         self._last_claim_ms = 0.0
+        #: where the last claim round's clock stopped (ms): each claim of a round happens 1 / dispatch rate per
+        #: task after the one before (claimDevices), about when the workers would have taken the tasks; the next
+        #: round starts there rather than at real time when that is still ahead, so that time runs one way
+        self.claim_clock_ms = 0.0
+        self._last_round: tuple[float, int] = (0.0, 0)
+        self._ms_per_task_ewma = 0.2
         #: claim / assign spans of each task and the dispatch metrics
         self.observer = DispatchObserver()
         #: this replica's dispatch rate, published for the intake's retry delays
@@ -120,7 +133,9 @@ class Dispatcher:
         self.wake.clear()
         budgets = self.router.budgets()
         want = min(self.board.credits, sum(budgets.values()))
-        now = now_ms()
+        real = now_ms()
+        # the rounds' clock (see `claim_clock_ms`): never behind real time, at most MAX_AHEAD_MS ahead of it
+        now = max(real, min(self.claim_clock_ms, real + MAX_AHEAD_MS))
         if want <= 0:
             # credits only for types that may not run now: the next device's task goes to routing (it waits its
             # turn, waits out a delay with the rest of its type, or is dead-lettered)
@@ -131,8 +146,9 @@ class Dispatcher:
             # a device served a little after it overtook the runner-up keeps that overshoot, at most two claim
             # intervals (a newcomer loses at most that) and the setting: without it claims made one round at a
             # time blur the weights
-            gap = max(0.0, now - self._last_claim_ms)
-            self._last_claim_ms = now
+            gap = max(0.0, real - self._last_claim_ms)
+            self._last_claim_ms = real
+            ms_per_task = self._ms_per_task(real)
             claim_ns = self.observer.claim_started()
             claim = await self.queues.claim(
                 uuid.uuid4().hex,
@@ -140,12 +156,24 @@ class Dispatcher:
                 budgets,
                 max_devices=min(want, CLAIM_MAX_DEVICES),
                 carry_max_ms=min(2 * gap, self.settings.aging_carry_max_ms),
+                ms_per_task=ms_per_task,
                 now=now,
             )
+            self.claim_clock_ms = now + sum(max(CLAIM_STEP_MS, len(p.taken) * ms_per_task) for _, p in claim.devices)
+            self._last_round = (real, claim.taken)
             await self._hand_out_claim(claim, budgets, claim_ns)
         if claim.taken == 0:
             await self._idle_until_work(claim.next)
         return claim
+
+    def _ms_per_task(self, real: float) -> float:
+        """About how long the workers take per task (ms): the real time since the last round over the tasks it
+        took, smoothed, within [MS_PER_TASK_MIN, MS_PER_TASK_MAX] (a round after a quiet time says little)."""
+        at, tasks = self._last_round
+        if tasks > 0 and at > 0:
+            sample = min(MS_PER_TASK_MAX, max(MS_PER_TASK_MIN, (real - at) / tasks))
+            self._ms_per_task_ewma += 0.2 * (sample - self._ms_per_task_ewma)
+        return self._ms_per_task_ewma
 
     async def _hand_out_claim(self, claim: Claim, budgets: dict[int, int], claim_ns: int) -> None:
         """Hands out what a claim took, one batch per worker whatever the number of devices; then the devices

@@ -96,8 +96,10 @@ class Keys:
         #: Dispatch rate of each scheduler replica: replica id -> "tasks_per_s|at_ms" (how fast the queues drain,
         #: for the intake's retry delays).
         self.drain = f"{self.base}:drain"
-        #: When each caller group was last served: group -> ms (its wait in the fair order restarts then).
+        #: Each caller group's virtual start in the fair order: group -> ms of charged work (lua/includes/callerGroup).
         self.caller_served = f"{self.base}:caller:served"
+        #: The virtual time of the caller level: the virtual start of the group served last.
+        self.caller_vtime = f"{self.base}:caller:vtime"
 
     def queue(self, mac: str, priority: int) -> str:
         return f"{self.base}:q:{mac}:{priority}"
@@ -121,7 +123,7 @@ class Keys:
         return f"{self.base}:gready:{group_name(group)}"
 
     def callers(self, caller_weight: int) -> str:
-        """Caller groups of this weight with a ready device, scored by the start of their wait (ms)."""
+        """Caller groups of this weight with a ready device, scored by their virtual start (includes/callerGroup)."""
         return f"{self.base}:callers:{caller_weight}"
 
     def device(self, mac: str, weight: int) -> DeviceKeys:

@@ -26,6 +26,8 @@ from sieve.settings import Settings
 
 #: a pending limit that is never reached
 NO_LIMIT = 2**50
+#: what one task is worth to its caller's virtual start when nothing better is known (ms; lua/includes/callerGroup)
+DEFAULT_MS_PER_TASK = 1.0
 
 
 def now_ms() -> float:
@@ -391,6 +393,7 @@ class QueueStore:
                 "" if allowed_types is None else (",".join(map(str, allowed_types)) or "-"),
                 int(release),
                 round(carry_ms, 1),
+                DEFAULT_MS_PER_TASK,
             ],
         )
 
@@ -450,13 +453,16 @@ class QueueStore:
         max_devices: int,
         per_device: int | None = None,
         carry_max_ms: float = 0.0,
+        ms_per_task: float = DEFAULT_MS_PER_TASK,
         now: float | None = None,
     ) -> Claim:
         """Claims the next devices of the fair order and takes up to `want` tasks of theirs in one round trip
         (claimDevices): at most `per_device` from each (batch_size; min_batch_size while another device waited
         past the hint), at most `budget[type]` of each type (None: any), from at most `max_devices` devices.
         Each device is released and rescheduled as it is served; a device whose task could not be taken
-        because its type's budget was spent keeps that task at its head (`Popped.blocked`)."""
+        because its type's budget was spent keeps that task at its head (`Popped.blocked`). `ms_per_task`: about
+        how long the workers take per task — the call's clock runs on by that much per task taken, as it would
+        between separate claims, and each caller is charged that much per task (over its weight)."""
         now = now or now_ms()
         k, s = self.keys, self.settings
         budget_arg = "" if budget is None else (",".join(f"{t}:{n}" for t, n in budget.items()) or "-")
@@ -480,6 +486,7 @@ class QueueStore:
                 self._classes_arg,
                 self._caller_weights_arg,
                 k.base,
+                round(ms_per_task, 3),
             ],
         )
         devices: list[tuple[str, Popped]] = []

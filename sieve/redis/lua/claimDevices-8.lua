@@ -4,9 +4,12 @@
   were claimed, the budget is spent, no device is schedulable, or a device that gave nothing earlier in the call
 (its lock was held, or its next task's type had no budget left) is named again. Every device is claimed and released on its
   own (its own lock token, its wait restarting as it is served), in the order one claim at a time would take
-  them, so a fleet of devices with a task each costs one round trip per batch instead of one per device. The
-  i-th claim of a call happens at now + i x 0.01 ms: the devices and callers served in one call keep the order
-  they were served in (the one served last waits least), as separate claims would.
+  them, so a fleet of devices with a task each costs one round trip per batch instead of one per device.
+
+  Time runs on inside the call as it would between separate claims: each claim happens msPerTask ms per task
+  taken so far after `now` (at least 0.01 ms after the one before), about when the workers would have taken
+  those tasks, so that a device served early in the call has waited longer by the next choice than one served
+  late, and weights keep their meaning however many claims one call makes.
 
   Input:
     KEYS[1]      backoffKey     backoff set
@@ -34,6 +37,8 @@
     ARGV[14]     classesText    every schedule set's "priority:weight", comma separated
     ARGV[15]     callerWeightsText every caller weight in use, comma separated
     ARGV[16]     base           the keys' hash tag ("{prefix}"): device keys are named from it (deviceKeys)
+    ARGV[17]     msPerTask      how long the workers take per task, about (ms): the clock of the call, and what
+                                a task is worth to its caller's virtual start (callerGroup)
 
   Output:
     {OK, n, [mac, code, taken, expired, blocked, e1..e_taken, x1..x_expired] x n,
@@ -61,6 +66,7 @@ local maxDevices = tonumber(ARGV[13])
 local classesText = ARGV[14]
 local callerWeightsText = ARGV[15]
 local base = ARGV[16]
+local msPerTask = tonumber(ARGV[17])
 local backoffKey = KEYS[1]
 local pendingKey = KEYS[2]
 local servingKey = KEYS[3]
@@ -72,7 +78,7 @@ local callerKey = KEYS[8]
 local g = {pending = pendingKey, serving = servingKey, leases = leasesKey, leaseData = leaseDataKey,
            overloaded = overloadedKey, devices = devicesKey, caller = callerKey}
 
-local STEP = 0.01 -- ms between two claims of one call
+local STEP = 0.01 -- the least time between two claims of one call (ms)
 local ctx = rankContext(base, now, maxWait, hint, classesText, callerWeightsText)
 local budget = parseBudget(budgetText)
 
@@ -85,12 +91,11 @@ local function spent()
 end
 
 local out = {CODE.OK, 0}
-local total, claimed, skip = 0, 0, ""
+local total, claimed, skip, at = 0, 0, "", now
 local refused = {} -- devices that gave nothing (locked, or their next type has no budget): named again, they end it
 local choice = rankNext(ctx, skip)
 while choice.mac ~= "" and not refused[choice.mac] and total < want and claimed < maxDevices and not spent() do
   claimed = claimed + 1
-  local at = now + (claimed - 1) * STEP
   local mac = choice.mac
   local size = perDevice
   if choice.starving then size = minBatch end
@@ -104,7 +109,7 @@ while choice.mac ~= "" and not refused[choice.mac] and total < want and claimed 
   local device = deviceBlock(deviceKeys(base, mac, choice.weight), mac)
   local a = {now = at, token = token .. ":" .. claimed, lockTtl = lockTtl, want = size, maxWait = maxWait,
              leaseTtl = leaseTtl, maxPerDevice = maxPerDevice, budget = budget, release = true,
-             carriedWait = carry}
+             carriedWait = carry, msPerTask = msPerTask}
   local code, taken, expired, blocked = popDevice(device, base .. ":lock:" .. mac, g, a)
   out[#out + 1] = mac
   out[#out + 1] = code
@@ -118,7 +123,10 @@ while choice.mac ~= "" and not refused[choice.mac] and total < want and claimed 
   if code ~= CODE.OK or #taken == 0 then refused[mac] = true end
   -- under starvation (or when the device could not be claimed) it sits out the next choice: service spreads
   if choice.starving or code ~= CODE.OK then skip = mac else skip = "" end
-  ctx.now = at + STEP
+  local step = #taken * msPerTask
+  if step < STEP then step = STEP end
+  at = at + step
+  ctx.now = at
   choice = rankNext(ctx, skip)
 end
 

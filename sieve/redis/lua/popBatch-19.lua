@@ -29,6 +29,7 @@
                                 n tasks of the type)
     ARGV[10]     release        1 to release the device in the same step, 0 to keep it locked for releaseDevice
     ARGV[11]     carriedWait    wait carried over (ms): the device's wait restarts at now - this (see rankDevices)
+    ARGV[12]     msPerTask      what one task is worth to its caller's virtual start (ms; callerGroup)
 
   Output:
     {OK, taken, blocked, e1..e_taken, x1..x_m}
@@ -51,6 +52,7 @@ local maxPerDevice = tonumber(ARGV[8])
 local allowedTypes = ARGV[9]
 local release = ARGV[10] == "1"
 local carriedWait = tonumber(ARGV[11] or "0")
+local msPerTask = tonumber(ARGV[12] or "1")
 local device = deviceBlock(KEYS, mac)
 local lockKey = KEYS[12]
 local pendingKey = KEYS[13]
@@ -65,7 +67,7 @@ local g = {pending = pendingKey, serving = servingKey, leases = leasesKey, lease
            overloaded = overloadedKey, devices = devicesKey, caller = callerKey}
 local a = {now = now, token = token, lockTtl = lockTtl, want = want, maxWait = maxWait, leaseTtl = leaseTtl,
            maxPerDevice = maxPerDevice, budget = parseBudget(allowedTypes), release = release,
-           carriedWait = carriedWait}
+           carriedWait = carriedWait, msPerTask = msPerTask}
 local code, taken, expired, blocked = popDevice(device, lockKey, g, a)
 if code ~= CODE.OK then return {code} end
 

@@ -167,6 +167,7 @@ class FakeStore:
         max_devices: int,
         per_device: int | None = None,
         carry_max_ms: float = 0.0,
+        ms_per_task: float = 1.0,
         now: float | None = None,
     ) -> Claim:
         """rank and pop (released) for the next devices, as claimDevices does, until `want` tasks, `max_devices`

@@ -1,31 +1,45 @@
 --[[
-  Caller groups: the first level of the fair order (rankNext). Every device belongs to the group of the caller
-  that first queued work for it (deviceBlock); a group is ready while one of its devices is, and waits from
-  max(when the caller was last served, its longest-waiting ready device's wait start): the score of the group in
-  the callers set of its weight (device.callers).
+  Caller groups: the first level of the fair order (rankNext), by start-time fair queueing. Every device belongs
+  to the group of the caller that first queued work for it (deviceBlock); a group is ready while one of its
+  devices is. Each group has a virtual start S (device.callerServed: group -> S), and the installation a
+  virtual time V (device.vtime): the S of the group served last. A ready group's score in the callers set of
+  its weight (device.callers) is its S; the lowest score goes first.
 
-  callerReady(device, since_ms)   the device became ready with this wait start: its group is ready, waiting
-                                  at most since that (ZADD LT: an older wait start is kept)
-  callerServed(device, at_ms)     one of the group's devices was served at at_ms: its wait restarts then, or
-                                  the group leaves the callers set when no device of it is ready
-  unscheduleDevice(device)        the device leaves its schedule set and its group's ready set (claimed, lost)
+  callerReady(device)                 a device of the group became ready: a group that was not ready joins at
+                                      max(its S, V) (no credit from a quiet time, no debt to new callers)
+  callerServed(device, charge)        one of the group's devices was served and took tasks worth `charge`
+                                      (tasks x the time one takes, over the caller's weight): V becomes the
+                                      group's score, S becomes max(S, V) + charge, so a caller that took a
+                                      batch waits until the others have had as much, whatever the number of
+                                      their devices; the group leaves the callers set when no device of it is
+                                      ready
+  unscheduleDevice(device[, class])   the device leaves its schedule set (every one without `class`) and its
+                                      group's ready set
 ]]
-local function callerReady(device, since)
-  local served = tonumber(redis.call("HGET", device.callerServed, device.group) or "0")
-  if served > since then since = served end
-  redis.call("ZADD", device.callers, "LT", since, device.group)
+local function callerReady(device)
+  if redis.call("ZSCORE", device.callers, device.group) then return end
+  local start = tonumber(redis.call("HGET", device.callerServed, device.group) or "0")
+  local v = tonumber(redis.call("GET", device.vtime) or "0")
+  if v > start then start = v end
+  redis.call("ZADD", device.callers, start, device.group)
 end
 
-local function callerServed(device, at)
-  redis.call("HSET", device.callerServed, device.group, at)
-  local head = redis.call("ZRANGE", device.groupReady, 0, 0, "WITHSCORES")
-  if #head == 0 then
-    redis.call("ZREM", device.callers, device.group)
-    return
+local function callerServed(device, charge)
+  local v = tonumber(redis.call("GET", device.vtime) or "0")
+  local score = tonumber(redis.call("ZSCORE", device.callers, device.group) or "0")
+  if score > v then
+    v = score
+    redis.call("SET", device.vtime, v)
   end
-  local since = tonumber(head[2])
-  if at > since then since = at end
-  redis.call("ZADD", device.callers, since, device.group)
+  local start = tonumber(redis.call("HGET", device.callerServed, device.group) or "0")
+  if v > start then start = v end
+  start = start + charge
+  redis.call("HSET", device.callerServed, device.group, start)
+  if redis.call("ZCARD", device.groupReady) == 0 then
+    redis.call("ZREM", device.callers, device.group)
+  else
+    redis.call("ZADD", device.callers, start, device.group)
+  end
 end
 
 local function unscheduleDevice(device, class)

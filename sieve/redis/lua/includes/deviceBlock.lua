@@ -8,8 +8,9 @@
   device whose meta has none yet, "-" when nobody is named) and cweight that caller's weight (meta "cweight").
   KEYS[7..11] are the schedule sets' names without the group ("{p}:sched:<prio>:<weight>"); the group's sets are
   those names with ":<group>" appended (same hash tag, so the same Redis Cluster slot). device.groupReady is the
-  group's ready devices by wait start, device.callers the ready callers of the group's weight by wait start,
-  device.callerServed when each caller was last served (Keys.group_ready / callers / caller_served).
+  group's ready devices by wait start, device.callers the ready callers of the group's weight, device.callerServed
+  each caller's virtual start and device.vtime the virtual time (callerGroup; Keys.group_ready / callers /
+  caller_served / caller_vtime).
 ]]
 local function deviceBlock(keys, mac, group, cweight)
   local meta = keys[1]
@@ -29,6 +30,7 @@ local function deviceBlock(keys, mac, group, cweight)
     groupReady = base .. ":gready:" .. group,
     callers = base .. ":callers:" .. cweight,
     callerServed = base .. ":caller:served",
+    vtime = base .. ":caller:vtime",
   }
 end
 

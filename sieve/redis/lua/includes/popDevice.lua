@@ -14,7 +14,8 @@
   now - a.carriedWait).
 
   g: the global keys: pending, serving, leases, leaseData, overloaded, devices, caller (caller open counts).
-  a: now, token, lockTtl, want, maxWait, leaseTtl, maxPerDevice, budget, release, carriedWait.
+  a: now, token, lockTtl, want, maxWait, leaseTtl, maxPerDevice, budget, release, carriedWait, and for the
+  caller's charge (callerServed) msPerTask (what one task is worth, ms).
   code: OK, LOCK_HELD (another dispatch holds the lock) or DEVICE_NOT_READY (not schedulable: taken by another
   replica, idle, backing off); taken: leased entries (attempt raised); expired: entries dropped as expired.
 ]]
@@ -122,7 +123,7 @@ local function popDevice(device, lockKey, g, a)
     if #taken > 0 then redis.call("HSET", device.meta, "defer_count", 0) end
     reschedule(device, now, g.devices)
   end
-  callerServed(device, now)
+  callerServed(device, #taken * a.msPerTask / tonumber(device.cweight))
   return CODE.OK, taken, expired, blocked
 end
 

@@ -2,21 +2,22 @@
   rankNext(ctx, skip) -> choice
   Picks the device to serve next, in two levels; read-only but for dropping a caller with no ready device left.
 
-  1. The caller group: among ready callers (ctx.callerWeights: one callers set per caller weight, each ordered
-     by wait start), the best min(wait, max_wait) x caller weight, then the longest wait. A caller with a
-     thousand devices and a caller with one are served alike: a group's wait restarts whenever one of its
-     devices is served (callerServed).
+  1. The caller group: among ready callers (ctx.callerWeights: one callers set per caller weight), the lowest
+     score (start-time fair queueing: callerGroup), then the heavier caller. A caller with a thousand devices
+     and a caller with one are served alike: a group is charged for every task any of its devices takes,
+     over its weight.
   2. The device within that caller: a device's wait = now - since, where since = max(oldest task's enqueue
      time, last served time) (the schedule sets' scores). Devices whose wait reached max_wait form the top tier
      whatever their priority; otherwise higher priority first. Within a tier: min(wait, max_wait) x weight, then
-     the longest wait. Each schedule set is ordered by since, so only the first members of each set are read:
+     the longest wait (a device served at a later point of a claim round's clock than `now` has a wait below
+     zero, which counts weight times less). Each schedule set is ordered by since, so only the first members of each set are read:
      O(k log n) for k sets and n devices.
   A caller whose every ready device is `skip` gives way to the next one.
 
   ctx: now, maxWait, hint (ms), classes ({prio, weight} of each schedule set), callerWeights, base (hash tag).
   choice: mac ("" when no device is schedulable), group, cweight, weight (the device's), wait (its wait, ms),
   runner (the best score of another device of its tier and caller, or -1), starving (another device of its
-  caller, or another caller, waited the hint or longer), longest (the longest wait seen, or -1).
+  caller waited the hint or longer), longest (the longest wait seen among the caller's devices, or -1).
 ]]
 local function rankDevicesOf(ctx, group, skip)
   local now, maxWait = ctx.now, ctx.maxWait
@@ -31,13 +32,15 @@ local function rankDevicesOf(ctx, group, skip)
       local mac = heads[j]
       if mac ~= skip and considered < 2 then
         local since = tonumber(heads[j + 1])
+        -- negative for a device served at a later point of a claim round's clock than `now`: it waits longer
         local wait = now - since
-        if wait < 0 then wait = 0 end
         waits[#waits + 1] = {mac, wait}
         if considered == 0 then
           local tier, capped = prio, wait
           if wait >= maxWait then tier, capped = 6, maxWait end
+          -- a wait below zero counts weight times less: the heavier of two devices ahead of `now` comes back first
           local score = capped * weight
+          if capped < 0 then score = capped / weight end
           candidates[#candidates + 1] = {mac, tier, score}
           -- ties go to the heavier device, then to the longer wait
           if tier > bestTier or (tier == bestTier and (score > bestScore or
@@ -57,28 +60,23 @@ local function rankDevicesOf(ctx, group, skip)
 end
 
 local function rankNext(ctx, skip)
-  local now, maxWait = ctx.now, ctx.maxWait
   local groups = {}
   for _, cw in ipairs(ctx.callerWeights) do
     local key = ctx.base .. ":callers:" .. cw
     local heads = redis.call("ZRANGE", key, 0, 2, "WITHSCORES")
     for j = 1, #heads, 2 do
-      local wait = now - tonumber(heads[j + 1])
-      if wait < 0 then wait = 0 end
-      local capped = wait
-      if capped > maxWait then capped = maxWait end
-      groups[#groups + 1] = {name = heads[j], cweight = cw, key = key, wait = wait, score = capped * cw}
+      local score = tonumber(heads[j + 1])
+      groups[#groups + 1] = {name = heads[j], cweight = cw, key = key, score = score}
     end
   end
   table.sort(groups, function(a, b)
-    if a.score ~= b.score then return a.score > b.score end
+    if a.score ~= b.score then return a.score < b.score end
     if a.cweight ~= b.cweight then return a.cweight > b.cweight end
-    if a.wait ~= b.wait then return a.wait > b.wait end
     return a.name < b.name
   end)
   local choice = {mac = "", group = "", cweight = 0, weight = 0, wait = 0, runner = -1, starving = false,
                   longest = -1}
-  for i, g in ipairs(groups) do
+  for _, g in ipairs(groups) do
     local mac, wait, weight, runner, waits = rankDevicesOf(ctx, g.name, skip)
     if mac ~= "" then
       choice.mac, choice.group, choice.cweight, choice.weight, choice.wait, choice.runner =
@@ -86,9 +84,6 @@ local function rankNext(ctx, skip)
       for _, w in ipairs(waits) do
         if w[2] > choice.longest then choice.longest = w[2] end
         if w[1] ~= mac and w[2] >= ctx.hint then choice.starving = true end
-      end
-      for j, other in ipairs(groups) do
-        if j ~= i and other.wait >= ctx.hint then choice.starving = true end
       end
       return choice
     end

@@ -2,7 +2,7 @@
   scheduleDevice(device, now_ms) -> "ready" | "idle"
   Puts a device that is not being served into the schedule set of its best priority, scored by the time its
   wait started: max(oldest task's enqueue time, last time it was served); the same score in its caller group's
-  ready set, and its caller joins the callers of its weight (callerReady).
+  ready set, and its caller group is ready (callerReady).
   A device with no queued work becomes idle; with nothing outstanding either (no lease, no delayed task:
   countOutstanding) its meta is deleted instead (it would say nothing a missing one does not).
 ]]
@@ -29,6 +29,6 @@ local function scheduleDevice(device, now)
   redis.call("ZADD", device.groupReady, since, mac)
   redis.call("HSET", device.meta, "state", "ready", "class", best, "oldest_ms", oldest, "since_ms", since,
     "group", device.group, "cweight", device.cweight)
-  callerReady(device, since)
+  callerReady(device)
   return "ready"
 end

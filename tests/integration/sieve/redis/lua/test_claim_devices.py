@@ -64,12 +64,15 @@ async def test_the_order_is_the_order_of_claims_made_one_at_a_time(redis: Redis,
     one, batched = stores
     try:
         # When one store is served one claim at a time and the other in one call, at the same moments
+        # (the call's clock runs on by ms_per_task per task taken, at least 0.01 ms per claim)
         singles: list[tuple[str, list[str]]] = []
         at = T0 + 5 * S
+        clock = float(at)
         for i in range(40):
-            claim = await one.claim(f"tok{i}", 2, None, max_devices=1, now=at + i * 0.01)
+            claim = await one.claim(f"tok{i}", 2, None, max_devices=1, ms_per_task=2.0, now=clock)
             singles += taken(claim)
-        claim = await batched.claim("tok", 80, None, max_devices=40, now=at)
+            clock += max(0.01, 2.0 * claim.taken)
+        claim = await batched.claim("tok", 80, None, max_devices=40, ms_per_task=2.0, now=at)
         # Then both took the same tasks of the same devices in the same order
         assert taken(claim) == singles
         assert sum(len(t) for _, t in singles) == sum(1 + i % 4 for i in range(12))
