@@ -127,11 +127,6 @@ def test_both_callers_have_every_task_done(timed: dict[str, Any]) -> None:
     assert timed["caller_b_statuses"] == {"SUCCEEDED": r.one_device_tasks}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="two-level fairness (caller, then device: issue 14 point 2) is not built "
-    "yet; remove this mark when it lands",
-)
 def test_a_caller_with_one_device_gets_half_against_a_caller_with_a_thousand(timed: dict[str, Any]) -> None:
     r: bench_fairness.CallersResult = timed["callers"]
     assert abs(r.share_one - bench_fairness.CALLER_SHARE) <= bench_fairness.CALLER_TOLERANCE, r
