@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from scheduler_svc.app import SERVICE_NAME, SchedulerApp
 from scheduler_svc.board import Board
+from scheduler_svc.cost import CostMeter
 from scheduler_svc.dead_letters import DeadLetters
 from scheduler_svc.dispatcher import Dispatcher
 from scheduler_svc.housekeeping import Housekeeping, HousekeepingStores, ReplicaHooks
@@ -44,7 +45,9 @@ async def build(settings: Settings, stores: Stores) -> SchedulerApp:
     watermark = Watermark(state, queues, settings, records.live_count)
     router = Router(board, settings, state)
     dispatcher = Dispatcher(queues, state, outcomes, board, router, settings)
-    streams = PullStreams(queues, board, outcomes, records)
+    streams = PullStreams(
+        queues, board, outcomes, records, costs=CostMeter(settings), ms_per_task=lambda: dispatcher.ms_per_task
+    )
     servicer = SchedulerServicer(streams, board, watermark, DeadLetters(queues, tasks))
     rebuilder = Rebuilder(queues, tasks)
     hooks = ReplicaHooks(

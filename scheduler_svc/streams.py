@@ -23,10 +23,11 @@ import logging
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from scheduler_svc.board import Board
+from scheduler_svc.cost import CostMeter
 from scheduler_svc.lifecycle import Returned, Returns
 from scheduler_svc.outcomes import Outcomes
 from scheduler_svc.sessions import Handed, Session, Settlement
@@ -81,8 +82,21 @@ class PullStreams:
     concurrency), which acks and nacks count, what goes back when a stream ends, and the adoption of re-announced
     leases. Counts fencing refusals, unproven acks and what became of re-announced leases."""
 
-    def __init__(self, queues: QueueStore, board: Board, outcomes: Outcomes, records: WorkerRecords) -> None:
+    def __init__(
+        self,
+        queues: QueueStore,
+        board: Board,
+        outcomes: Outcomes,
+        records: WorkerRecords,
+        *,
+        costs: CostMeter | None = None,
+        ms_per_task: Callable[[], float] = lambda: 1.0,
+    ) -> None:
         self.queues = queues
+        #: fair by cost: charges devices for what their acked tasks cost (None: every task is counted alike)
+        self.costs = costs
+        #: about how long the workers take per task (ms; the dispatcher's measure), the unit of those charges
+        self.ms_per_task = ms_per_task
         self.board = board
         self.outcomes = outcomes
         self.records = records
@@ -173,6 +187,19 @@ class PullStreams:
         if waiter is not None and waiter is not asyncio.current_task():
             waiter.cancel()
 
+    def _charges(
+        self, session: Session, acks: list[scheduler_pb2.Ack], device_of: dict[str, str]
+    ) -> dict[str, float] | None:
+        """What each device is charged for the worker time of its acked tasks (scheduler_svc/cost.py)."""
+        if self.costs is None:
+            return None
+        costs = [
+            (device_of[a.task_id], handed.task_type, float(a.worker_time_ms))
+            for a in acks
+            if a.worker_time_ms and (handed := session.handed.get(a.task_id)) is not None
+        ]
+        return self.costs.charges(costs, self.ms_per_task()) if costs else None
+
     async def _ack(self, session: Session, acks: list[scheduler_pb2.Ack]) -> None:
         """Settles acks for leases this stream holds. A task PostgreSQL does not show finished (a worker that
         acks without storing a result) is put back with its attempt counted, not removed — unless PostgreSQL
@@ -209,7 +236,10 @@ class PullStreams:
             leased = [(a.task_id, session.held[a.task_id][1]) for a in proven]
             # their ASSIGNED records, if still waiting, would change nothing now: not written
             self.outcomes.lifecycle.settled((uuid.UUID(task_id), lease) for task_id, lease in leased)
-            results = await self.queues.ack(leased, device_of={a.task_id: session.held[a.task_id][0] for a in proven})
+            device_of = {a.task_id: session.held[a.task_id][0] for a in proven}
+            results = await self.queues.ack(
+                leased, device_of=device_of, charges=self._charges(session, proven, device_of)
+            )
             stale = results.count(False)
             if stale:
                 self.fencing_refusals += stale

@@ -21,6 +21,7 @@ from sieve.credentials import AuthError, parse_credentials
 from sieve.errors import SettingsError
 from sieve.mac import normalize_mac
 from sieve.outbound.policy import policy_for
+from sieve.v1 import types_pb2
 
 ENV_PREFIX = "SIEVE_"
 
@@ -131,6 +132,9 @@ class Settings:
     device_weights: str = ""
     #: Another device waiting at least this long means starvation: smaller batches, skip the last device.
     starvation_hint_s: float = 30.0
+    #: Task types whose devices are charged for the worker time their tasks took rather than counted, comma
+    #: separated (TEXT, OCR_IMAGE; "" counts every type): fair by cost (scheduler_svc/cost.py).
+    fair_by_cost_types: str = "OCR_IMAGE"
     #: Tasks in one assignment to a worker: batch_size normally, min_batch_size while another device starves.
     batch_size: int = 10
     min_batch_size: int = 1
@@ -282,6 +286,7 @@ class Settings:
                 "SIEVE_RETENTION_DAYS must be at least 0, SIEVE_RETENTION_AHEAD_DAYS at least 1 "
                 "and SIEVE_RETENTION_CHECK_INTERVAL_S positive"
             )
+        self.cost_fair_types  # noqa: B018  (parses and validates)
         if self.no_gpu_strategy not in ("defer", "cpu", "dead_letter"):
             raise SettingsError("SIEVE_NO_GPU_STRATEGY must be defer, cpu or dead_letter")
         self.weights_by_device  # noqa: B018  (parses and validates)
@@ -340,6 +345,17 @@ class Settings:
             parse_policies(self.caller_policies)
         except PolicyError as exc:
             raise SettingsError(str(exc)) from None
+
+    @property
+    def cost_fair_types(self) -> frozenset[int]:
+        """The task types of `fair_by_cost_types` (sieve.v1.TaskType values)."""
+        out: set[int] = set()
+        for name in filter(None, (n.strip().upper() for n in self.fair_by_cost_types.split(","))):
+            key = name if name.startswith("TASK_TYPE_") else "TASK_TYPE_" + name
+            if key not in types_pb2.TaskType.keys() or key == "TASK_TYPE_UNSPECIFIED":  # noqa: SIM118 (an enum wrapper)
+                raise SettingsError(f"SIEVE_FAIR_BY_COST_TYPES: unknown task type {name!r} (TEXT, OCR_IMAGE)")
+            out.add(types_pb2.TaskType.Value(key))
+        return frozenset(out)
 
     @property
     def weights_by_device(self) -> dict[str, int]:

@@ -24,6 +24,7 @@ back a hand-out past its type's timeout plus grace (a wedged worker).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import Sequence
@@ -53,6 +54,16 @@ Attempt = tuple[uuid.UUID, int, int, datetime]  # task id, lease, attempt, assig
 
 #: a task that waited past its timeout for an engine held by abandoned work may run again after this long
 ENGINE_BUSY_RETRY_S = 5.0
+
+
+def worker_time_ms(outcome: Outcome) -> int:
+    """How long a task took this worker: the sum of the stage timings its result names (`details.timings_ms`),
+    in whole ms (0 when it names none); the scheduler charges the task's device for it (fair by cost)."""
+    try:
+        timings = json.loads(outcome.details_json).get("timings_ms", {})
+        return max(0, round(sum(float(v) for v in timings.values() if isinstance(v, int | float))))
+    except (ValueError, AttributeError):
+        return 0
 
 
 class BatchRunner:
@@ -135,8 +146,11 @@ class BatchRunner:
         by_id = {str(uuid.UUID(a.task_id)): a for a in assignments}
         nacks = [self._nack(by_id[task_id], retry) for task_id, retry in retries.items() if task_id in by_id]
         handed_back = {n.task_id for n in nacks}
+        cost = {str(o.task_id): worker_time_ms(o) for o in outcomes}
         acks = [
-            scheduler_pb2.Ack(task_id=a.task_id, lease_token=a.lease_token)
+            scheduler_pb2.Ack(
+                task_id=a.task_id, lease_token=a.lease_token, worker_time_ms=cost.get(str(uuid.UUID(a.task_id)), 0)
+            )
             for a in assignments
             if a.task_id not in handed_back
         ]

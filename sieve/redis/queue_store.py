@@ -615,10 +615,17 @@ class QueueStore:
                 resumed.append(mac)
         return resumed
 
-    async def ack(self, leases: list[tuple[str, int]], *, device_of: Mapping[str, str] | None = None) -> list[bool]:
+    async def ack(
+        self,
+        leases: list[tuple[str, int]],
+        *,
+        device_of: Mapping[str, str] | None = None,
+        charges: Mapping[str, float] | None = None,
+    ) -> list[bool]:
         """Finishes leased tasks; an ack whose attempt is not the lease's current one is refused. One script call
         per device (pipelined: one round trip), so that a device left with nothing queued or outstanding forgets
-        its meta. `device_of` (task id -> device) spares reading the lease data for the devices."""
+        its meta. `device_of` (task id -> device) spares reading the lease data for the devices. `charges`
+        (device -> ms): fair by cost, the start of each device's wait moves by that much (scheduler_svc/cost.py)."""
         if not leases:
             return []
         known = dict(device_of or {})
@@ -640,7 +647,7 @@ class QueueStore:
             (
                 "ackTasks",
                 [k.leases, k.lease_data, k.caller_open, k.meta(mac)],
-                [mac, *(x for i in indexes for x in leases[i])],
+                [mac, round((charges or {}).get(mac, 0.0), 3), *(x for i in indexes for x in leases[i])],
             )
             for mac, indexes in by_device.items()
         ]

@@ -46,12 +46,14 @@ class HeldLease(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., assigned_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("task_id", "lease_token")
+    __slots__ = ("task_id", "lease_token", "worker_time_ms")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    WORKER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     lease_token: str
-    def __init__(self, task_id: _Optional[str] = ..., lease_token: _Optional[str] = ...) -> None: ...
+    worker_time_ms: int
+    def __init__(self, task_id: _Optional[str] = ..., lease_token: _Optional[str] = ..., worker_time_ms: _Optional[int] = ...) -> None: ...
 
 class Nack(_message.Message):
     __slots__ = ("task_id", "lease_token", "reason", "retry_after", "count_attempt")

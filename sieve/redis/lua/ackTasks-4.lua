@@ -2,7 +2,8 @@
   Finishes leased tasks of one device: each lease is removed only when the ack's attempt (the fencing token) is
   the lease's current one; an ack of a stale or unknown lease changes nothing. An acked task is no longer
   outstanding for its device; a device left idle with nothing outstanding forgets its meta (forgetIdle), so that
-  per-device state lasts only while the device has work.
+  per-device state lasts only while the device has work. Fair by cost: the device is charged `charge` ms
+  (chargeDevice) when at least one ack was its own.
 
   Input:
     KEYS[1]      leasesKey     leases (task_id -> deadline ms)
@@ -11,20 +12,22 @@
     KEYS[4]      metaKey       meta hash of the device
 
     ARGV[1]      mac           device (normalised MAC)
-    ARGV[2..]    acks          pairs: task_id, attempt
+    ARGV[2]      charge        ms to move the start of the device's wait by (0: none; chargeDevice)
+    ARGV[3..]    acks          pairs: task_id, attempt
 
   Output:
     {r1, r2, ...}  per pair: 1 acked, 0 refused (stale attempt or no such lease)
     (a lease of another device is acked all the same, but counted for neither)
 ]]
---@requires slice, parseEntry, countCaller, countOutstanding, forgetIdle
+--@requires slice, parseEntry, countCaller, countOutstanding, forgetIdle, chargeDevice
 
 local leasesKey = KEYS[1]
 local leaseDataKey = KEYS[2]
 local callerKey = KEYS[3]
 local metaKey = KEYS[4]
 local mac = ARGV[1]
-local acks = slice(ARGV, 2)
+local charge = tonumber(ARGV[2])
+local acks = slice(ARGV, 3)
 
 local prefix = mac .. "|"
 local out = {}
@@ -48,6 +51,6 @@ for i = 1, #acks, 2 do
 end
 if mine > 0 then
   countOutstanding(metaKey, -mine)
-  forgetIdle(metaKey)
+  if not forgetIdle(metaKey) then chargeDevice(metaKey, mac, charge) end
 end
 return out
