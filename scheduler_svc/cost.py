@@ -1,52 +1,78 @@
-"""Fair by cost: what each device is charged, beyond its share of hand-outs, for what its tasks cost.
+"""Fair by cost: what each device's tasks cost the worker pool, so that devices share worker time, not hand-outs.
 
-The fair order counts hand-outs: a claim round's clock runs on by about the workers' time per task for each
-task taken (`Dispatcher`), so a device that takes a task waits about that much longer for its next turn. For the
-task types of `fair_by_cost_types` (OCR by default) that is not enough: a device sending 4 000 x 3 000 px images
-would get as many hand-outs as one sending thumbnails, and ten times the worker time. Each ack says how long its
-task took the worker (`Ack.worker_time_ms`); `CostMeter` keeps the average of each such type and charges the
-device
+The fair order counts hand-outs: each serve restarts a device's wait. For the task types of `fair_by_cost_types`
+(OCR by default) that is not enough: a device sending 4 000 x 3 000 px images would get as many hand-outs as one
+sending thumbnails, and ten times the worker time. Each ack says how long its task took the worker
+(`Ack.worker_time_ms`); `CostMeter` keeps, per such type, how many of its tasks run at once (the workers' busy
+time per unit of real time) and turns each ack into the device's wall-clock cost per task,
 
-    ms_per_task x (worker_time / average - 1)
+    wall = worker time / tasks running at once      (ms)
 
-— as if its last service had ended that much later (or earlier, for a cheaper task): the round's clock charged
-it one average task, the ack corrects that to what the task really cost, in the same unit. This is start-time
-fair queueing with the cost measured after the fact, like the virtual token counter of LLM serving. The lag is
-bounded: one task is charged at most `MAX_CHARGE_MS`, a credit never makes a task worth less than nothing, and
-a device's wait never starts before its oldest task's enqueue (chargeDevice), so no device can bank credit.
+— how long the worker pool is kept busy by one of its tasks. The device's meta keeps it, smoothed (noteCost), and
+from then on the device is served by start-time fair queueing (chargeServe): a serve that takes n tasks moves
+the start of its next wait from where the last one put it by n x wall, instead of restarting it, so backlogged
+devices get equal worker time (over their weights) whatever their tasks cost. This is the virtual-time
+accounting of start-time fair queueing, with the cost learnt from the device's own acked tasks (like the
+virtual token counter of LLM serving). The lag is bounded: a device keeps at most 2 s of credit from a quiet
+time, a serve moves it at most 30 s ahead, one task counts at most `MAX_WALL_MS`, and its wait never starts
+before its oldest task's enqueue.
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from sieve.settings import Settings
 
-#: weight of a new sample in a type's average cost
-SMOOTHING = 0.05
-#: most one task is charged beyond its hand-out (ms): a single huge task does not lock its device out for long
-MAX_CHARGE_MS = 2000.0
+#: weight of a new window's tasks running at once
+PARALLEL_SMOOTHING = 0.3
+#: the busy time of acked tasks is turned into tasks running at once over windows at least this long (s)
+PARALLEL_WINDOW_S = 1.0
+#: tasks running at once are taken as at least this many (a quiet time says little)
+MIN_PARALLEL = 0.5
+#: most one task counts (ms): a single huge task does not lock its device out for long
+MAX_WALL_MS = 10_000.0
 
 
 class CostMeter:
-    """Owns the average cost of each cost-fair task type (this replica's view) and turns acked tasks' worker
-    times into per-device charges (see the module)."""
+    """Owns how many tasks of each cost-fair type run at once (this replica's view) and turns acked tasks' worker
+    times into each device's wall-clock cost per task (see the module)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
         self.types = settings.cost_fair_types
-        #: task type -> average worker time of its tasks (ms)
-        self.average_ms: dict[int, float] = {}
+        self._clock = clock
+        #: task type -> how many of its tasks run at once, about (busy ms per ms)
+        self.parallel: dict[int, float] = {}
+        self._busy_ms: dict[int, float] = defaultdict(float)
+        self._window_start = clock()
 
-    def charges(self, costs: Iterable[tuple[str, int, float]], ms_per_task: float) -> dict[str, float]:
-        """Charges (device -> ms) for acked tasks given as (device, task type, worker time ms); tasks of other
-        types, or without a worker time, are charged nothing beyond their hand-out."""
-        out: dict[str, float] = defaultdict(float)
+    def charges(self, costs: Iterable[tuple[str, int, float]]) -> dict[str, float]:
+        """The wall-clock cost per task (device -> ms, the mean over its tasks here) of acked tasks given as
+        (device, task type, worker time ms); tasks of other types, or without a worker time, say nothing."""
+        costs = [(d, t, ms) for d, t, ms in costs if t in self.types and ms > 0]
+        if not costs:
+            return {}
+        for _, task_type, worker_ms in costs:
+            self._busy_ms[task_type] += worker_ms
+        self._measure_parallel()
+        total: dict[str, float] = defaultdict(float)
+        count: dict[str, int] = defaultdict(int)
         for device, task_type, worker_ms in costs:
-            if task_type not in self.types or worker_ms <= 0:
-                continue
-            average = self.average_ms.get(task_type, worker_ms)  # the average before this task (a first is one)
-            self.average_ms[task_type] = average + SMOOTHING * (worker_ms - average)
-            charge = ms_per_task * (worker_ms / average - 1)
-            out[device] += min(MAX_CHARGE_MS, max(-ms_per_task, charge))
-        return dict(out)
+            running = max(MIN_PARALLEL, self.parallel.get(task_type, 1.0))
+            total[device] += min(MAX_WALL_MS, worker_ms / running)
+            count[device] += 1
+        return {device: total[device] / count[device] for device in total}
+
+    def _measure_parallel(self) -> None:
+        now = self._clock()
+        elapsed_ms = (now - self._window_start) * 1000
+        if elapsed_ms < PARALLEL_WINDOW_S * 1000:
+            return
+        for task_type, busy in self._busy_ms.items():
+            sample = busy / elapsed_ms
+            before = self.parallel.get(task_type)
+            self.parallel[task_type] = sample if before is None else before + PARALLEL_SMOOTHING * (sample - before)
+        self._busy_ms.clear()
+        self._window_start = now

@@ -166,11 +166,6 @@ class Dispatcher:
             await self._idle_until_work(claim.next)
         return claim
 
-    @property
-    def ms_per_task(self) -> float:
-        """About how long the workers take per task (ms), as the last claim rounds measured it."""
-        return self._ms_per_task_ewma
-
     def _ms_per_task(self, real: float) -> float:
         """About how long the workers take per task (ms): the real time since the last round over the tasks it
         took, smoothed, within [MS_PER_TASK_MIN, MS_PER_TASK_MAX] (a round after a quiet time says little)."""

@@ -45,9 +45,7 @@ async def build(settings: Settings, stores: Stores) -> SchedulerApp:
     watermark = Watermark(state, queues, settings, records.live_count)
     router = Router(board, settings, state)
     dispatcher = Dispatcher(queues, state, outcomes, board, router, settings)
-    streams = PullStreams(
-        queues, board, outcomes, records, costs=CostMeter(settings), ms_per_task=lambda: dispatcher.ms_per_task
-    )
+    streams = PullStreams(queues, board, outcomes, records, costs=CostMeter(settings))
     servicer = SchedulerServicer(streams, board, watermark, DeadLetters(queues, tasks))
     rebuilder = Rebuilder(queues, tasks)
     hooks = ReplicaHooks(

@@ -23,7 +23,7 @@ import logging
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TypeVar
 
 from scheduler_svc.board import Board
@@ -90,13 +90,10 @@ class PullStreams:
         records: WorkerRecords,
         *,
         costs: CostMeter | None = None,
-        ms_per_task: Callable[[], float] = lambda: 1.0,
     ) -> None:
         self.queues = queues
         #: fair by cost: charges devices for what their acked tasks cost (None: every task is counted alike)
         self.costs = costs
-        #: about how long the workers take per task (ms; the dispatcher's measure), the unit of those charges
-        self.ms_per_task = ms_per_task
         self.board = board
         self.outcomes = outcomes
         self.records = records
@@ -198,7 +195,7 @@ class PullStreams:
             for a in acks
             if a.worker_time_ms and (handed := session.handed.get(a.task_id)) is not None
         ]
-        return self.costs.charges(costs, self.ms_per_task()) if costs else None
+        return self.costs.charges(costs) if costs else None
 
     async def _ack(self, session: Session, acks: list[scheduler_pb2.Ack]) -> None:
         """Settles acks for leases this stream holds. A task PostgreSQL does not show finished (a worker that

@@ -625,7 +625,8 @@ class QueueStore:
         """Finishes leased tasks; an ack whose attempt is not the lease's current one is refused. One script call
         per device (pipelined: one round trip), so that a device left with nothing queued or outstanding forgets
         its meta. `device_of` (task id -> device) spares reading the lease data for the devices. `charges`
-        (device -> ms): fair by cost, the start of each device's wait moves by that much (scheduler_svc/cost.py)."""
+        (device -> ms): fair by cost, what one of its acked tasks cost the worker pool in wall-clock time, kept in
+        the device's meta for its next serves (scheduler_svc/cost.py, lua/includes/chargeDevice)."""
         if not leases:
             return []
         known = dict(device_of or {})

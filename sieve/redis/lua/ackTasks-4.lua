@@ -2,8 +2,8 @@
   Finishes leased tasks of one device: each lease is removed only when the ack's attempt (the fencing token) is
   the lease's current one; an ack of a stale or unknown lease changes nothing. An acked task is no longer
   outstanding for its device; a device left idle with nothing outstanding forgets its meta (forgetIdle), so that
-  per-device state lasts only while the device has work. Fair by cost: the device is charged `charge` ms
-  (chargeDevice) when at least one ack was its own.
+  per-device state lasts only while the device has work. Fair by cost: `wall` (what one of the acked tasks cost
+  the worker pool in wall-clock time, ms) goes into the device's cost (noteCost) when an ack was its own.
 
   Input:
     KEYS[1]      leasesKey     leases (task_id -> deadline ms)
@@ -12,7 +12,7 @@
     KEYS[4]      metaKey       meta hash of the device
 
     ARGV[1]      mac           device (normalised MAC)
-    ARGV[2]      charge        ms to move the start of the device's wait by (0: none; chargeDevice)
+    ARGV[2]      wall          wall-clock cost of one of the acked tasks (ms; 0: not known, counted by number)
     ARGV[3..]    acks          pairs: task_id, attempt
 
   Output:
@@ -26,7 +26,7 @@ local leaseDataKey = KEYS[2]
 local callerKey = KEYS[3]
 local metaKey = KEYS[4]
 local mac = ARGV[1]
-local charge = tonumber(ARGV[2])
+local wall = tonumber(ARGV[2])
 local acks = slice(ARGV, 3)
 
 local prefix = mac .. "|"
@@ -51,6 +51,6 @@ for i = 1, #acks, 2 do
 end
 if mine > 0 then
   countOutstanding(metaKey, -mine)
-  if not forgetIdle(metaKey) then chargeDevice(metaKey, mac, charge) end
+  if not forgetIdle(metaKey) then noteCost(metaKey, wall) end
 end
 return out

@@ -1,6 +1,7 @@
 --[[
   Ends a device's dispatch: drops its lock and serving mark, and schedules it again if it has work.
-  Its wait restarts now (last_served_ms was set when it was claimed), so a backlog alone never wins.
+  Its wait restarts now (last_served_ms was set when it was claimed), so a backlog alone never wins; fair by
+  cost, that much later (or earlier) as its claim moved it (chargeServe).
 
   Input:
     KEYS[1..11]  device       device block (deviceBlock: meta, queues 1..5, schedule sets 1..5 of its weight)
@@ -34,7 +35,9 @@ if token ~= "*" and not owned then
 end
 endDispatch(device, lockKey, servingKey)
 if redis.call("HGET", device.meta, "state") == "serving" then
-  redis.call("HSET", device.meta, "defer_count", 0, "last_served_ms", now)
+  -- fair by cost: the wait starts as much after the release as the claim moved it (chargeServe)
+  local lead = tonumber(redis.call("HGET", device.meta, "lead_ms") or "0")
+  redis.call("HSET", device.meta, "defer_count", 0, "last_served_ms", tonumber(now) + lead)
   reschedule(device, tonumber(now), devicesKey)
 end
 return CODE.OK

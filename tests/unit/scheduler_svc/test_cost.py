@@ -1,44 +1,54 @@
-"""CostMeter: devices are charged for what their tasks cost beyond the average of their type, within bounds."""
+"""CostMeter: each device's tasks cost the worker pool their worker time over how many such tasks run at once."""
 
 from __future__ import annotations
 
 import pytest
 
-from scheduler_svc.cost import MAX_CHARGE_MS, CostMeter
+from scheduler_svc.cost import MAX_WALL_MS, CostMeter
 from sieve.settings import Settings
 from sieve.v1 import types_pb2
 
 TEXT, OCR = types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE
 
 
-def test_ocr_is_charged_by_cost_and_text_by_count_by_default() -> None:
-    meter = CostMeter(Settings.from_env({}))
-    meter.average_ms[OCR] = 100.0
-    charges = meter.charges([("A", OCR, 1000.0), ("B", OCR, 10.0), ("C", TEXT, 500.0)], ms_per_task=2.0)
-    # A's task cost about 10 averages: charged about 9 hand-outs more; B's cost a tenth: nearly a hand-out back
-    assert charges["A"] == pytest.approx(2.0 * (1000 / 100 - 1))
-    assert -2.0 <= charges["B"] < -1.5
-    assert "C" not in charges
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
-def test_devices_with_a_tenfold_cost_difference_get_charges_that_even_out_their_worker_time() -> None:
-    # Given two devices taking turns, L's tasks cost 10x S's: over many acks
-    meter = CostMeter(Settings.from_env({}))
-    total = {"L": 0.0, "S": 0.0}
-    for _ in range(200):
-        for device, cost in (("L", 400.0), ("S", 40.0)):
-            total[device] += meter.charges([(device, OCR, cost)], ms_per_task=1.0).get(device, 0.0) + 1.0
-    # Then each hand-out of L counts about ten times one of S (so each gets its turns in proportion)
-    assert total["L"] / total["S"] == pytest.approx(10, rel=0.1)
+def test_ocr_is_costed_and_text_counted_by_default() -> None:
+    meter = CostMeter(Settings.from_env({}), Clock())
+    charges = meter.charges([("A", OCR, 1000.0), ("B", OCR, 10.0), ("C", TEXT, 500.0)])
+    # one task at a time as far as it knows: a task keeps the pool busy for its worker time
+    assert charges == {"A": 1000.0, "B": 10.0}
 
 
-def test_one_task_is_charged_at_most_the_bound_and_nothing_without_a_worker_time() -> None:
-    meter = CostMeter(Settings.from_env({}))
-    meter.average_ms[OCR] = 1.0
-    assert meter.charges([("A", OCR, 1e9)], ms_per_task=5.0) == {"A": MAX_CHARGE_MS}
-    assert meter.charges([("A", OCR, 0.0)], ms_per_task=5.0) == {}
+def test_the_cost_is_divided_by_the_tasks_running_at_once() -> None:
+    clock = Clock()
+    meter = CostMeter(Settings.from_env({}), clock)
+    # Given four OCR tasks at a time: 4 000 ms of worker time acked per second
+    for _ in range(5):
+        clock.now += 1.0
+        meter.charges([("X", OCR, 1000.0)] * 4)
+    assert meter.parallel[OCR] == pytest.approx(4.0, rel=0.05)
+    # Then a 1 000 ms task keeps the pool busy for about 250 ms
+    assert meter.charges([("A", OCR, 1000.0)])["A"] == pytest.approx(250.0, rel=0.06)
 
 
-def test_counting_every_type_charges_nothing() -> None:
-    meter = CostMeter(Settings.from_env({"SIEVE_FAIR_BY_COST_TYPES": ""}))
-    assert meter.charges([("A", OCR, 1000.0), ("B", OCR, 1.0)], ms_per_task=1.0) == {}
+def test_a_device_with_several_tasks_in_one_ack_gets_their_mean() -> None:
+    meter = CostMeter(Settings.from_env({}), Clock())
+    assert meter.charges([("A", OCR, 300.0), ("A", OCR, 100.0)]) == {"A": 200.0}
+
+
+def test_one_task_counts_at_most_the_bound_and_nothing_without_a_worker_time() -> None:
+    meter = CostMeter(Settings.from_env({}), Clock())
+    assert meter.charges([("A", OCR, 1e9)]) == {"A": MAX_WALL_MS}
+    assert meter.charges([("A", OCR, 0.0)]) == {}
+
+
+def test_counting_every_type_costs_nothing() -> None:
+    meter = CostMeter(Settings.from_env({"SIEVE_FAIR_BY_COST_TYPES": ""}), Clock())
+    assert meter.charges([("A", OCR, 1000.0), ("B", OCR, 1.0)]) == {}

@@ -19,7 +19,7 @@
   code: OK, LOCK_HELD (another dispatch holds the lock) or DEVICE_NOT_READY (not schedulable: taken by another
   replica, idle, backing off); taken: leased entries (attempt raised); expired: entries dropped as expired.
 ]]
---@requires codes, parseEntry, countCaller, countOutstanding, endDispatch, reschedule, callerGroup
+--@requires codes, parseEntry, countCaller, countOutstanding, endDispatch, reschedule, callerGroup, chargeDevice
 
 local function popDevice(device, lockKey, g, a)
   local mac, now = device.mac, a.now
@@ -36,6 +36,7 @@ local function popDevice(device, lockKey, g, a)
     return CODE.DEVICE_NOT_READY, {}, {}, 0
   end
   local class = tonumber(redis.call("HGET", device.meta, "class") or "0")
+  local previous = tonumber(redis.call("HGET", device.meta, "last_served_ms") or "0")
   unscheduleDevice(device, class)
   redis.call("ZADD", g.serving, now + tonumber(a.lockTtl), mac)
   redis.call("HSET", device.meta, "state", "serving", "class", 0, "token", a.token,
@@ -98,6 +99,7 @@ local function popDevice(device, lockKey, g, a)
     redis.call("ZADD", g.leases, unpack(leaseArgs))
     redis.call("HSET", g.leaseData, unpack(dataArgs))
     countOutstanding(device.meta, #taken)
+    chargeServe(device.meta, #taken, now - a.carriedWait, previous) -- fair by cost: by what its tasks cost
   end
 
   local removed = #taken + #expired

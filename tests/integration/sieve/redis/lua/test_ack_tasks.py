@@ -54,35 +54,21 @@ async def test_a_stale_lease_cannot_ack_after_an_uncounted_requeue(store: QueueS
     assert await store.ack([("a0", first.taken[0].attempt)]) == [False]
 
 
-async def test_a_charge_moves_a_ready_devices_wait_start_later_and_a_credit_never_before_its_oldest_task(
+async def test_a_device_with_a_known_cost_is_served_by_what_its_tasks_cost_not_by_count(
     store: QueueStore, redis: Redis, keys: Keys
 ) -> None:
-    # Given A served at T0+10s (its wait restarts then) with more work queued since T0
-    await store.enqueue(A, tasks("a", 4, at=T0), now=T0)
-    popped = await store.pop(A, "tok", 2, now=T0 + 10 * S)
+    # Given A served at T0+10s (its wait restarts then: counted), with more work queued since T0
+    await store.enqueue(A, tasks("a", 8, at=T0), now=T0)
+    popped = await store.pop(A, "tok", 1, now=T0 + 10 * S)
     await store.release(A, "tok", now=T0 + 10 * S)
     schedule = keys.schedule(3, 1)
     assert await redis.zscore(schedule, A) == T0 + 10 * S
-    # When its first task's ack says it cost more than the average: charged 500 ms
+    # When its task's ack says one of its tasks keeps the pool busy for 500 ms
     await store.ack([(popped.taken[0].task_id, 1)], charges={A: 500.0})
-    # Then it waits as if it had been served 500 ms later, in its schedule set and its group's ready set
-    assert await redis.zscore(schedule, A) == T0 + 10 * S + 500
-    assert await redis.zscore(keys.group_ready("-"), A) == T0 + 10 * S + 500
-    # And a credit larger than its whole wait stops at its oldest task's enqueue time
-    await store.ack([(popped.taken[1].task_id, 1)], charges={A: -60_000.0})
-    assert await redis.zscore(schedule, A) == T0
-
-
-async def test_a_charge_that_comes_while_the_device_is_being_dispatched_is_dropped_by_its_release(
-    store: QueueStore, redis: Redis, keys: Keys
-) -> None:
-    await store.enqueue(A, tasks("a", 3, at=T0), now=T0)
-    first = await store.pop(A, "tok", 1, now=T0 + S)
-    await store.release(A, "tok", now=T0 + S)
-    await store.pop(A, "tok2", 1, now=T0 + 2 * S)  # A is being served again, out of its schedule set
-    await store.ack([(first.taken[0].task_id, 1)], charges={A: 300.0})
-    assert await redis.zscore(keys.schedule(3, 1), A) is None
-    await store.release(A, "tok2", now=T0 + 2 * S)
-    # released, its wait restarts at its release (claimDevices releases in the same step, so only the rare
-    # dispatch that keeps a device locked, a task no worker can take, meets this)
-    assert await redis.zscore(keys.schedule(3, 1), A) == T0 + 2 * S
+    # Then a serve of two tasks 0.5 s later moves its wait on from where the last serve put it by 2 x 500 ms
+    popped = await store.pop(A, "tok", 2, now=T0 + 10_500)
+    await store.release(A, "tok", now=T0 + 10_500)
+    assert await redis.zscore(schedule, A) == T0 + 11_000
+    # And after a quiet time it keeps at most 2 s of credit
+    await store.pop(A, "tok", 1, now=T0 + 60 * S, release=True)
+    assert await redis.zscore(schedule, A) == T0 + 58 * S + 500
