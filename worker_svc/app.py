@@ -87,8 +87,7 @@ class WorkerApp:
         self._background = [
             asyncio.create_task(c)
             for c in (
-                self.runner.starts.run(),
-                self.runner.results.run(),
+                *(writer.run() for writer in self.runner.writers),
                 self.lexicon.watch(),
                 self.registry.run(self.stop_event),
             )

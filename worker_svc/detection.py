@@ -59,6 +59,7 @@ def detect_text(task: Started, matcher: Matcher, worker_id: str) -> Outcome:
         hits_json=json.dumps(hits, ensure_ascii=False),
         text=task.text,
         details_json=json.dumps({"timings_ms": {"match": round(match_ms, 3)}}),
+        unmarked=task.unmarked,
     )
 
 
@@ -71,4 +72,5 @@ def failed(task: Started, worker_id: str, error: str) -> Outcome:
         hits_json="[]",
         text="",
         error=error,
+        unmarked=task.unmarked,
     )

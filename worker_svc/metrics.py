@@ -40,7 +40,7 @@ class WorkerCollector(ScrapeCollector):
         yield m.WORKER_SKIPPED.family(runner.skipped)
         yield m.WORKER_REFUSED.family(runner.refused)
         # rows per write is the group commit's gain: how many tasks shared one statement and one commit
-        writers = (runner.starts, runner.results)
+        writers = runner.writers
         yield m.WORKER_DB_WRITES.family([((w.name,), w.groups) for w in writers])
         yield m.WORKER_DB_ROWS.family([((w.name,), w.rows) for w in writers])
         pressure = puller.pressure

@@ -5,6 +5,13 @@ one round trip and one commit for many batches. A task the database does not han
 finished, cancelled, or owned by a newer attempt) is acked without running: the ack clears this
 worker's lease if it is still the current one and is refused otherwise.
 
+The first attempt of a fast type (TEXT: `UNMARKED_TYPES`, matched in microseconds) runs without a RUNNING mark:
+its payload is read under the mark's condition, writing nothing (`TaskStore.read_unmarked`), and its result write
+records ASSIGNED, RUNNING and the outcome at once, under the same fencing (`TaskStore.finish`): one row version and
+one write per task instead of two. A mark would show the run for microseconds, and losing it changes nothing
+(the result write carries its condition); a task tried again (it failed before) is marked, so that the record shows
+which worker runs it while it does.
+
 TEXT tasks are matched at once, on the event loop (microseconds each). OCR_IMAGE tasks, on a worker with
 an `OcrRuntime`, go through `worker_svc.ocr.pipeline.run_ocr` all at once (decode on the decode pool,
 recognition on the engine thread); with SIEVE_OCR_PAYLOAD_RETENTION=delete their image bytes are removed
@@ -54,6 +61,8 @@ Attempt = tuple[uuid.UUID, int, int, datetime]  # task id, lease, attempt, assig
 
 #: a task that waited past its timeout for an engine held by abandoned work may run again after this long
 ENGINE_BUSY_RETRY_S = 5.0
+#: task types whose first attempt runs without a RUNNING mark (see the module)
+UNMARKED_TYPES = frozenset({types_pb2.TASK_TYPE_TEXT})
 
 
 def worker_time_ms(outcome: Outcome) -> int:
@@ -69,7 +78,8 @@ def worker_time_ms(outcome: Outcome) -> int:
 class BatchRunner:
     """Runs the assignment batches the Puller hands it and says what to ack and what to nack (see the module).
 
-    Owns the two group commits of every batch in flight (`starts`: the RUNNING marks, `results`: the results),
+    Owns the group commits of every batch in flight (`starts`: the RUNNING marks, `reads`: the payloads of hand-outs
+    run without a mark, `results`: the results),
     the OCR pipeline's timeouts and the `SlotHolds` of abandoned inferences, and the counts the metrics read
     (skipped, refused, abandoned)."""
 
@@ -87,6 +97,9 @@ class BatchRunner:
         self.starts: GroupCommit[Attempt, Started | None] = GroupCommit(
             "start", self._start, max_items=settings.result_flush_rows
         )
+        self.reads: GroupCommit[Attempt, Started | None] = GroupCommit(
+            "read", self._read, max_items=settings.result_flush_rows
+        )
         self.results: GroupCommit[Outcome, bool] = GroupCommit(
             "results", self._finish, max_items=settings.result_flush_rows
         )
@@ -97,9 +110,37 @@ class BatchRunner:
         #: slots of abandoned work whose thread still runs (the Puller keeps them taken)
         self.holds = SlotHolds()
 
+    @property
+    def writers(
+        self,
+    ) -> tuple[GroupCommit[Attempt, Started | None], GroupCommit[Attempt, Started | None], GroupCommit[Outcome, bool]]:
+        """The group commits whose writer loops (`run`) the worker keeps running: RUNNING marks, reads, results."""
+        return self.starts, self.reads, self.results
+
     async def _start(self, attempts: Sequence[Attempt]) -> list[Started | None]:
         started = {s.task_id: s for s in await self.tasks.start(self.worker_id, attempts)}
         return [started.get(task_id) for task_id, *_ in attempts]
+
+    async def _read(self, attempts: Sequence[Attempt]) -> list[Started | None]:
+        started = {s.task_id: s for s in await self.tasks.read_unmarked(attempts)}
+        return [started.get(task_id) for task_id, *_ in attempts]
+
+    async def _begin(self, assignments: list[scheduler_pb2.Assignment]) -> list[Started]:
+        """The tasks of a batch this worker may run now, with their payloads: marked RUNNING, or read for a run
+        without a mark (the first attempt of an `UNMARKED_TYPES` type); in the batch's order."""
+        marked: list[Attempt] = []
+        unmarked: list[Attempt] = []
+        for a in assignments:
+            # the lease token is the fencing token of this hand-out; attempt is the one that counts
+            attempt = (uuid.UUID(a.task_id), lease_number(a.lease_token), a.attempt, a.assigned_at.ToDatetime(UTC))
+            (unmarked if a.type in UNMARKED_TYPES and a.attempt == 1 else marked).append(attempt)
+        if not marked:
+            return [s for s in await self.reads.submit(unmarked) if s is not None]
+        if not unmarked:
+            return [s for s in await self.starts.submit(marked) if s is not None]
+        began = await asyncio.gather(self.starts.submit(marked), self.reads.submit(unmarked))
+        by_id = {s.task_id: s for found in began for s in found if s is not None}
+        return [by_id[t] for t in (uuid.UUID(a.task_id) for a in assignments) if t in by_id]
 
     async def _finish(self, outcomes: Sequence[Outcome]) -> list[bool]:
         stored = await self.tasks.finish(outcomes)
@@ -108,13 +149,8 @@ class BatchRunner:
     async def __call__(
         self, assignments: list[scheduler_pb2.Assignment]
     ) -> tuple[list[scheduler_pb2.Ack], list[scheduler_pb2.Nack]]:
-        # the lease token is the fencing token of this hand-out; attempt is the one that counts
-        attempts = [
-            (uuid.UUID(a.task_id), lease_number(a.lease_token), a.attempt, a.assigned_at.ToDatetime(UTC))
-            for a in assignments
-        ]
         try:
-            started = [s for s in await self.starts.submit(attempts) if s is not None]
+            started = await self._begin(assignments)
         except GroupWriteError as exc:  # a PostgreSQL write that failed: transient, counted
             return [], [self._nack(a, Retry(a.task_id, f"database unavailable: {exc}")) for a in assignments]
         self.skipped += len(assignments) - len(started)

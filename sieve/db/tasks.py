@@ -11,6 +11,10 @@ The lifecycle of one hand-out, each step fenced by the lease number (it only gro
 - `start` (the worker, before running it): ASSIGNED -> RUNNING for the same lease, or straight to RUNNING (with
   ASSIGNED recorded at its real time) when the scheduler's write has not landed; refused once the lease was put back;
 - `finish` (the worker): RUNNING -> SUCCEEDED / FAILED, only for the current lease;
+- or, for a hand-out the worker runs without a RUNNING mark (the first attempt of a fast type: `Unmarked`),
+  `read_unmarked` (its payload, under the same condition as `start`, writing nothing) and then `finish`, which
+  moves it from PENDING or ASSIGNED straight to its final status under that condition, recording ASSIGNED and
+  RUNNING at their real times in the same history: one row version for the run instead of two;
 - `put_back` (the scheduler: nack, lease expired, execution timeout, worker gone, scheduler restart): back to
   PENDING with the reason and no worker id, for that lease or an older row; a late start or result of it is refused.
 """
@@ -80,6 +84,16 @@ class Recorded:
 
 
 @dataclass(frozen=True, slots=True)
+class Unmarked:
+    """A hand-out run without a RUNNING mark (`TaskStore.read_unmarked`): what its result write records for it
+    instead (the attempt that counts, when it was assigned, when the worker started it)."""
+
+    attempt: int
+    assigned_at: datetime
+    started_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class Started:
     """A task a worker may run now (its hand-out is the current one), with its payload."""
 
@@ -91,6 +105,8 @@ class Started:
     image: bytes | None
     image_url: str | None
     trace_context: str | None
+    #: set when it runs without a RUNNING mark (its Outcome carries it on)
+    unmarked: Unmarked | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +148,8 @@ class Outcome:
     text: str
     details_json: str = "{}"
     error: str | None = None
+    #: the hand-out ran without a RUNNING mark (Started.unmarked): the result write records it
+    unmarked: Unmarked | None = None
 
 
 class TaskStore:
@@ -428,6 +446,39 @@ class TaskStore:
             for r in rows
         ]
 
+    async def read_unmarked(self, hand_outs: Sequence[tuple[uuid.UUID, int, int, datetime]]) -> list[Started]:
+        """The payloads of hand-outs (task id, lease, attempt, assigned at) that a worker runs without a RUNNING mark,
+        for those `start` would hand back (the same condition: not final nor cancelled, not handed out again since,
+        not put back); writes nothing. Their `finish` then records the run (see the module)."""
+        rows = await self.pool.fetch(
+            f"""
+            SELECT t.id, t.type, u.lease, u.attempt, u.assigned, t.payload_text, t.payload_bytes, t.payload_url,
+                   t.trace_context
+            FROM unnest($1::uuid[], $2::int[], $3::int[], $4::timestamptz[]) AS u(id, lease, attempt, assigned)
+            JOIN tasks t ON t.id = u.id
+            WHERE t.status IN ({_OPEN_SQL})
+              AND (t.lease < u.lease OR (t.lease = u.lease AND t.status IN ('ASSIGNED', 'RUNNING')))
+            """,
+            [h[0] for h in hand_outs],
+            [h[1] for h in hand_outs],
+            [h[2] for h in hand_outs],
+            [h[3] for h in hand_outs],
+        )
+        now = datetime.now(UTC)
+        return [
+            Started(
+                r["id"],
+                r["type"],
+                r["lease"],
+                r["payload_text"],
+                r["payload_bytes"],
+                r["payload_url"],
+                r["trace_context"],
+                Unmarked(r["attempt"], r["assigned"], now),
+            )
+            for r in rows
+        ]
+
     async def assigned(self, hand_outs: Sequence[HandOut]) -> int:
         """Records hand-outs as they are sent: open tasks become ASSIGNED to their worker, for a lease newer than
         the row's (a worker's start that got there first, or a put-back of that lease, wins). Returns how many
@@ -507,27 +558,44 @@ class TaskStore:
     async def finish(self, outcomes: Sequence[Outcome]) -> set[uuid.UUID]:
         """Stores results and final statuses of many attempts in one transaction (group commit).
 
-        Only the current attempt of a RUNNING task is stored (fencing): returns the ids stored; the
-        others were refused (a newer attempt owns the task, or it was cancelled or already finished).
-        One statement (status update and result insert in one CTE), hence one implicit transaction: no
-        BEGIN/COMMIT round trips.
+        Only the current attempt is stored (fencing): for a RUNNING task, the lease its mark recorded; for a hand-out
+        run without a mark (`Outcome.unmarked`), the condition `start` applies (a newer lease than the row's, or the
+        same one ASSIGNED) — the task then goes straight to its final status, its history getting ASSIGNED (unless
+        the scheduler's record landed) and RUNNING at their real times before it. Returns the ids stored; the others
+        were refused (a newer attempt owns the task, it was put back, cancelled or already finished). One statement
+        (status update and result insert in one CTE), hence one implicit transaction: no BEGIN/COMMIT round trips.
         """
         rows = await self.pool.fetch(
-            """
+            f"""
             WITH u AS (
                 SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[],
-                                     $6::text[], $7::text[], $8::text[])
-                     AS u(id, attempt, worker, verdict, hits, text, details, error)
+                                     $6::text[], $7::text[], $8::text[], $9::int[], $10::timestamptz[],
+                                     $11::timestamptz[])
+                     AS u(id, attempt, worker, verdict, hits, text, details, error, counted, assigned, started)
             ), done AS (
                 UPDATE tasks t SET
                     status = CASE WHEN u.verdict IS NULL THEN 'FAILED' ELSE 'SUCCEEDED' END,
-                    error = u.error, updated_at = now(),
-                    history = t.history || jsonb_build_array(jsonb_build_object(
+                    error = u.error, updated_at = now(), lease = u.attempt,
+                    attempts = COALESCE(u.counted, t.attempts), worker_id = u.worker,
+                    history = t.history || CASE
+                        WHEN u.counted IS NULL THEN '[]'::jsonb
+                        WHEN t.lease < u.attempt THEN jsonb_build_array(
+                            jsonb_build_object('status', 'ASSIGNED', 'at', u.assigned, 'attempt', u.counted,
+                                               'lease', u.attempt, 'worker', u.worker, 'detail', u.worker),
+                            jsonb_build_object('status', 'RUNNING', 'at', u.started, 'attempt', u.counted,
+                                               'lease', u.attempt, 'worker', u.worker, 'detail', u.worker))
+                        WHEN t.status = 'ASSIGNED' THEN jsonb_build_array(
+                            jsonb_build_object('status', 'RUNNING', 'at', u.started, 'attempt', u.counted,
+                                               'lease', u.attempt, 'worker', u.worker, 'detail', u.worker))
+                        ELSE '[]'::jsonb END || jsonb_build_array(jsonb_build_object(
                         'status', CASE WHEN u.verdict IS NULL THEN 'FAILED' ELSE 'SUCCEEDED' END,
-                        'at', now(), 'attempt', t.attempts, 'lease', t.lease, 'worker', u.worker,
-                        'detail', COALESCE(u.error, u.worker)))
+                        'at', now(), 'attempt', COALESCE(u.counted, t.attempts), 'lease', u.attempt,
+                        'worker', u.worker, 'detail', COALESCE(u.error, u.worker)))
                 FROM u
-                WHERE t.id = u.id AND t.status = 'RUNNING' AND t.lease = u.attempt
+                WHERE t.id = u.id AND t.status IN ({_OPEN_SQL})
+                  AND CASE WHEN u.counted IS NULL THEN t.status = 'RUNNING' AND t.lease = u.attempt
+                           ELSE t.lease < u.attempt OR (t.lease = u.attempt AND t.status IN ('ASSIGNED', 'RUNNING'))
+                      END
                 RETURNING t.id
             ), stored AS (
                 INSERT INTO results (task_id, verdict, hits, text, details, worker_id, attempt)
@@ -546,6 +614,9 @@ class TaskStore:
             [o.text for o in outcomes],
             [o.details_json for o in outcomes],
             [None if o.error is None else storable(o.error) for o in outcomes],
+            [None if o.unmarked is None else o.unmarked.attempt for o in outcomes],
+            [None if o.unmarked is None else o.unmarked.assigned_at for o in outcomes],
+            [None if o.unmarked is None else o.unmarked.started_at for o in outcomes],
         )
         return {r["id"] for r in rows}
 

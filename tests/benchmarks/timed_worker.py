@@ -139,9 +139,7 @@ class TimedWorker:
         types = [types_pb2.TASK_TYPE_TEXT]
         puller = Puller(s, self.worker_id, types, False, 4 * PARALLEL, runner, Pressure(sampler, s))
         registry = RegistryClient(s, sampler, types, lambda: puller.in_use, concurrency=lambda: 4 * PARALLEL)
-        background = [
-            asyncio.create_task(c) for c in (runner.starts.run(), runner.results.run(), registry.run(self.stop))
-        ]
+        background = [asyncio.create_task(c) for c in (*(w.run() for w in runner.writers), registry.run(self.stop))]
         pulling = asyncio.create_task(puller.run(self.stop))
         try:
             yield self

@@ -114,4 +114,5 @@ async def run_ocr(
         hits_json=json.dumps(hits, ensure_ascii=False),
         text=joined.text,
         details_json=json.dumps(details, ensure_ascii=False),
+        unmarked=task.unmarked,
     )

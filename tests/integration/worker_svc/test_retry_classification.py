@@ -124,30 +124,38 @@ def test_a_text_task_without_text_fails_at_once() -> None:
     assert result.verdict is None and result.error == "task has no text"
 
 
-def assignment(task_id: uuid.UUID, lease: int = 1) -> scheduler_pb2.Assignment:
+def assignment(task_id: uuid.UUID, lease: int = 1, attempt: int = 1) -> scheduler_pb2.Assignment:
     a = scheduler_pb2.Assignment(
         task_id=str(task_id),
         device_id="AA:BB:CC:DD:EE:01",
         type=types_pb2.TASK_TYPE_TEXT,
-        attempt=1,
+        attempt=attempt,
         lease_token=f"{lease}.0123456789abcdef",
     )
     a.assigned_at.FromDatetime(datetime.now(UTC))
     return a
 
 
-async def test_a_postgresql_write_that_fails_nacks_the_batch_counted(settings: Settings, pg: asyncpg.Pool) -> None:
+@pytest.mark.parametrize("attempt", [1, 2], ids=["first attempt, read without a mark", "retry, marked RUNNING"])
+async def test_a_postgresql_write_that_fails_nacks_the_batch_counted(
+    settings: Settings, pg: asyncpg.Pool, attempt: int
+) -> None:
     from sieve.db import create_pool
 
     pool = await create_pool(settings, attempts=1)
     runner = BatchRunner(TaskStore(pool), Lexicon(pool, settings), "w", settings)
-    runner.starts = GroupCommit("start", runner._start, max_attempts=1)  # give up at once (default: retried ~30 s)
-    writer = asyncio.create_task(runner.starts.run())
+    # give up at once (default: retried ~30 s)
+    runner.starts = GroupCommit("start", runner._start, max_attempts=1)
+    runner.reads = GroupCommit("read", runner._read, max_attempts=1)
+    writers = [asyncio.create_task(w.run()) for w in (runner.starts, runner.reads)]
     await pool.close()  # PostgreSQL is away for this worker
     try:
-        acks, nacks = await runner([assignment(uuid.uuid4()), assignment(uuid.uuid4())])
+        acks, nacks = await runner(
+            [assignment(uuid.uuid4(), attempt=attempt), assignment(uuid.uuid4(), attempt=attempt)]
+        )
     finally:
-        writer.cancel()
+        for writer in writers:
+            writer.cancel()
     assert acks == [] and len(nacks) == 2
     assert all(n.count_attempt and "database unavailable" in n.reason for n in nacks)
     assert all(not n.HasField("retry_after") for n in nacks)  # the scheduler's retry backoff applies

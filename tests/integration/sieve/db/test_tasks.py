@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 from sieve.db import create_pool
-from sieve.db.tasks import NewTask, Outcome, TaskStore
+from sieve.db.tasks import HandOut, NewTask, Outcome, PutBack, TaskStore
 from sieve.settings import Settings
 from sieve.v1 import types_pb2
 
@@ -69,3 +69,76 @@ async def test_a_result_write_that_fails_changes_no_status(pg: asyncpg.Pool) -> 
     assert await store.finish([Outcome(task.task_id, 1, "w1", "PASS", "[]", "hello")]) == {task.task_id}
     assert await store.finish([Outcome(task.task_id, 0, "w0", "PASS", "[]", "hello")]) == set()
     assert await pg.fetchval("SELECT status FROM tasks WHERE id = $1", task.task_id) == "SUCCEEDED"
+
+
+async def _row(pg: asyncpg.Pool, task_id: uuid.UUID) -> asyncpg.Record:
+    row = await pg.fetchrow("SELECT status, lease, attempts, worker_id, history FROM tasks WHERE id = $1", task_id)
+    assert row is not None
+    return row
+
+
+async def test_a_hand_out_run_without_a_mark_is_read_without_a_write_and_finished_with_its_history(
+    pg: asyncpg.Pool,
+) -> None:
+    store = TaskStore(pg)
+    fresh, assigned = _task(), _task()
+    await store.insert([fresh, assigned])
+    at = datetime.now(UTC) - timedelta(seconds=1)
+    # Given one task the scheduler's ASSIGNED record reached first, and one it did not
+    await store.assigned([HandOut(assigned.task_id, 3, 1, "w1", at)])
+    before = {t.task_id: await _row(pg, t.task_id) for t in (fresh, assigned)}
+
+    # When a worker reads them for a run without a RUNNING mark
+    started = await store.read_unmarked([(fresh.task_id, 3, 1, at), (assigned.task_id, 3, 1, at)])
+
+    # Then it gets their payloads, and nothing was written
+    assert {s.task_id: s.text for s in started} == {fresh.task_id: "hello", assigned.task_id: "hello"}
+    assert all(s.unmarked is not None and s.unmarked.attempt == 1 and s.attempt == 3 for s in started)
+    for t in (fresh, assigned):
+        assert await _row(pg, t.task_id) == before[t.task_id]
+
+    # When their results are stored, Then each goes straight to SUCCEEDED, with ASSIGNED (unless recorded) and
+    # RUNNING at their real times before it, for that lease and worker
+    outcomes = [Outcome(s.task_id, s.attempt, "w1", "PASS", "[]", "hello", unmarked=s.unmarked) for s in started]
+    assert await store.finish(outcomes) == {fresh.task_id, assigned.task_id}
+    for t in (fresh, assigned):
+        row = await _row(pg, t.task_id)
+        assert (row["status"], row["lease"], row["attempts"], row["worker_id"]) == ("SUCCEEDED", 3, 1, "w1")
+        entries = [(h["status"], h.get("lease"), h.get("worker")) for h in row["history"]]
+        assert entries == [
+            ("PENDING", None, None),
+            ("ASSIGNED", 3, "w1"),
+            ("RUNNING", 3, "w1"),
+            ("SUCCEEDED", 3, "w1"),
+        ]
+        assigned_at = datetime.fromisoformat(row["history"][1]["at"])
+        assert abs((assigned_at - at).total_seconds()) < 0.01
+        assert assigned_at <= datetime.fromisoformat(row["history"][2]["at"])
+    assert await pg.fetchval("SELECT count(*) FROM results WHERE task_id = ANY($1::uuid[])", list(before)) == 2
+
+
+async def test_a_hand_out_run_without_a_mark_is_fenced_as_a_marked_one(pg: asyncpg.Pool) -> None:
+    store = TaskStore(pg)
+    put_back, newer, cancelled, done = tasks = [_task() for _ in range(4)]
+    await store.insert(tasks)
+    at = datetime.now(UTC)
+    # Given hand-outs of lease 2 of which one was put back, one overtaken by lease 3 (marked RUNNING), one
+    # cancelled and one already finished by another hand-out of lease 2
+    assert (await store.put_back([PutBack(put_back.task_id, 2, "w1", "lease expired", True)]))[0]
+    await store.start("w2", [(newer.task_id, 3, 1, at)])
+    await store.transition([cancelled.task_id], "CANCELLED", "cancelled by the caller")
+    [first] = await store.read_unmarked([(done.task_id, 2, 1, at)])
+    assert await store.finish([Outcome(done.task_id, 2, "w1", "PASS", "[]", "x", unmarked=first.unmarked)])
+
+    # Then none of them is read for lease 2
+    reads = [(t.task_id, 2, 1, at) for t in tasks]
+    assert await store.read_unmarked(reads) == []
+    # and a result of lease 2 stored anyway (read before the change) is refused, changing nothing
+    unmarked = first.unmarked
+    late = [Outcome(t.task_id, 2, "w1", "PASS", "[]", "late", unmarked=unmarked) for t in tasks]
+    before = [await _row(pg, t.task_id) for t in tasks]
+    assert await store.finish(late) == set()
+    assert [await _row(pg, t.task_id) for t in tasks] == before
+    assert await pg.fetchval("SELECT text FROM results WHERE task_id = $1", done.task_id) == "x"
+    # while the marked hand-out of lease 3 still finishes as before
+    assert await store.finish([Outcome(newer.task_id, 3, "w2", "PASS", "[]", "y")]) == {newer.task_id}
