@@ -24,6 +24,8 @@ import contextvars
 import json
 import logging
 import time
+import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -103,19 +105,27 @@ class BatchTrace:
     def finish(self, acks: Acks, nacks: Nacks) -> None:
         done_ns = time.time_ns()
         by_id = {a.task_id: a for a in self.assignments}
-        results = {o.task_id.hex: (o, ok) for o, ok in zip(self.outcomes, self.stored, strict=False)}
+        results = {o.task_id: (o, ok) for o, ok in zip(self.outcomes, self.stored, strict=False)}
+        # metric children looked up once per type and kind, counts added once per batch (labels() is not free)
+        waits: dict[str, Any] = {}
+        runs: dict[str, Any] = {}
+        counted: Counter[tuple[str, str]] = Counter()
         for task in self.started:
+            task_type = task.task_type
             assignment = by_id.get(str(task.task_id))
             if assignment is not None and assignment.HasField("enqueued_at"):
                 wait_s = (self.started_ns - assignment.enqueued_at.ToNanoseconds()) / 1e9
-                metrics.SUBMIT_TO_START.labels(task.task_type).observe(max(0.0, wait_s))
-            outcome = results.get(task.task_id.hex)
+                hist = waits.get(task_type) or waits.setdefault(task_type, metrics.SUBMIT_TO_START.labels(task_type))
+                hist.observe(max(0.0, wait_s))
+            outcome = results.get(task.task_id)
             if outcome is not None and self.stored_ns:
                 result, ok = outcome
-                kind = ("succeeded" if result.verdict is not None else "failed") if ok else "refused"
-                metrics.TASK_RESULTS.labels(task.task_type, kind).inc()
+                counted[task_type, ("succeeded" if result.verdict is not None else "failed") if ok else "refused"] += 1
                 if ok:
-                    metrics.START_TO_DONE.labels(task.task_type).observe((self.stored_ns - self.started_ns) / 1e9)
+                    hist = runs.get(task_type) or runs.setdefault(task_type, metrics.START_TO_DONE.labels(task_type))
+                    hist.observe((self.stored_ns - self.started_ns) / 1e9)
+        for (task_type, kind), n in counted.items():
+            metrics.TASK_RESULTS.labels(task_type, kind).inc(n)
         for nack in nacks:
             assignment = by_id.get(nack.task_id)
             task_type = enum_label(TaskType, assignment.type) if assignment else "UNKNOWN"
@@ -134,12 +144,12 @@ class BatchTrace:
             self.runs.clear()
 
     def _debug(
-        self, acks: Acks, by_id: dict[str, scheduler_pb2.Assignment], results: dict[str, tuple[Outcome, bool]]
+        self, acks: Acks, by_id: dict[str, scheduler_pb2.Assignment], results: dict[uuid.UUID, tuple[Outcome, bool]]
     ) -> None:
         """One debug line per acked task, in the task's trace."""
         for ack in acks:
             a = by_id.get(ack.task_id)
-            outcome = results.get(ack.task_id.replace("-", ""))
+            outcome = results.get(uuid.UUID(ack.task_id))
             verdict = "skipped" if outcome is None else (outcome[0].verdict or "failed") if outcome[1] else "refused"
             span = self.runs.get(ack.task_id)
             with trace.use_span(span, end_on_exit=False) if span is not None else contextlib.nullcontext():
@@ -182,7 +192,7 @@ class BatchTrace:
         self,
         run: trace.Span,
         task: Started | None,
-        results: dict[str, tuple[Outcome, bool]],
+        results: dict[uuid.UUID, tuple[Outcome, bool]],
         ack: scheduler_pb2.Ack,
         done_ns: int,
     ) -> None:
@@ -198,12 +208,12 @@ class BatchTrace:
             child("mark running", self.began_ns, self.started_ns)
             detect_end = self.detected_ns or done_ns
             if task.task_type == "OCR_IMAGE":
-                ocr_end, timings = _ocr_split(results.get(task.task_id.hex), self.started_ns, detect_end)
+                ocr_end, timings = _ocr_split(results.get(task.task_id), self.started_ns, detect_end)
                 child("ocr", self.started_ns, ocr_end, {f"ocr.{k}_ms": v for k, v in timings.items()})
                 child("match", ocr_end, detect_end)
             else:
                 child("match", self.started_ns, detect_end)
-            outcome = results.get(task.task_id.hex)
+            outcome = results.get(task.task_id)
             if outcome is not None and self.stored_ns:
                 result, ok = outcome
                 child(
