@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from sieve.db.tasks import Outcome, Started
-from worker_svc.text import Matcher
+from worker_svc.text import Hit, Matcher
 
 #: why a task is handed back (the `reason` label of sieve_task_nacks)
 TRANSIENT = "transient"
@@ -50,16 +51,37 @@ def detect_text(task: Started, matcher: Matcher, worker_id: str) -> Outcome:
     except Exception as exc:  # the input, not the moment: trying again gives the same
         return failed(task, worker_id, f"text could not be matched: {type(exc).__name__}: {exc}"[:500])
     match_ms = (time.perf_counter() - began) * 1000
-    hits = [asdict(h) for h in result.hits]
     return Outcome(
         task_id=task.task_id,
         attempt=task.attempt,
         worker_id=worker_id,
         verdict=result.verdict.name,
-        hits_json=json.dumps(hits, ensure_ascii=False),
+        hits_json=hits_json(result.hits),
         text=task.text,
-        details_json=json.dumps({"timings_ms": {"match": round(match_ms, 3)}}),
+        # what json.dumps({"timings_ms": {"match": ms}}) writes, without its cost (a float's repr is JSON's)
+        details_json=f'{{"timings_ms": {{"match": {round(match_ms, 3)!r}}}}}',
         unmarked=task.unmarked,
+    )
+
+
+def hits_json(hits: Sequence[Hit]) -> str:
+    """The hits as the result row stores them: a JSON list of their fields (dataclasses.asdict's dicts, built
+    directly: asdict copies recursively and cost more than the match itself)."""
+    if not hits:
+        return "[]"
+    return json.dumps(
+        [
+            {
+                "word": h.word,
+                "category": h.category,
+                "severity": h.severity,
+                "start": h.start,
+                "end": h.end,
+                "matched_text": h.matched_text,
+            }
+            for h in hits
+        ],
+        ensure_ascii=False,
     )
 
 
