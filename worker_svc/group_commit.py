@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -31,8 +32,9 @@ class GroupWriteError(Exception):
 class GroupCommit(Generic[T, R]):
     """Runs `write(items) -> results` (same order) for items submitted by many callers at once.
 
-    Owns the waiting items and their futures, and the writer loop (`run`) that takes up to `max_items` at a
-    time; a group that cannot be written within `max_attempts` fails its callers with GroupWriteError."""
+    Owns the waiting calls (each call's items and one future for all of them) and the writer loop (`run`) that
+    takes whole calls, up to `max_items` items at a time (a call larger than that is written in pieces of
+    `max_items`); a group that cannot be written within `max_attempts` fails its callers with GroupWriteError."""
 
     def __init__(
         self,
@@ -44,9 +46,9 @@ class GroupCommit(Generic[T, R]):
     ) -> None:
         self.name = name
         self._write = write
-        self.max_items = max_items
+        self.max_items = max(1, max_items)
         self.max_attempts = max_attempts
-        self._waiting: list[tuple[T, asyncio.Future[R]]] = []
+        self._waiting: deque[tuple[Sequence[T], asyncio.Future[list[R]]]] = deque()
         self._ready = asyncio.Event()
         self.groups = 0
         self.rows = 0
@@ -55,48 +57,69 @@ class GroupCommit(Generic[T, R]):
         """Writes `items` with whatever else is waiting; returns their results in order."""
         if not items:
             return []
-        loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[R]] = []
-        for item in items:
-            future: asyncio.Future[R] = loop.create_future()
-            self._waiting.append((item, future))
-            futures.append(future)
+        future: asyncio.Future[list[R]] = asyncio.get_running_loop().create_future()
+        self._waiting.append((items, future))
         self._ready.set()
-        return list(await asyncio.gather(*futures))
+        return await future
+
+    def _take(self) -> list[tuple[Sequence[T], asyncio.Future[list[R]]]]:
+        """The next group: whole calls, in order, up to max_items items (at least one call)."""
+        group = [self._waiting.popleft()]
+        size = len(group[0][0])
+        while self._waiting and size + len(self._waiting[0][0]) <= self.max_items:
+            call = self._waiting.popleft()
+            group.append(call)
+            size += len(call[0])
+        return group
 
     async def run(self) -> None:
         """The writer loop (one per process)."""
         while True:
             await self._ready.wait()
-            group, self._waiting = self._waiting[: self.max_items], self._waiting[self.max_items :]
+            group = self._take() if self._waiting else []
             if not self._waiting:
                 self._ready.clear()
             if group:
                 await self._flush(group)
 
-    async def _flush(self, group: list[tuple[T, asyncio.Future[R]]]) -> None:
+    async def _flush(self, group: list[tuple[Sequence[T], asyncio.Future[list[R]]]]) -> None:
+        items = [item for call, _ in group for item in call]
+        results: list[R] = []
+        for i in range(0, len(items), self.max_items):  # one piece, unless a single call is larger
+            piece = await self._write_piece(items[i : i + self.max_items], group)
+            if piece is None:
+                return
+            results.extend(piece)
+        self.groups += 1
+        self.rows += len(items)
+        at = 0
+        for call, future in group:
+            if not future.done():
+                future.set_result(results[at : at + len(call)])
+            at += len(call)
+
+    async def _write_piece(
+        self, items: list[T], group: list[tuple[Sequence[T], asyncio.Future[list[R]]]]
+    ) -> Sequence[R] | None:
+        """Writes `items`, retrying with backoff; None (the group's callers failed) when it gives up."""
         backoff = Backoff(base_s=0.1, max_s=5.0)
-        items = [item for item, _ in group]
         while True:
             try:
                 results = await self._write(items)
-                break
+                if len(results) != len(items):
+                    raise RuntimeError(f"{self.name}: {len(results)} results for {len(items)} rows")
+                return results
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 if backoff.failures + 1 >= self.max_attempts:
                     log.error(
-                        "%s: giving up on %d rows after %d tries: %s", self.name, len(group), self.max_attempts, exc
+                        "%s: giving up on %d rows after %d tries: %s", self.name, len(items), self.max_attempts, exc
                     )
                     for _, future in group:
                         if not future.done():
                             future.set_exception(GroupWriteError(str(exc)))
-                    return
+                    return None
                 delay = backoff.next()
                 log.warning("%s: write failed (%s); retry %d in %.2fs", self.name, exc, backoff.failures, delay)
                 await asyncio.sleep(delay)
-        self.groups += 1
-        self.rows += len(group)
-        for (_, future), result in zip(group, results, strict=True):
-            if not future.done():
-                future.set_result(result)
