@@ -13,8 +13,9 @@ Where each reading comes from (`Resources.scope` says which was used, e.g. "cpu=
   its affinity mask) as a percentage of those cores. Always over the last `CPU_WINDOW_S` (a sliding window of
   the counters, so that every caller sees the same recent second, however often it samples).
 - **this worker's own CPU** (`cpu_own_percent`): the CPU time of its process tree — the process with its reaped
-  children (`os.times`) plus its live descendants (listed again every `CHILDREN_EVERY_S`, and at once when the
-  rest reads near the watermark, so that a child just started is not taken for someone else's load) — over the
+  children (`os.times`) plus its live descendants (listed again every `CHILDREN_EVERY_S`, and within
+  `RELIST_AFTER_S` when the rest reads near the watermark, so that a child just started is not taken for someone
+  else's load) — over the
   same window, against the same capacity. The CPU watermark applies to `cpu_percent - cpu_own_percent`.
 - **memory**: the cgroup when it has a memory limit below the host's memory — v2 `memory.max` against
   `memory.current` minus `inactive_file` of `memory.stat` (the working set: reclaimable page cache does not
@@ -66,8 +67,11 @@ CPU_WINDOW_S = 1.0
 MIN_CPU_SPAN_S = 0.05
 #: How often the worker's child processes are listed again (listing walks /proc; reading known ones is cheap).
 CHILDREN_EVERY_S = 5.0
-#: ... and, when the CPU of others reads near the watermark, again if the last listing is older than this
-RELIST_AFTER_S = 0.2
+#: ... and, when the CPU of others reads near the watermark, again if the last listing is older than this: often
+#: enough that a child just started is counted as the worker's own well within CPU_ENTER_AFTER_S (worker_svc.pressure),
+#: and no more often, since a listing reads every process's /proc entry (about 7 ms on a busy host: at every sample,
+#: as before, a few percent of a core per worker whenever the host is busy)
+RELIST_AFTER_S = 1.0
 #: A cgroup v1 limit at or above this is "no limit" (the kernel's page-rounded LLONG_MAX).
 _V1_UNLIMITED = 2**62
 
