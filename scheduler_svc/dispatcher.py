@@ -92,7 +92,7 @@ class Dispatcher:
         self.board.changed.set()
 
     async def listen_for_work(self) -> None:
-        """Sets `wake` whenever a device becomes schedulable (published by enqueueTasks)."""
+        """Sets `wake` whenever a device becomes schedulable (published by enqueueMany)."""
         while not self._stopping.is_set():
             try:
                 async with contextlib.aclosing(self.wake_ups.wake_ups()) as wake_ups:

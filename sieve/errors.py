@@ -21,15 +21,15 @@ class ScriptCode(IntEnum):
 
     #: the state change was made
     OK = 1
-    #: enqueueTasks refused: the global pending limit would be exceeded
+    #: enqueueMany refused: the global pending limit would be exceeded
     GLOBAL_LIMIT = -1
-    #: enqueueTasks refused: the device's pending limit would be exceeded
+    #: enqueueMany refused: the device's pending limit would be exceeded
     DEVICE_LIMIT = -2
     #: popBatch: the device is not schedulable (taken by another replica, idle, backing off)
     DEVICE_NOT_READY = -3
-    #: enqueueTasks refused: Redis lost its memory and the queues are not rebuilt yet
+    #: enqueueMany refused: Redis lost its memory and the queues are not rebuilt yet
     REDIS_NOT_READY = -4
-    #: enqueueTasks refused: a caller's limit of open tasks would be exceeded
+    #: enqueueMany refused: a caller's limit of open tasks would be exceeded
     CALLER_LIMIT = -5
     #: releaseDevice, deferDevice, deferTypes: another token holds the device's lock
     LOCK_NOT_OWNED = -6

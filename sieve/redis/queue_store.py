@@ -26,6 +26,8 @@ from sieve.settings import Settings
 
 #: a pending limit that is never reached
 NO_LIMIT = 2**50
+#: most devices one enqueueMany call takes (bounds the time one call holds Redis)
+ENQUEUE_DEVICES_PER_CALL = 1000
 #: what one task is worth to its caller's virtual start when nothing better is known (ms; lua/includes/callerGroup)
 DEFAULT_MS_PER_TASK = 1.0
 
@@ -138,7 +140,7 @@ class QueueStore:
     """The per-device queues, schedule sets, locks and leases of one Sieve installation."""
 
     _SCRIPTS = (
-        "enqueueTasks",
+        "enqueueMany",
         "rankDevices",
         "popBatch",
         "claimDevices",
@@ -146,7 +148,7 @@ class QueueStore:
         "deferDevice",
         "deferTypes",
         "resumeDevice",
-        "ackTasks",
+        "ackMany",
         "requeueTasks",
         "removeQueued",
         "promoteDelayed",
@@ -208,7 +210,8 @@ class QueueStore:
         rebuilding: bool = False,
         caller_limit: int = NO_LIMIT,
     ) -> dict[str, tuple[int, int] | AdmissionRefused]:
-        """Queues several devices' tasks in one pipelined round trip; each device is admitted alone
+        """Queues several devices' tasks in one round trip (enqueueMany: one script call per 1 000 devices); each
+        device is admitted alone
         (`admit=False` skips the limits: an operator's requeue of dead letters, a rebuild), and so is each
         caller of its entries: at most `caller_limit` open tasks per caller. Raises RedisNotReady while
         Redis has lost its memory and is not rebuilt (`rebuilding=True` is the rebuild itself)."""
@@ -216,32 +219,23 @@ class QueueStore:
         k, s = self.keys, self.settings
         total, per_device = (s.max_total_pending, s.max_per_device_pending) if admit else (NO_LIMIT, NO_LIMIT)
         per_caller = caller_limit if admit else NO_LIMIT
-        replies = await self._call_pipelined(
-            [
-                (
-                    "enqueueTasks",
-                    [*self._device(mac)[0], k.pending, k.overloaded, k.devices, k.generation, k.caller_open],
-                    [
-                        now,
-                        total,
-                        per_device,
-                        s.weight_of(mac),
-                        mac,
-                        k.wake_channel,
-                        int(not rebuilding),
-                        per_caller,
-                        group_name(entries[0].caller),
-                        self.callers.weight(entries[0].caller),
-                        *(e.encode() for e in entries),
-                    ],
-                )
-                for mac, entries in groups.items()
-            ]
-        )
-        if any(reply[0] == ScriptCode.REDIS_NOT_READY for reply in replies):
+        macs = list(groups)
+        calls = []
+        for start in range(0, len(macs), ENQUEUE_DEVICES_PER_CALL):
+            args: list[Any] = [now, total, per_device, per_caller, k.wake_channel, int(not rebuilding), k.base]
+            for mac in macs[start : start + ENQUEUE_DEVICES_PER_CALL]:
+                entries = groups[mac]
+                caller = entries[0].caller
+                args += [mac, s.weight_of(mac), group_name(caller), self.callers.weight(caller), len(entries)]
+                args += [e.encode() for e in entries]
+            calls.append(("enqueueMany", [k.pending, k.overloaded, k.devices, k.generation, k.caller_open], args))
+        chunks = await self._call_pipelined(calls)
+        if any(reply[0] == ScriptCode.REDIS_NOT_READY for reply in chunks):
             raise RedisNotReady("Redis lost its queues; they are being rebuilt from PostgreSQL")
+        flat = [v for reply in chunks for v in reply]
+        replies = [flat[i : i + 4] for i in range(0, len(flat), 4)]
         out: dict[str, tuple[int, int] | AdmissionRefused] = {}
-        for mac, (code, backlog, pending, caller_open) in zip(groups, replies, strict=True):
+        for mac, (code, backlog, pending, caller_open) in zip(macs, replies, strict=True):
             out[mac] = (
                 (backlog, pending)
                 if code == ScriptCode.OK
@@ -622,11 +616,11 @@ class QueueStore:
         device_of: Mapping[str, str] | None = None,
         charges: Mapping[str, float] | None = None,
     ) -> list[bool]:
-        """Finishes leased tasks; an ack whose attempt is not the lease's current one is refused. One script call
-        per device (pipelined: one round trip), so that a device left with nothing queued or outstanding forgets
-        its meta. `device_of` (task id -> device) spares reading the lease data for the devices. `charges`
-        (device -> ms): fair by cost, what one of its acked tasks cost the worker pool in wall-clock time, kept in
-        the device's meta for its next serves (scheduler_svc/cost.py, lua/includes/chargeDevice)."""
+        """Finishes leased tasks; an ack whose attempt is not the lease's current one is refused. One script call for
+        all (ackMany), so that a device left with nothing queued or outstanding forgets its meta.
+        `device_of` (task id -> device) spares reading the lease data for the devices. `charges` (device ->
+        ms): fair by cost, what one of its acked tasks cost the worker pool in wall-clock time, kept in the
+        device's meta for its next serves (scheduler_svc/cost.py, lua/includes/chargeDevice)."""
         if not leases:
             return []
         known = dict(device_of or {})
@@ -643,18 +637,13 @@ class QueueStore:
         acked = [False] * len(leases)
         if not by_device:
             return acked
-        k = self.keys
-        calls = [
-            (
-                "ackTasks",
-                [k.leases, k.lease_data, k.caller_open, k.meta(mac)],
-                [mac, round((charges or {}).get(mac, 0.0), 3), *(x for i in indexes for x in leases[i])],
-            )
-            for mac, indexes in by_device.items()
-        ]
-        for indexes, reply in zip(by_device.values(), await self._call_pipelined(calls), strict=True):
-            for i, r in zip(indexes, reply, strict=True):
-                acked[i] = bool(r)
+        args: list[Any] = [self.keys.base]
+        for mac, indexes in by_device.items():
+            args += [mac, round((charges or {}).get(mac, 0.0), 3), len(indexes)]
+            args += [x for i in indexes for x in leases[i]]
+        reply = await self._call("ackMany", [self.keys.leases, self.keys.lease_data, self.keys.caller_open], args)
+        for i, r in zip((i for indexes in by_device.values() for i in indexes), reply, strict=True):
+            acked[i] = bool(r)
         return acked
 
     async def requeue(

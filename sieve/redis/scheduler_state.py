@@ -6,7 +6,7 @@
   backed-off devices; dead letters — read by GetWatermark and by the metrics scrape, and the watermark record
   autoscalers read (`publish_watermark`: `Keys.watermark`, JSON with a TTL);
 - the replicas' signs of life (`Keys.schedulers`: replica id -> when it last said it was alive, ms);
-- the wake-up channel (`Keys.wake_channel`, published by enqueueTasks when a device becomes schedulable; on a
+- the wake-up channel (`Keys.wake_channel`, published by enqueueMany when a device becomes schedulable; on a
   Redis Cluster subscribed to on the master of its slot, the cluster client having no pub/sub of its own);
 - whether GPU workers are expected (`Keys.gpu_expected`: exists, with a TTL, while one was seen recently);
 - the rebuild lock (`Keys.rebuild_lock`) and the reconciliation turn (`Keys.reconcile_lock`);

@@ -35,7 +35,7 @@ async def test_the_client_is_a_cluster_client_and_the_prefix_has_one_master(
 
 async def test_enqueue_rank_pop_ack_and_requeue(cluster_redis: Redis, cluster_settings: Settings) -> None:
     store = QueueStore(cluster_redis, cluster_settings)
-    # Given two devices' tasks, queued in one pipelined round trip of enqueueTasks
+    # Given two devices' tasks, queued in one pipelined round trip of enqueueMany
     outcome = await store.enqueue_many({A: tasks("a", 3, at=T0), B: tasks("b", 2, prio=HIGH, at=T0)}, now=T0)
     assert outcome == {A: (3, 3), B: (2, 5)}
     assert await store.pending() == 5
@@ -115,7 +115,7 @@ async def test_a_wake_up_reaches_the_subscriber(cluster_redis: Redis, cluster_se
     listener = asyncio.create_task(listen())
     try:
         await subscribed.wait()
-        # enqueueTasks PUBLISHes when a device becomes schedulable; the subscription may need a moment first
+        # enqueueMany PUBLISHes when a device becomes schedulable; the subscription may need a moment first
         for i in range(50):
             await store.enqueue(f"AA:BB:CC:DD:EE:{i + 16:02X}", tasks(f"w{i}-", 1, at=T0), now=T0)
             with contextlib.suppress(TimeoutError):

@@ -1,4 +1,4 @@
-"""enqueueTasks (QueueStore.enqueue, enqueue_many): queues, backlog, global counter and schedule set move
+"""enqueueMany (QueueStore.enqueue, enqueue_many): queues, backlog, global counter and schedule set move
 together; the wake channel; admission refusals (global, device, caller limits) change nothing but the overloaded
 mark.
 """

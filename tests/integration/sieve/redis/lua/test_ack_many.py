@@ -1,4 +1,4 @@
-"""ackTasks (QueueStore.ack): only the lease's current attempt (its fencing token) finishes a task."""
+"""ackMany (QueueStore.ack): only the lease's current attempt (its fencing token) finishes a task."""
 
 from __future__ import annotations
 
@@ -72,3 +72,24 @@ async def test_a_device_with_a_known_cost_is_served_by_what_its_tasks_cost_not_b
     # And after a quiet time it keeps at most 2 s of credit
     await store.pop(A, "tok", 1, now=T0 + 60 * S, release=True)
     assert await redis.zscore(schedule, A) == T0 + 58 * S + 500
+
+
+async def test_acks_of_many_devices_in_one_call_each_settle_their_own_device(
+    store: QueueStore, redis: Redis, keys: Keys
+) -> None:
+    devices = [f"AA:BB:CC:00:00:{i:02X}" for i in range(30)]
+    await store.enqueue_many({mac: tasks(f"d{i}-", 2) for i, mac in enumerate(devices)}, now=T0)
+    claim = await store.claim("tok", 60, None, max_devices=60, now=T0 + S)
+    leased = [(mac, e) for mac, p in claim.devices for e in p.taken]
+    assert len(leased) == 60
+    # one task of each device acked, plus a stale attempt: in one call
+    first = [(e.task_id, e.attempt) for mac, e in leased if e.task_id.endswith("-0")]
+    result = await store.ack([*first, (first[0][0], 99)], device_of={e.task_id: mac for mac, e in leased})
+    assert result == [True] * 30 + [False]
+    assert await redis.zcard(keys.leases) == 30
+    # each device still has one task outstanding (its meta kept); the second acks leave nothing
+    assert [(await store.device_meta(mac)).get("outstanding") for mac in devices] == ["1"] * 30
+    rest = [(e.task_id, e.attempt) for mac, e in leased if e.task_id.endswith("-1")]
+    assert await store.ack(rest) == [True] * 30
+    assert await redis.zcard(keys.leases) == 0
+    assert not any([await store.device_meta(mac) for mac in devices])

@@ -1,0 +1,74 @@
+--[[
+  enqueueDevice(device, g, a, raws) -> {code, backlog, pending, open}, woke
+  Enqueues one device's new tasks with admission control (enqueueMany): refused as a whole when the
+  global pending limit, a caller's limit of open tasks or the device's pending limit would be exceeded (a device
+  over its limit is marked overloaded); else each entry goes to the back of its priority's queue, the counters
+  move, and a device that was not being served or backing off is scheduled (woke: it became schedulable; the
+  caller publishes a wake-up).
+
+  g: the global keys: pending, overloaded, devices, caller (caller open counts).
+  a: now, maxPending, maxPerDevice, maxPerCaller, weight (the device's).
+  raws: the entries (sieve/redis/entry.py). Codes: OK, GLOBAL_LIMIT, CALLER_LIMIT, DEVICE_LIMIT (codes.lua);
+  open: the first caller's open tasks now (that caller's, when its limit refused them; 0 without one).
+]]
+--@requires codes, parseEntry, scheduleDevice
+
+local function enqueueDevice(device, g, a, raws)
+  local mac, now = device.mac, a.now
+  local n = #raws
+  local pending = tonumber(redis.call("GET", g.pending) or "0")
+  local backlog = tonumber(redis.call("HGET", device.meta, "backlog") or "0")
+
+  -- the entries' callers, in order of first appearance, with their counts
+  local entries, callers, incoming = {}, {}, {}
+  for _, raw in ipairs(raws) do
+    local e = parseEntry(raw)
+    entries[#entries + 1] = e
+    if e.caller ~= "" then
+      if not incoming[e.caller] then
+        callers[#callers + 1] = e.caller
+        incoming[e.caller] = 0
+      end
+      incoming[e.caller] = incoming[e.caller] + 1
+    end
+  end
+  local opened = {}
+  for i, caller in ipairs(callers) do
+    opened[i] = tonumber(redis.call("HGET", g.caller, caller) or "0")
+  end
+  local first = opened[1] or 0
+
+  if pending + n > a.maxPending then
+    return {CODE.GLOBAL_LIMIT, backlog, pending, first}, false
+  end
+  for i, caller in ipairs(callers) do
+    if opened[i] + incoming[caller] > a.maxPerCaller then
+      return {CODE.CALLER_LIMIT, backlog, pending, opened[i]}, false
+    end
+  end
+  if backlog + n > a.maxPerDevice then
+    redis.call("SADD", g.overloaded, mac)
+    return {CODE.DEVICE_LIMIT, backlog, pending, first}, false
+  end
+
+  for i, raw in ipairs(raws) do
+    redis.call("RPUSH", device.queues[entries[i].prio], raw)
+  end
+  for i, caller in ipairs(callers) do
+    opened[i] = redis.call("HINCRBY", g.caller, caller, incoming[caller])
+  end
+  backlog = redis.call("HINCRBY", device.meta, "backlog", n)
+  pending = redis.call("INCRBY", g.pending, n)
+  redis.call("HSET", device.meta, "weight", a.weight, "device", mac)
+  redis.call("SADD", g.devices, mac)
+
+  local state = redis.call("HGET", device.meta, "state")
+  local woke = false
+  if state == false or state == "idle" or state == "ready" then
+    -- a ready device may have gained a higher priority: scheduleDevice moves it to the right set
+    local became = scheduleDevice(device, now)
+    woke = state ~= "ready" and became == "ready"
+  end
+  -- "serving" and "backoff" devices are rescheduled by releaseDevice / resumeDevice
+  return {CODE.OK, backlog, pending, opened[1] or 0}, woke
+end
