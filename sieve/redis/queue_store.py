@@ -419,25 +419,6 @@ class QueueStore:
             await self._call(*self._pop_call(mac, token, count, allowed_types, release, now or now_ms()))
         )
 
-    async def pop_and_rank(
-        self,
-        mac: str,
-        token: str,
-        count: int,
-        allowed_types: list[int],
-        *,
-        exclude: str | None = None,
-        carry_ms: float = 0.0,
-        now: float | None = None,
-    ) -> tuple[Popped, Rank]:
-        """Pops and releases `mac`, then ranks the next device (after the release, so `mac` competes
-        with its wait just restarted), in one round trip."""
-        now = now or now_ms()
-        popped, ranked = await self._call_pipelined(
-            [self._pop_call(mac, token, count, allowed_types, True, now, carry_ms), self._rank_call(exclude, now)]
-        )
-        return self._popped(popped), self._rank(ranked, now)
-
     async def claim(
         self,
         token: str,

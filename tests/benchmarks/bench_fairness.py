@@ -410,13 +410,11 @@ async def claim_rate(devices: int, rounds: int) -> float:
                 for d in range(start, min(devices, start + 1000))
             }
             await queues.enqueue_many(groups)
-        rank = await queues.rank()
         t0 = time.perf_counter()
         for _ in range(rounds):
-            assert rank.mac is not None
-            popped, nxt = await queues.pop_and_rank(rank.mac, "bench", 10, [1])
-            await queues.ack([(e.task_id, e.attempt) for e in popped.taken])
-            rank = nxt if nxt.mac else await queues.rank()
+            claim = await queues.claim("bench", 10, {1: 10}, max_devices=1)
+            assert claim.taken
+            await queues.ack([(e.task_id, e.attempt) for _, p in claim.devices for e in p.taken])
         return rounds / (time.perf_counter() - t0)
     finally:
         await cleanup(settings)

@@ -44,9 +44,10 @@ async def test_enqueue_rank_pop_ack_and_requeue(cluster_redis: Redis, cluster_se
     popped = await store.pop(B, "tok", 10, now=T0 + S)
     assert popped.ready and [e.task_id for e in popped.taken] == ["b0", "b1"]
     await store.release(B, "tok", now=T0 + S)
-    # and pop_and_rank (two scripts pipelined) serves A and ranks the next
-    popped, ranked = await store.pop_and_rank(A, "tok2", 2, [types_pb2.TASK_TYPE_TEXT], now=T0 + 2 * S)
-    assert [e.task_id for e in popped.taken] == ["a0", "a1"] and ranked.mac == A
+    # and a claim round (claimDevices, device keys named in the script) serves A and ranks the next
+    claim = await store.claim("tok2", 2, {types_pb2.TASK_TYPE_TEXT: 2}, max_devices=4, now=T0 + 2 * S)
+    [(mac, popped)] = claim.devices
+    assert mac == A and [e.task_id for e in popped.taken] == ["a0", "a1"] and claim.next.mac == A
     assert await store.pending() == 1
     # When b0 is acked with its lease number, a stale ack refused, and b1 requeued with its attempt counted
     leases = {e.task_id: e.attempt for e in [*popped.taken]}

@@ -2,7 +2,7 @@
 
 `FakeStore` keeps the same state the Lua scripts keep — per-device queues by priority, the device's dispatch lock
 and state (ready / serving / idle), leases, the delayed set, dead letters — in plain dicts and lists, and implements
-the `QueueStore` methods the dispatcher calls (`rank`, `claim`, `pop`, `pop_and_rank`, `release`, `requeue`,
+the `QueueStore` methods the dispatcher calls (`rank`, `claim`, `pop`, `release`, `requeue`,
 `defer_types`, `resume_due`, `publish_drain`) plus what routing and the dispatcher ask of `SchedulerState`
 (`mark_gpu_expected`, `gpu_expected`, `wake_ups`) with the scripts' semantics, simplified where a unit test does not
 look: a device's queues are popped highest priority first (no aging of head tasks), ranking is by priority tier,
@@ -141,22 +141,6 @@ class FakeStore:
         if release:
             await self.release(mac, token, now=now)
         return Popped(True, taken, expired, blocked)
-
-    async def pop_and_rank(
-        self,
-        mac: str,
-        token: str,
-        count: int,
-        allowed_types: list[int],
-        *,
-        exclude: str | None = None,
-        carry_ms: float = 0.0,
-        now: float | None = None,
-    ) -> tuple[Popped, Rank]:
-        popped = await self.pop(
-            mac, token, count, allowed_types=allowed_types, release=True, now=now, carry_ms=carry_ms
-        )
-        return popped, await self.rank(exclude=exclude, now=now)
 
     async def claim(
         self,

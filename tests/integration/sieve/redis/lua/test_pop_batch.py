@@ -1,4 +1,4 @@
-"""popBatch (QueueStore.pop, pop_and_rank): the claim (lock, serving set), priority and aging order, expired
+"""popBatch (QueueStore.pop): the claim (lock, serving set), priority and aging order, expired
 entries dropped, leases and attempts, allowed task types, release in the same step, concurrent claims.
 """
 
@@ -22,7 +22,6 @@ from tests.integration.sieve.redis.lua.helpers import (
     T0,
     TEXT,
     A,
-    B,
     S,
     entry,
     ids,
@@ -251,16 +250,6 @@ async def test_pop_with_release_of_the_last_tasks_leaves_the_device_idle(
     await store.pop(A, "tok", 5, release=True, now=T0 + S)
     assert (await store.device_meta(A))["state"] == "idle"
     assert not await redis.sismember(keys.devices, A)
-
-
-async def test_pop_and_rank_serves_one_device_and_names_the_next_one(store: QueueStore) -> None:
-    await store.enqueue(A, tasks("a", 3, at=T0), now=T0)
-    await store.enqueue(B, [entry("b1", at=T0 + 5 * S)], now=T0 + 5 * S)
-    popped, rank = await store.pop_and_rank(A, "tok", 1, [TEXT], now=T0 + 100 * S)
-    assert [e.task_id for e in popped.taken] == ["a0"]
-    # B is named next; A, just served, is skipped (and so is not counted as starving)
-    assert (rank.mac, rank.starving, rank.longest_wait_ms) == (B, False, 95 * S)
-    assert (await store.device_meta(A))["state"] == "ready"
 
 
 async def test_concurrent_pops_of_one_device_hand_out_each_task_once(store: QueueStore) -> None:
