@@ -11,8 +11,8 @@ Owns the registry's storage, which the registry service writes and the scheduler
 
 Hash fields are strings: numbers in decimal, booleans "1"/"0", `task_types` a comma list of TaskType
 names without their prefix ("TEXT,OCR_IMAGE"), `gpu_names` a JSON array of strings (GPU names may hold
-commas), times ISO-8601 UTC. Listing uses SCAN with MATCH (never KEYS; on a Redis Cluster, every master) and reads
-each page's hashes in one pipeline.
+commas), times ISO-8601 UTC. Listing reads the ids of the index whose deadline has not passed (never a SCAN
+of the keyspace, which holds every device's keys too) and each page's hashes in one pipeline.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from sieve.v1 import registry_pb2, types_pb2
 
 log = logging.getLogger("sieve.redis.worker_records")
 
-#: SCAN page size (a hint to Redis, not a limit on the result).
-SCAN_COUNT = 500
+#: ids of the index read per pipeline of HGETALLs.
+PAGE_SIZE = 500
 _TASK_TYPE_PREFIX = "TASK_TYPE_"
 
 
@@ -383,19 +383,16 @@ class WorkerRecords:
     async def list(self, task_type: int | None = None, available_only: bool = False) -> list[WorkerRecord]:
         """Every live worker (optionally only those taking `task_type`, only available ones), by id.
 
-        SCAN pages with MATCH on the worker pattern; each page's hashes are read in one pipeline. A record
-        that expires between SCAN and HGETALL reads empty and is left out. TASK_TYPE_UNSPECIFIED (0) or
-        None means every type.
+        The ids come from the index (those whose deadline has not passed), never from a SCAN of the keyspace:
+        with 100 000 devices' keys beside them, a SCAN would walk all of them to find a few workers. Each page
+        of ids is read in one pipeline; a record that expired meanwhile reads empty and is left out.
+        TASK_TYPE_UNSPECIFIED (0) or None means every type.
         """
         found: dict[str, WorkerRecord] = {}
-        page: list[str] = []
-        # scan_iter: on a Redis Cluster, SCAN answers per master (and walks each of them to its end)
-        async for key in self._redis.scan_iter(match=self._keys.worker_pattern, count=SCAN_COUNT):
-            page.append(key)
-            if len(page) >= SCAN_COUNT:
-                await self._read_page(page, found)
-                page = []
-        await self._read_page(page, found)
+        now_ms = int(time.time() * 1000)
+        ids = await self._redis.zrangebyscore(self._keys.worker_index, now_ms, "+inf")
+        for start in range(0, len(ids), PAGE_SIZE):
+            await self._read_page([self._keys.worker(i) for i in ids[start : start + PAGE_SIZE]], found)
         records = sorted(found.values(), key=lambda r: r.worker_id)
         if task_type:
             records = [r for r in records if r.takes(task_type)]
@@ -404,7 +401,7 @@ class WorkerRecords:
         return records
 
     async def _read_page(self, keys: Sequence[str], found: dict[str, WorkerRecord]) -> None:
-        """Reads the worker hashes of one page of SCAN's keys not read yet (one pipeline) into `found`."""
+        """Reads the worker hashes of one page of keys not read yet (one pipeline) into `found`."""
         fresh = [k for k in dict.fromkeys(keys) if k.removeprefix(self._record_prefix) not in found]
         if not fresh:
             return

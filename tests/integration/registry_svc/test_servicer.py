@@ -196,17 +196,19 @@ async def test_registering_again_replaces_the_record(registry: Registry) -> None
     assert worker.available
 
 
-async def test_listing_scans_and_lists_all_300_workers(
+async def test_listing_reads_the_index_in_pages_and_lists_all_300_workers_without_walking_the_keyspace(
     registry: Registry, redis: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given 300 registered workers, small SCAN pages, and a Redis client on which KEYS would fail
+    # Given 300 registered workers, small pages, and a Redis client on which KEYS and SCAN would fail (the keyspace
+    # holds every device's keys too: walking it to find a few workers costs Redis time in proportion to all of them)
     await asyncio.gather(*(registry.stub.Register(_register(f"w{i:03d}")) for i in range(300)))
-    monkeypatch.setattr(sieve.redis.worker_records, "SCAN_COUNT", 50)
+    monkeypatch.setattr(sieve.redis.worker_records, "PAGE_SIZE", 50)
 
-    async def no_keys(*args: object, **kwargs: object) -> None:
-        raise AssertionError("KEYS must not be used")
+    async def no_walk(*args: object, **kwargs: object) -> None:
+        raise AssertionError("KEYS and SCAN must not be used")
 
-    monkeypatch.setattr(redis, "keys", no_keys)
+    for walk in ("keys", "scan", "scan_iter"):
+        monkeypatch.setattr(redis, walk, no_walk)
 
     # When the workers are listed
     listed = await _list(registry)
