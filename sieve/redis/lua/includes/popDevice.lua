@@ -3,7 +3,8 @@
   Claims a device for serving and takes up to a.want of its tasks (popBatch, claimDevices).
 
   Takes the device's dispatch lock (SET NX PX with a.token), moves the device from its schedule set to the
-  serving set (its caller group was served: callerServed), then pops: the highest priority first, except that a
+  serving set (its caller group was served: callerServed) — with a.release, whose dispatch ends in this same
+  step, it only checks that no other dispatch holds the lock —, then pops: the highest priority first, except that a
   head task that has waited max_wait or longer is taken before any younger one (low priority never starves).
   Expired tasks are dropped on the way (the caller records them EXPIRED). Each popped task's attempt is raised
   and it is leased until now + lease_ttl; the new attempt number is its fencing token.
@@ -19,15 +20,20 @@
   code: OK, LOCK_HELD (another dispatch holds the lock) or DEVICE_NOT_READY (not schedulable: taken by another
   replica, idle, backing off); taken: leased entries (attempt raised); expired: entries dropped as expired.
 ]]
---@requires codes, parseEntry, countCaller, countOutstanding, endDispatch, reschedule, callerGroup, chargeDevice
+--@requires codes, parseEntry, countCaller, countOutstanding, reschedule, callerGroup, chargeDevice
 
 local function popDevice(device, lockKey, g, a)
   local mac, now = device.mac, a.now
-  if not redis.call("SET", lockKey, a.token, "NX", "PX", a.lockTtl) then
+  -- released in the same step, the dispatch needs no lock of its own (nobody sees it held) but must respect
+  -- one another dispatch holds
+  if a.release then
+    if redis.call("EXISTS", lockKey) == 1 then return CODE.LOCK_HELD, {}, {}, 0 end
+  elseif not redis.call("SET", lockKey, a.token, "NX", "PX", a.lockTtl) then
     return CODE.LOCK_HELD, {}, {}, 0
   end
-  if redis.call("HGET", device.meta, "state") ~= "ready" then
-    redis.call("DEL", lockKey)
+  local m = redis.call("HMGET", device.meta, "state", "class", "last_served_ms", "win_start_ms", "win_count")
+  if m[1] ~= "ready" then
+    if not a.release then redis.call("DEL", lockKey) end
     if redis.call("EXISTS", device.meta) == 0 then
       -- no meta at all (its keys were lost): out of the schedule sets, or the next rank picks it again and the
       -- dispatcher spins on it; the reconciler repairs the device and schedules it again
@@ -35,12 +41,16 @@ local function popDevice(device, lockKey, g, a)
     end
     return CODE.DEVICE_NOT_READY, {}, {}, 0
   end
-  local class = tonumber(redis.call("HGET", device.meta, "class") or "0")
-  local previous = tonumber(redis.call("HGET", device.meta, "last_served_ms") or "0")
+  local class = tonumber(m[2] or "0")
+  local previous = tonumber(m[3] or "0")
   unscheduleDevice(device, class)
-  redis.call("ZADD", g.serving, now + tonumber(a.lockTtl), mac)
-  redis.call("HSET", device.meta, "state", "serving", "class", 0, "token", a.token,
-    "last_served_ms", now - a.carriedWait)
+  if a.release then
+    redis.call("HSET", device.meta, "class", 0, "last_served_ms", now - a.carriedWait)
+  else
+    redis.call("ZADD", g.serving, now + tonumber(a.lockTtl), mac)
+    redis.call("HSET", device.meta, "state", "serving", "class", 0, "token", a.token,
+      "last_served_ms", now - a.carriedWait)
+  end
 
   -- the device's non-empty queues, highest priority first
   local sizes = {}
@@ -110,18 +120,20 @@ local function popDevice(device, lockKey, g, a)
     redis.call("HINCRBY", device.meta, "served", #taken)
   end
   -- service rate, for the retry delay intake gives a refused device: tasks taken per 10 s window
-  local winStart = tonumber(redis.call("HGET", device.meta, "win_start_ms") or "0")
+  local winStart = tonumber(m[4] or "0")
   if now - winStart >= 10000 then
     if winStart > 0 then
-      local count = tonumber(redis.call("HGET", device.meta, "win_count") or "0")
-      redis.call("HSET", device.meta, "rate_per_s", string.format("%.3f", count * 1000 / (now - winStart)))
+      local count = tonumber(m[5] or "0")
+      redis.call("HSET", device.meta, "rate_per_s", string.format("%.3f", count * 1000 / (now - winStart)),
+        "win_start_ms", now, "win_count", #taken)
+    else
+      redis.call("HSET", device.meta, "win_start_ms", now, "win_count", #taken)
     end
-    redis.call("HSET", device.meta, "win_start_ms", now, "win_count", 0)
+  elseif #taken > 0 then
+    redis.call("HINCRBY", device.meta, "win_count", #taken)
   end
-  redis.call("HINCRBY", device.meta, "win_count", #taken)
 
   if a.release then
-    endDispatch(device, lockKey, g.serving)
     if #taken > 0 then redis.call("HSET", device.meta, "defer_count", 0) end
     reschedule(device, now, g.devices)
   end
