@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from opentelemetry import trace
 
@@ -48,6 +49,9 @@ class DispatchObserver:
 
     def __init__(self) -> None:
         self._assigning: dict[str, trace.Span] = {}
+        # metric children, looked up once (labels() costs more than the observation itself)
+        self._claims = {starving: metrics.CLAIMS.labels("true" if starving else "false") for starving in (False, True)}
+        self._queue_wait: dict[int, Any] = {}
 
     @staticmethod
     def claim_started() -> int:
@@ -59,10 +63,13 @@ class DispatchObserver:
         opens its assign span, and returns the entries carrying the assign span's traceparent."""
         if not entries:
             return entries
-        metrics.CLAIMS.labels("true" if starving else "false").inc()
+        self._claims[starving].inc()
         now_ms = time.time() * 1000
         for e in entries:
-            metrics.QUEUE_WAIT.labels(enum_label(Priority, e.priority)).observe(max(0.0, now_ms - e.enqueued_ms) / 1000)
+            child = self._queue_wait.get(e.priority)
+            if child is None:
+                child = self._queue_wait[e.priority] = metrics.QUEUE_WAIT.labels(enum_label(Priority, e.priority))
+            child.observe(max(0.0, now_ms - e.enqueued_ms) / 1000)
         if not telemetry.enabled():
             return entries
         if len(self._assigning) > MAX_OPEN:

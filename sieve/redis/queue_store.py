@@ -153,6 +153,7 @@ class QueueStore:
         "removeQueued",
         "promoteDelayed",
         "takeTokens",
+        "admissionReads",
     )
 
     def __init__(self, redis: Redis, settings: Settings) -> None:
@@ -253,7 +254,8 @@ class QueueStore:
     ) -> tuple[int, dict[str, int], int, int, float]:
         """Global pending, each device's backlog and the caller's open tasks ("": none) — and with `take`, the
         submit tokens taken from a caller's bucket (granted, seconds until the rest is back; else 0, 0) — in one
-        round trip."""
+        round trip (admissionReads: one command for all the devices)."""
+        reads = self._scripts["admissionReads"]
         for attempt in (1, 2):
             async with self.redis.pipeline(transaction=False) as pipe:
                 if take is not None:
@@ -266,13 +268,11 @@ class QueueStore:
                         take.burst,
                         take.wanted,
                     )
-                pipe.get(self.keys.pending)
-                pipe.hget(self.keys.caller_open, caller)
-                for mac in devices:
-                    pipe.hget(self.keys.meta(mac), "backlog")
+                pipe.evalsha(reads.sha, 2, self.keys.pending, self.keys.caller_open, caller, self.keys.base, *devices)
                 values = await pipe.execute(raise_on_error=False)
-            if attempt == 1 and take is not None and isinstance(values[0], NoScriptError):
-                await self.redis.script_load(self._scripts["takeTokens"].script)
+            if attempt == 1 and any(isinstance(v, NoScriptError) for v in values):
+                for name in ("takeTokens", "admissionReads"):
+                    await self.redis.script_load(self._scripts[name].script)
                 continue
             for value in values:
                 if isinstance(value, Exception):
@@ -282,8 +282,9 @@ class QueueStore:
         if take is not None:
             (granted, wait_ms), values = values[0], values[1:]
             granted, wait_s = int(granted), int(wait_ms) / 1000
-        backlogs = {m: int(v or 0) for m, v in zip(devices, values[2:], strict=True)}
-        return int(values[0] or 0), backlogs, int(values[1] or 0) if caller else 0, granted, wait_s
+        pending, caller_open, *backlog = values[0]
+        backlogs = {m: int(v) for m, v in zip(devices, backlog, strict=True)}
+        return int(pending), backlogs, int(caller_open), granted, wait_s
 
     async def caller_open(self, callers: list[str] | None = None) -> dict[str, int]:
         """Open tasks (queued, leased or delayed) per caller: of `callers`, or of every caller that has some."""
