@@ -189,11 +189,8 @@ def test_the_shared_package_imports_no_service() -> None:
 # exceptions (to tell a Redis outage from a bug) and the client class to annotate a parameter or field with it
 # (the client is made by sieve.redis.connection and handed around); nothing else, and it calls no Redis command.
 #: modules outside sieve/redis allowed more, and why
-REDIS_ALLOWED: dict[str, str] = {
-    "sieve.rpc.readiness": "the readiness probe: a client of its own that never retries (Redis.from_url with "
-    "Retry(NoBackoff(), 0)) and PING within the probe timeout; the eviction-policy check "
-    "it runs is sieve.redis.connection.EvictionCheck",
-}
+#: (none now: the readiness probe takes its client, ping and eviction check from sieve.redis.connection)
+REDIS_ALLOWED: dict[str, str] = {}
 #: redis-py modules any module may import (their names are exception classes)
 REDIS_IMPORTS_ANYWHERE = ("redis.exceptions",)
 #: method names of redis-py's client that other libraries' objects use as well (asyncio, asyncpg, pathlib,
