@@ -1,10 +1,12 @@
 --[[
   Claims the next devices of the fair order and takes their tasks, in one atomic step: what popBatch does for
   one device, repeated for the device rankNext names next, until `want` tasks are taken, `maxDevices` devices
-  were claimed, the budget is spent, no device is schedulable, or a device that gave nothing earlier in the call
-(its lock was held, or its next task's type had no budget left) is named again. Every device is claimed and released on its
-  own (its own lock token, its wait restarting as it is served), in the order one claim at a time would take
-  them, so a fleet of devices with a task each costs one round trip per batch instead of one per device.
+  were claimed, the budget is spent, no device is schedulable, or a device already claimed in this call is named
+  again. Every device is claimed and released on its own (its own lock token, its wait restarting as it is
+  served), in the order one claim at a time would take them, so a fleet of devices with a task each costs one
+  round trip per batch instead of one per device. A device gives at most one batch per call: the rest of the
+  credits wait for the next call, in which a device that became ready meanwhile (a newcomer behind a device with
+  a long backlog) competes at once, instead of after the workers have gone through all one call handed out.
 
   Time runs on inside the call as it would between separate claims: each claim happens msPerTask ms per task
   taken so far after `now` (at least 0.01 ms after the one before), about when the workers would have taken
@@ -92,9 +94,9 @@ end
 
 local out = {CODE.OK, 0}
 local total, claimed, skip, at = 0, 0, "", now
-local refused = {} -- devices that gave nothing (locked, or their next type has no budget): named again, they end it
+local claimedOnce = {} -- devices claimed in this call: named again, they end it
 local choice = rankNext(ctx, skip)
-while choice.mac ~= "" and not refused[choice.mac] and total < want and claimed < maxDevices and not spent() do
+while choice.mac ~= "" and not claimedOnce[choice.mac] and total < want and claimed < maxDevices and not spent() do
   claimed = claimed + 1
   local mac = choice.mac
   local size = perDevice
@@ -120,7 +122,7 @@ while choice.mac ~= "" and not refused[choice.mac] and total < want and claimed 
   for _, v in ipairs(expired) do out[#out + 1] = v end
   out[2] = out[2] + 1
   total = total + #taken
-  if code ~= CODE.OK or #taken == 0 then refused[mac] = true end
+  claimedOnce[mac] = true
   -- under starvation (or when the device could not be claimed) it sits out the next choice: service spreads
   if choice.starving or code ~= CODE.OK then skip = mac else skip = "" end
   local step = #taken * msPerTask

@@ -155,7 +155,7 @@ class FakeStore:
         now: float | None = None,
     ) -> Claim:
         """rank and pop (released) for the next devices, as claimDevices does, until `want` tasks, `max_devices`
-        devices or the budget is spent, or a device that could not be claimed comes up again."""
+        devices or the budget is spent, or a device already claimed in this call comes up again."""
         now = self._now(now)
         left = dict(budget) if budget is not None else None
         devices: list[tuple[str, Popped]] = []
@@ -175,8 +175,7 @@ class FakeStore:
             )
             devices.append((rank.mac, popped))
             total += len(popped.taken)
-            if not popped.taken:
-                refused.add(rank.mac)
+            refused.add(rank.mac)
             rank = await self.rank(exclude=rank.mac if rank.starving or not popped.ready else None, now=now)
         return Claim(devices, rank)
 
