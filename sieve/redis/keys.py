@@ -100,6 +100,8 @@ class Keys:
         self.caller_served = f"{self.base}:caller:served"
         #: The virtual time of the caller level: the virtual start of the group served last.
         self.caller_vtime = f"{self.base}:caller:vtime"
+        #: Every caller group that has had a ready device (its schedule sets are where the reconciler looks).
+        self.groups = f"{self.base}:groups"
 
     def queue(self, mac: str, priority: int) -> str:
         return f"{self.base}:q:{mac}:{priority}"

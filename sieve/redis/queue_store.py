@@ -846,10 +846,13 @@ class QueueStore:
         dispatcher would claim them in vain, again and again), with the caller group of the set they were found
         in. Read in steps, not atomic: repair_devices checks."""
         members: list[tuple[str, int, str]] = []
-        base = self.keys.base
-        async for key in self.redis.scan_iter(match=f"{base}:sched:*", count=1000, _type="zset"):
-            _, _, priority, _weight, group = key[len(base) :].split(":", 4)
-            members += [(mac, int(priority), group) async for mac, _ in self.redis.zscan_iter(key, count=1000)]
+        # the schedule sets of every group that had a ready device (never a SCAN of the keyspace, which holds
+        # every device's keys)
+        groups = sorted({"-", *await _reply(self.redis.smembers(self.keys.groups))})
+        for group in groups:
+            for priority, weight in self._classes:
+                key = self.keys.schedule(priority, weight, group)
+                members += [(mac, priority, group) async for mac, _ in self.redis.zscan_iter(key, count=1000)]
         if not members:
             return {}
         async with self.redis.pipeline(transaction=False) as pipe:

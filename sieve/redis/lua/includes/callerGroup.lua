@@ -18,6 +18,7 @@
 ]]
 local function callerReady(device)
   if redis.call("ZSCORE", device.callers, device.group) then return end
+  redis.call("SADD", device.groups, device.group) -- for the reconciler's look at every group's sets
   local start = tonumber(redis.call("HGET", device.callerServed, device.group) or "0")
   local v = tonumber(redis.call("GET", device.vtime) or "0")
   if v > start then start = v end

@@ -9,8 +9,8 @@
   KEYS[7..11] are the schedule sets' names without the group ("{p}:sched:<prio>:<weight>"); the group's sets are
   those names with ":<group>" appended (same hash tag, so the same Redis Cluster slot). device.groupReady is the
   group's ready devices by wait start, device.callers the ready callers of the group's weight, device.callerServed
-  each caller's virtual start and device.vtime the virtual time (callerGroup; Keys.group_ready / callers /
-  caller_served / caller_vtime).
+  each caller's virtual start, device.vtime the virtual time and device.groups every group that had a ready
+  device (callerGroup; Keys.group_ready / callers / caller_served / caller_vtime / groups).
 ]]
 local function deviceBlock(keys, mac, group, cweight)
   local meta = keys[1]
@@ -31,6 +31,7 @@ local function deviceBlock(keys, mac, group, cweight)
     callers = base .. ":callers:" .. cweight,
     callerServed = base .. ":caller:served",
     vtime = base .. ":caller:vtime",
+    groups = base .. ":groups",
   }
 end
 

@@ -164,8 +164,10 @@ async def test_a_caller_whose_devices_all_left_is_dropped_from_the_callers(
 async def test_a_device_found_in_another_groups_schedule_set_is_taken_out_of_it(
     store: QueueStore, redis: Redis, keys: Keys
 ) -> None:
-    # Given A of alice, ready, and a stray copy of it in bob's schedule set (Redis lost something)
+    # Given A of alice, ready, and a stray copy of it in the schedule set of bob (who has a device of his own: the
+    # reconciler looks at the sets of every group that had a ready device)
     await store.enqueue(A, [task("a1", caller="alice")], now=T0)
+    await store.enqueue(B, [task("b1", caller="bob")], now=T0)
     await redis.zadd(keys.schedule(NORMAL, 1, "bob"), {A: T0})
     # When the reconciler's scan finds it and repairs it
     stray = await store.misscheduled_devices()
