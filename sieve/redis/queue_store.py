@@ -45,11 +45,6 @@ class Rank:
     starving: bool
     next_backoff_ms: float | None
     longest_wait_ms: float | None
-    #: how long the device had already waited beyond the point where it overtook the runner-up of its
-    #: tier, when ranked (see Dispatcher: without it, claims made one at a time blur the weights)
-    overshoot_ms: float = 0.0
-    #: when the ranking was made (ms)
-    ranked_at_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,23 +337,18 @@ class QueueStore:
         )
 
     @staticmethod
-    def _rank(reply: list[Any], now: float) -> Rank:
-        mac, _group, starving, next_backoff, longest, wait, weight, runner = reply
-        next_backoff, longest, wait, runner = float(next_backoff), float(longest), float(wait), float(runner)
-        overshoot = max(0.0, wait - runner / int(weight)) if mac and runner >= 0 and weight else 0.0
+    def _rank(reply: list[Any]) -> Rank:
+        # (the chosen device's wait, weight and runner-up are what claimDevices works its carry out of)
+        mac, _group, starving, next_backoff, longest, _wait, _weight, _runner = reply
+        next_backoff, longest = float(next_backoff), float(longest)
         return Rank(
-            mac or None,
-            bool(starving),
-            None if next_backoff < 0 else next_backoff,
-            None if longest < 0 else longest,
-            overshoot,
-            now,
+            mac or None, bool(starving), None if next_backoff < 0 else next_backoff, None if longest < 0 else longest
         )
 
     async def rank(self, *, exclude: str | None = None, now: float | None = None) -> Rank:
         """The device with the best aging score that is schedulable (not served, not in backoff)."""
         now = now or now_ms()
-        return self._rank(await self._call(*self._rank_call(exclude, now)), now)
+        return self._rank(await self._call(*self._rank_call(exclude, now)))
 
     def _pop_call(
         self,
@@ -475,7 +465,7 @@ class QueueStore:
             at += taken + expired
             ok = code == ScriptCode.OK
             devices.append((mac, Popped(ok, entries[:taken], entries[taken:], int(blocked))))
-        return Claim(devices, self._rank(reply[at : at + 8], now))
+        return Claim(devices, self._rank(reply[at : at + 8]))
 
     async def release(self, mac: str, token: str, *, now: float | None = None) -> None:
         """Unlocks a device after a dispatch; it is scheduled again if it has work (wait restarts)."""

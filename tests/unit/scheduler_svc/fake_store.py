@@ -90,14 +90,14 @@ class FakeStore:
         longest = max(waits.values(), default=None)
         candidates = [mac for mac in ready if mac != exclude]
         if not candidates:
-            return Rank(None, False, None, longest, 0.0, now)
+            return Rank(None, False, None, longest)
 
         def score(mac: str) -> tuple[int, float]:
             return ready[mac].head_priority, min(waits[mac], s.aging_max_wait_s * 1000) * ready[mac].weight
 
         best = max(candidates, key=score)
         starving = any(wait >= s.starvation_hint_s * 1000 for mac, wait in waits.items() if mac != best)
-        return Rank(best, starving, None, longest, 0.0, now)
+        return Rank(best, starving, None, longest)
 
     async def pop(
         self,
