@@ -77,6 +77,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         except Exception:
             await self.streams.end_session(session, "worker gone: its stream closed")
             raise
+        # the headers tell the worker its stream is open and registered, before any work comes
+        await context.send_initial_metadata(())
         # acks and nacks are handled outside the stream's span (it lasts as long as the worker is connected)
         reader = asyncio.create_task(self._read(session, context), context=telemetry.detached_context())
         revoked = asyncio.Event()

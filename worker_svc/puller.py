@@ -257,8 +257,10 @@ class Puller:
             call = scheduler_pb2_grpc.SchedulerServiceStub(channel).Pull(requests())
             watcher = asyncio.create_task(self._watch(stop, outbox))
             try:
-                async for response in call:
+                await call.initial_metadata()  # the scheduler sends its headers once the session is open
+                if not call.done():  # (a refused stream ends with no headers of its own)
                     self.connected.set()
+                async for response in call:
                     if response.HasField("batch"):
                         self._start_batch(list(response.batch.assignments))
             finally:

@@ -56,6 +56,17 @@ async def scrape_all(cluster: Cluster) -> Mapping[str, Samples]:
     return dict(zip(names, results, strict=True))
 
 
+async def scrape_once_connected(cluster: Cluster) -> Mapping[str, Samples]:
+    """Every service's metrics once both workers say their stream is open (or after 10 s)."""
+    scraped = await scrape_all(cluster)
+    for _ in range(100):
+        if all(value(scraped[w], "sieve_worker_connected") == 1 for w in ("worker-1", "worker-2")):
+            break
+        await asyncio.sleep(0.1)
+        scraped = await scrape_all(cluster)
+    return scraped
+
+
 def workers_total(scraped: Mapping[str, Samples], name: str, **labels: str) -> float:
     return sum(value(s, name, **labels) for n, s in scraped.items() if n.startswith("worker-"))
 
@@ -84,9 +95,11 @@ def text(device: str, body: str, **kw: object) -> intake_pb2.TaskSpec:
 
 
 async def test_every_services_metrics_parse_and_move_with_a_known_workload(cluster: Cluster) -> None:
-    # Given every service's metrics before the workload
-    before = await scrape_all(cluster)
+    # Given every service's metrics before the workload, both workers saying their stream is open before any
+    # work reached them
+    before = await scrape_once_connected(cluster)
     assert set(before) == {"intake", "scheduler", "registry", "worker-1", "worker-2"}
+    assert [value(before[w], "sieve_worker_connected") for w in ("worker-1", "worker-2")] == [1, 1]
     for samples in before.values():
         assert has(samples, "process_cpu_seconds_total")
 
@@ -190,7 +203,7 @@ async def test_every_services_metrics_parse_and_move_with_a_known_workload(clust
         assert 0 <= value(samples, "sieve_worker_utilisation_ratio") <= 1
         assert {ls for n, ls in samples if n == "sieve_worker_resource_percent"} == {
             frozenset({("resource", r)})
-            for r in ("cpu", "cpu_own", "memory", "gpu_memory", "gpu_memory_own", "gpu_util")
+            for r in ("cpu", "cpu_own", "cpu_platform", "memory", "gpu_memory", "gpu_memory_own", "gpu_util")
         }
         assert has(samples, "sieve_worker_credits") and has(samples, "sieve_worker_over_watermark")
         assert {ls for n, ls in samples if n == "sieve_worker_held_back_seconds_total"} == {
