@@ -40,6 +40,7 @@ _PERCENT_FIELDS = (
     "gpu_util_percent",
     "cpu_own_percent",
     "gpu_memory_own_percent",
+    "cpu_platform_percent",
 )
 #: the largest plausible value of each count and size a worker reports (anything above is a broken sampler)
 _LIMITS = {

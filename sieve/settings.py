@@ -206,6 +206,14 @@ class Settings:
     cpu_watermark_pct: float = 75.0
     memory_watermark_pct: float = 75.0
     gpu_memory_watermark_pct: float = 75.0
+    #: The platform's own processes, whose CPU does not count against a co-located worker's CPU watermark (it guards
+    #: against load the platform does not control; README "Watermarks"): comma separated, each a process name
+    #: ("redis-server") or, with a space or a "/", a command-line marker ("-m worker_svc", "deploy/run_local.py");
+    #: empty: every process but the worker's own counts.
+    cpu_platform_processes: str = (
+        "-m worker_svc,-m scheduler_svc,-m intake_svc,-m registry_svc,-m sieve.db.migrate,-m sieve.db.retention,"
+        "deploy/run_local.py,redis-server,valkey-server,postgres"
+    )
     #: This worker's id; empty means hostname:pid.
     worker_id: str = ""
     #: Task types this worker takes, comma separated (TEXT, OCR_IMAGE).
@@ -290,6 +298,7 @@ class Settings:
         if self.no_gpu_strategy not in ("defer", "cpu", "dead_letter"):
             raise SettingsError("SIEVE_NO_GPU_STRATEGY must be defer, cpu or dead_letter")
         self.weights_by_device  # noqa: B018  (parses and validates)
+        self.platform_processes  # noqa: B018  (parses and validates)
         self._validate_redis_cluster()
         self._validate_security()
 
@@ -389,6 +398,19 @@ class Settings:
         if self.worker_id.endswith("/"):
             return self.worker_id + own
         return self.worker_id or own
+
+    @property
+    def platform_processes(self) -> tuple[tuple[str, ...], ...]:
+        """`cpu_platform_processes` parsed: each entry as its words ("-m worker_svc" -> ("-m", "worker_svc"); a
+        process name is one word), in order, without repeats; SettingsError for an entry that would match any
+        Python module ("-m" alone) or holds a control character."""
+        out: dict[tuple[str, ...], None] = {}
+        for item in filter(None, (p.strip() for p in self.cpu_platform_processes.split(","))):
+            words = tuple(item.split())
+            if words == ("-m",) or any(not ch.isprintable() for ch in item):
+                raise SettingsError(f"SIEVE_CPU_PLATFORM_PROCESSES: bad entry {item!r}")
+            out[words] = None
+        return tuple(out)
 
     @property
     def worker_types(self) -> tuple[str, ...]:

@@ -50,6 +50,7 @@ class WorkerCollector(ScrapeCollector):
                 [
                     (("cpu",), readings.cpu_percent),
                     (("cpu_own",), readings.cpu_own_percent),
+                    (("cpu_platform",), readings.cpu_platform_percent),
                     (("memory",), readings.memory_percent),
                     (("gpu_memory",), readings.gpu_memory_percent),
                     (("gpu_memory_own",), readings.gpu_memory_own_percent),

@@ -7,9 +7,10 @@ The rule (the README's "Configuration" section gives the reasoning):
 
 - a worker holds back — sends no credits, and puts back at once what reaches it anyway — while a reading is at
   or over its watermark: CPU used by *other* processes in its domain (its cgroup's quota, else its host's cores;
-  its own process tree is left out, its concurrency bounds that), memory in use in its domain (all of it,
-  the worker's own included: memory is not time-shared and the limit kills whoever fills it), GPU memory held
-  by other processes;
+  its own process tree is left out, its concurrency bounds that, and so are the platform's own other processes,
+  the other Sieve services and workers and the Redis and PostgreSQL servers beside it), memory in use in its
+  domain (all of it, the worker's own included: memory is not time-shared and the limit kills whoever fills it),
+  GPU memory held by other processes;
 - CPU holds it back only once it has stayed at or over its watermark for `CPU_ENTER_AFTER_S` (CPU is shared
   by time: a burst of others' work slows this worker's tasks a little, it does not endanger them), memory and
   GPU memory at once (what fills them gets killed);

@@ -16,7 +16,13 @@ Where each reading comes from (`Resources.scope` says which was used, e.g. "cpu=
   children (`os.times`) plus its live descendants (listed again every `CHILDREN_EVERY_S`, and within
   `RELIST_AFTER_S` when the rest reads near the watermark, so that a child just started is not taken for someone
   else's load) — over the
-  same window, against the same capacity. The CPU watermark applies to `cpu_percent - cpu_own_percent`.
+  same window, against the same capacity.
+- **the platform's own CPU** (`cpu_platform_percent`): of the rest, what the platform's own other processes used
+  (`Settings.platform_processes`: the other Sieve services and workers, the Redis and PostgreSQL servers), listed
+  by name and command line on the same schedule as the children (a walk of /proc), their own CPU time read from
+  `/proc/<pid>/stat` in between (a pid reused by another process is told apart by its start time; the worker's
+  own tree never counts twice); where CPU is read against a cgroup's quota, only processes in that cgroup count
+  (`/proc/<pid>/cgroup`). The CPU watermark applies to `cpu_percent - cpu_own_percent - cpu_platform_percent`.
 - **memory**: the cgroup when it has a memory limit below the host's memory — v2 `memory.max` against
   `memory.current` minus `inactive_file` of `memory.stat` (the working set: reclaimable page cache does not
   count), or v1 `memory.limit_in_bytes` against `memory.usage_in_bytes` minus `total_inactive_file` — otherwise
@@ -32,8 +38,9 @@ the NVIDIA driver, or whose NVML calls fail reads as "no GPU" (zeros), never as 
 
 Tests fix the percentages with `SIEVE_FIXED_RESOURCES`: either the readings themselves,
 "cpu=90,memory=20,gpu_memory=0,gpu_util=0" (any subset; `cpu_own` and `gpu_memory_own` fix this worker's share,
-which otherwise reads 0 wherever the total is fixed), or "file:/path" naming a file holding them, read again on
-every sample so that a test can change the readings of a running worker (an empty file fixes nothing).
+`cpu_platform` the platform's, which otherwise read 0 wherever the total is fixed), or "file:/path" naming a file
+holding them, read again on every sample so that a test can change the readings of a running worker (an empty
+file fixes nothing).
 """
 
 from __future__ import annotations
@@ -58,7 +65,7 @@ log = logging.getLogger("sieve.worker.resources")
 
 FIXED_RESOURCES_VAR = "SIEVE_FIXED_RESOURCES"
 #: The readings SIEVE_FIXED_RESOURCES may fix, all percentages 0..100.
-FIXED_KEYS = ("cpu", "cpu_own", "memory", "gpu_memory", "gpu_memory_own", "gpu_util")
+FIXED_KEYS = ("cpu", "cpu_own", "cpu_platform", "memory", "gpu_memory", "gpu_memory_own", "gpu_util")
 _FILE_PREFIX = "file:"
 
 #: CPU readings cover this much of the recent past (seconds).
@@ -198,13 +205,36 @@ def _up(leaf: Path, top: Path) -> list[Path]:
     return chain
 
 
+def _path_up(path: str, leaf: Path, directory: Path) -> str:
+    """The cgroup path (as /proc/self/cgroup names them) of `directory`, an ancestor-or-self of `leaf`, the
+    directory of cgroup `path`: as many components up from `path` as `directory` is from `leaf`."""
+    parts = [p for p in path.split("/") if p]
+    levels = len(leaf.relative_to(directory).parts)
+    return "/" + "/".join(parts[: max(0, len(parts) - levels)])
+
+
 @dataclass(frozen=True, slots=True)
 class CgroupCpu:
-    """A CPU limit: `cores` of CPU time per second, used as `usage_file` says (cumulative)."""
+    """A CPU limit: `cores` of CPU time per second, its cumulative usage read in `directory`; `path` is that
+    cgroup as /proc/<pid>/cgroup names it (in this process's cgroup namespace), to tell which processes use its
+    quota (`holds`; None: unknown, none is taken to)."""
 
     version: int
     directory: Path
     cores: float
+    path: str | None = None
+
+    def holds(self, proc_cgroup: str | None) -> bool:
+        """Whether a process whose /proc/<pid>/cgroup reads `proc_cgroup` is in this cgroup or below it (its CPU
+        time is in this usage, against this quota). A path outside this cgroup namespace ("/../x") never is."""
+        if proc_cgroup is None or self.path is None:
+            return False
+        v2_path, v1_paths = _own_cgroups(proc_cgroup)
+        path = v2_path if self.version == 2 else v1_paths.get("cpu")
+        if not path or ".." in path.split("/"):
+            return False
+        top = self.path.rstrip("/")
+        return path == self.path or path.startswith(top + "/")
 
     def usage_s(self) -> float | None:
         if self.version == 2:
@@ -333,11 +363,12 @@ def _v2_limits(
     for mount in mounts:
         if mount.version != 2:
             continue
-        chain = _up(_own_dir(mount, path), mount.point)
+        leaf = _own_dir(mount, path)
+        chain = _up(leaf, mount.point)
         if cpu is None and "cpu" in mount.controllers:
             hit = _tightest(chain, _v2_cpu)
             if hit and hit[1] < cores:
-                cpu = CgroupCpu(2, hit[0], hit[1])
+                cpu = CgroupCpu(2, hit[0], hit[1], _path_up(path, leaf, hit[0]))
         if memory is None and "memory" in mount.controllers:
             hit = _tightest(chain, _v2_memory)
             if hit and hit[1] < memory_total:
@@ -353,13 +384,14 @@ def _v1_cpu_limit(mounts: list[_Mount], paths: dict[str, str], cores: int) -> Cg
     for mount in mounts:
         if mount.version != 1 or "cpu" not in mount.controllers:
             continue
-        hit = _tightest(_up(_own_dir(mount, paths["cpu"]), mount.point), _v1_cpu)
+        leaf = _own_dir(mount, paths["cpu"])
+        hit = _tightest(_up(leaf, mount.point), _v1_cpu)
         if hit and hit[1] < cores:
             usage_dir: Path | None = hit[0]
             if "cpuacct" not in mount.controllers:  # usage is in the cpuacct hierarchy, same path
                 usage_dir = _cpuacct_dir(mounts, paths, hit[0], mount)
             if usage_dir is not None:
-                return CgroupCpu(1, usage_dir, hit[1])
+                return CgroupCpu(1, usage_dir, hit[1], _path_up(paths["cpu"], leaf, hit[0]))
     return None
 
 
@@ -399,6 +431,7 @@ class _CpuPoint:
     busy_s: float  # CPU seconds used in the domain (cumulative)
     capacity_s: float  # CPU seconds the domain could have used (cumulative)
     own_s: float  # CPU seconds of this worker's process tree (cumulative)
+    platform_s: float = 0.0  # CPU seconds of the platform's other processes (cumulative, as far as seen)
 
 
 class _ProcessTree:
@@ -412,6 +445,10 @@ class _ProcessTree:
 
     def pids(self) -> set[int]:
         self._refresh()
+        return self.known_pids()
+
+    def known_pids(self) -> set[int]:
+        """The process and the descendants of the last listing (lists nothing)."""
         return {self._me.pid, *(c.pid for c in self._children)}
 
     def listed_ago(self) -> float:
@@ -441,6 +478,175 @@ class _ProcessTree:
             alive.append(child)
         self._children = alive
         return total
+
+
+#: /proc, where processes are listed and their CPU time read (the host's: fs_root is for cgroup files only)
+_PROC = Path("/proc")
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+#: the kernel's limit of a process name (/proc/<pid>/comm): a longer name is matched by its first 15 characters
+_COMM_CHARS = 15
+
+
+def _read_text(path: Path) -> str | None:
+    """A /proc file as text (what a process wrote there may be any bytes); None when it cannot be read."""
+    try:
+        return path.read_bytes().decode(errors="replace")
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcStat:
+    """What /proc/<pid>/stat says of a process: its name, when it started (clock ticks after boot: with the pid,
+    its identity, as psutil's create_time) and the CPU time it used itself (its reaped children's left out)."""
+
+    name: str
+    started_ticks: int
+    cpu_s: float
+
+
+def proc_stat(pid: int, proc: Path = _PROC) -> ProcStat | None:
+    """One read of /proc/<pid>/stat; None when the process is gone (or the file is not as expected)."""
+    text = _read_text(proc / str(pid) / "stat")
+    if text is None:
+        return None
+    head, sep, tail = text.rpartition(")")  # the name may hold spaces and parentheses: it ends at the last ")"
+    fields = tail.split()
+    if not sep or len(fields) < 20:
+        return None
+    try:
+        # after the name: state(3) ... utime(14) stime(15) ... starttime(22), numbered as proc(5) numbers them
+        utime, stime, started = int(fields[11]), int(fields[12]), int(fields[19])
+    except ValueError:
+        return None
+    return ProcStat(head.partition("(")[2], started, (utime + stime) / _CLOCK_TICKS)
+
+
+def platform_process(markers: tuple[tuple[str, ...], ...], name: str, argv: list[str]) -> bool:
+    """Whether a process of this name (/proc/<pid>/comm) and command line is one of the platform's (`markers`:
+    `Settings.platform_processes`). A one-word marker without "/" is a process name: the name, or the last part
+    of the program's path (argv[0], up to its first space: servers rewrite theirs, "redis-server 127.0.0.1:6379");
+    a longer name matches a name cut at 15 characters by the kernel. Any other marker is a command-line marker:
+    its words as consecutive arguments, a word with "/" also as the end of a path ("deploy/run_local.py" matches
+    "/srv/sieve/deploy/run_local.py")."""
+    program = argv[0].split(" ", 1)[0].rsplit("/", 1)[-1] if argv else ""
+    for words in markers:
+        if len(words) == 1 and "/" not in words[0]:
+            word = words[0]
+            if word in (name, program) or (len(name) == _COMM_CHARS and word[:_COMM_CHARS] == name):
+                return True
+            continue
+        for i in range(len(argv) - len(words) + 1):
+            if all(_word_matches(w, argv[i + k]) for k, w in enumerate(words)):
+                return True
+    return False
+
+
+def _word_matches(word: str, arg: str) -> bool:
+    return arg == word or ("/" in word and arg.endswith("/" + word.lstrip("/")))
+
+
+class _PlatformProcesses:
+    """CPU seconds of the platform's own other processes (`Settings.platform_processes`): they are listed every
+    CHILDREN_EVERY_S (a walk of /proc: every process's stat and command line; within RELIST_AFTER_S when asked to),
+    and between listings only their /proc/<pid>/stat is read, one small file each.
+
+    The total only ever grows by what a known process used since it was last read: one found at the first listing
+    adds nothing for its past, one found later (it started since the listing before) adds all it used, as a
+    child of the worker's does; one that is gone, or whose pid now belongs to another process (another start
+    time), is dropped. Processes of `exclude` (the worker's own tree) never count, and with `in_domain` only the
+    processes it accepts (the cgroup whose quota the CPU is read against) do. A process's reaped children are
+    left out: a PostgreSQL server's exited backends would count twice (they were read while alive)."""
+
+    def __init__(
+        self,
+        markers: tuple[tuple[str, ...], ...],
+        clock: Callable[[], float],
+        exclude: Callable[[], set[int]],
+        in_domain: Callable[[int], bool] | None = None,
+    ) -> None:
+        self._markers = markers
+        self._clock = clock
+        self._exclude = exclude
+        self._in_domain = in_domain
+        #: pid -> (start ticks, CPU seconds when last read)
+        self._known: dict[int, tuple[int, float]] = {}
+        self._total_s = 0.0
+        self._listed_at = -math.inf
+        self._listed_boot_s: float | None = None  # when the last listing began, in seconds after boot
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._markers)
+
+    def pids(self) -> set[int]:
+        """The platform processes of the last listing."""
+        return set(self._known)
+
+    def listed_ago(self) -> float:
+        return self._clock() - self._listed_at
+
+    def _refresh(self, force: bool) -> None:
+        if not self._markers:
+            return
+        if self._clock() - self._listed_at < (RELIST_AFTER_S if force else CHILDREN_EVERY_S):
+            return
+        self._listed_at = self._clock()
+        previous, since_boot_s = self._listed_boot_s, _boot_s()
+        self._listed_boot_s = since_boot_s
+        try:
+            entries = os.listdir(_PROC)
+        except OSError:
+            entries = []
+        exclude = self._exclude()
+        known: dict[int, tuple[int, float]] = {}
+        for entry in entries:
+            if not entry.isdigit() or (pid := int(entry)) in exclude:
+                continue
+            stat = proc_stat(pid)
+            if stat is None or not self._matches(pid, stat.name):
+                continue
+            if self._in_domain is not None and not self._in_domain(pid):
+                continue
+            old = self._known.get(pid)
+            if old is not None and old[0] == stat.started_ticks:
+                known[pid] = old
+            elif previous is not None and stat.started_ticks / _CLOCK_TICKS >= previous - 0.05:
+                known[pid] = (stat.started_ticks, 0.0)  # started since the last listing: all it used is recent
+            else:
+                known[pid] = (stat.started_ticks, stat.cpu_s)  # running before: from now on
+        self._known = known
+
+    def _matches(self, pid: int, name: str) -> bool:
+        if platform_process(self._markers, name, []):
+            return True
+        raw = _read_text(_PROC / str(pid) / "cmdline")
+        argv = raw.rstrip("\0").split("\0") if raw else []
+        return bool(argv) and platform_process(self._markers, name, argv)
+
+    def cpu_s(self, relist: bool = False) -> float:
+        """CPU seconds so far (cumulative, from the first listing on); `relist` lists again first (if not just
+        done). A pid of `exclude` now (the worker's tree as last listed) is dropped."""
+        self._refresh(relist)
+        if not self._known:
+            return self._total_s
+        skip = self._exclude()
+        for pid, (started, last_s) in list(self._known.items()):
+            stat = proc_stat(pid)
+            if stat is None or stat.started_ticks != started or pid in skip:
+                del self._known[pid]  # gone, or its pid is another process's now
+                continue
+            self._total_s += max(0.0, stat.cpu_s - last_s)
+            self._known[pid] = (started, stat.cpu_s)
+        return self._total_s
+
+
+def _boot_s() -> float:
+    """Seconds since boot, as /proc/<pid>/stat's start times count them."""
+    try:
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (AttributeError, OSError):
+        return time.monotonic()
 
 
 class _HostCpu:
@@ -589,11 +795,22 @@ class ResourceSampler:
         self.cgroups = detect_cgroups(fs_root, host_cores=len(self._host.cpus))
         self._tree = _ProcessTree(clock)
         cpu = self.cgroups.cpu
+        self._fs_root = fs_root
+        self._platform = _PlatformProcesses(
+            settings.platform_processes,
+            clock,
+            self._tree.known_pids,
+            self._in_cpu_cgroup if cpu is not None else None,
+        )
         self._cpu_count = max(1, math.ceil(cpu.cores)) if cpu else len(self._host.cpus)
         self._points: deque[_CpuPoint] = deque()
         self._cpu_point()  # the window starts now
         self._gpus = _Gpus()
         log.info("resource readings: %s", self.scope)
+
+    def platform_pids(self) -> set[int]:
+        """The platform's own processes whose CPU is left out, as last listed."""
+        return self._platform.pids()
 
     @property
     def gpu_present(self) -> bool:
@@ -621,6 +838,11 @@ class ResourceSampler:
             return parse_fixed_resources(text)
         return parse_fixed_resources(source)
 
+    def _in_cpu_cgroup(self, pid: int) -> bool:
+        """Whether process `pid` is in the cgroup whose CPU quota the readings are of (only those use it)."""
+        cpu = self.cgroups.cpu
+        return cpu is not None and cpu.holds(_read_text(self._fs_root / "proc" / str(pid) / "cgroup"))
+
     def _cpu_point(self) -> _CpuPoint:
         now = self._clock()
         cpu = self.cgroups.cpu
@@ -629,15 +851,16 @@ class ResourceSampler:
             busy, capacity = usage, now * cpu.cores
         else:
             busy, capacity = self._host.read()
-        point = _CpuPoint(now, busy, capacity, self._tree.cpu_s())
+        point = _CpuPoint(now, busy, capacity, self._tree.cpu_s(), self._platform.cpu_s())
         self._points.append(point)
         # keep the newest point that is at least a window old, and everything after it
         while len(self._points) > 2 and now - self._points[1].at >= CPU_WINDOW_S:
             self._points.popleft()
         return point
 
-    def cpu_percent(self) -> tuple[float, float]:
-        """(CPU in use in this worker's domain, of which this worker's own), in percent, over the window."""
+    def cpu_percent(self) -> tuple[float, float, float]:
+        """(CPU in use in this worker's domain, of which this worker's own, of the rest the platform's own other
+        processes'), in percent, over the window."""
         point = self._cpu_point()
         if len(self._points) > 1 and point.at - self._points[0].at < MIN_CPU_SPAN_S:
             # sampled again at once: the previous reading stands (a tiny span would be all noise)
@@ -646,17 +869,27 @@ class ResourceSampler:
         base = self._points[0]
         capacity = point.capacity_s - base.capacity_s
         if capacity <= 0 or point is base:
-            return 0.0, 0.0
+            return 0.0, 0.0, 0.0
         busy = max(0.0, point.busy_s - base.busy_s)
-        own = max(0.0, point.own_s - base.own_s)
         total = min(100.0, 100.0 * busy / capacity)
+
+        def shares(p: _CpuPoint) -> tuple[float, float]:
+            own = min(total, 100.0 * max(0.0, p.own_s - base.own_s) / capacity)
+            return own, min(total - own, 100.0 * max(0.0, p.platform_s - base.platform_s) / capacity)
+
+        own, platform = shares(point)
         near = self._settings.cpu_watermark_pct - max(0.0, self._settings.watermark_hysteresis_pct)
-        if total - 100.0 * own / capacity >= near and self._tree.listed_ago() >= RELIST_AFTER_S:
-            # others' share reads high: make sure it is not a child of this worker's that was not listed yet
-            point = _CpuPoint(point.at, point.busy_s, point.capacity_s, self._tree.cpu_s(relist=True))
+        stale = self._tree.listed_ago() >= RELIST_AFTER_S or (
+            self._platform.enabled and self._platform.listed_ago() >= RELIST_AFTER_S
+        )
+        if total - own - platform >= near and stale:
+            # others' share reads high: make sure it is not a child of this worker's, or a platform process, that
+            # was not listed yet
+            own_s = self._tree.cpu_s(relist=True)
+            point = _CpuPoint(point.at, point.busy_s, point.capacity_s, own_s, self._platform.cpu_s(relist=True))
             self._points[-1] = point
-            own = max(0.0, point.own_s - base.own_s)
-        return total, min(total, 100.0 * own / capacity)
+            own, platform = shares(point)
+        return total, own, platform
 
     def _memory(self, out: registry_pb2.Resources) -> None:
         memory = self.cgroups.memory
@@ -673,11 +906,12 @@ class ResourceSampler:
 
     def sample(self, active_tasks: int) -> registry_pb2.Resources:
         """Fresh readings (CPU over the last CPU_WINDOW_S), with fixed readings applied."""
-        cpu, own = self.cpu_percent()
+        cpu, own, platform = self.cpu_percent()
         out = registry_pb2.Resources(
             cpu_count=self._cpu_count,
             cpu_percent=cpu,
             cpu_own_percent=own,
+            cpu_platform_percent=platform,
             active_tasks=max(0, active_tasks),
             scope=self.scope,
         )
@@ -687,8 +921,13 @@ class ResourceSampler:
         if "cpu" in fixed:
             out.cpu_percent = fixed["cpu"]
             out.cpu_own_percent = min(fixed["cpu"], fixed.get("cpu_own", 0.0))
-        elif "cpu_own" in fixed:
-            out.cpu_own_percent = min(out.cpu_percent, fixed["cpu_own"])
+            out.cpu_platform_percent = min(fixed["cpu"] - out.cpu_own_percent, fixed.get("cpu_platform", 0.0))
+        else:
+            if "cpu_own" in fixed:
+                out.cpu_own_percent = min(out.cpu_percent, fixed["cpu_own"])
+            if "cpu_platform" in fixed or "cpu_own" in fixed:
+                platform = fixed.get("cpu_platform", out.cpu_platform_percent)
+                out.cpu_platform_percent = min(out.cpu_percent - out.cpu_own_percent, platform)
         if "memory" in fixed:
             out.memory_percent = fixed["memory"]
             out.memory_available_bytes = int(out.memory_total_bytes * (100.0 - fixed["memory"]) / 100.0)

@@ -60,6 +60,9 @@ class ResourceLevels(Protocol):
     @property
     def gpu_memory_own_percent(self) -> float: ...
 
+    @property
+    def cpu_platform_percent(self) -> float: ...
+
 
 #: the resources the watermarks watch, as named in metrics labels
 WATERMARK_RESOURCES = ("cpu", "memory", "gpu_memory")
@@ -74,21 +77,29 @@ class Level:
     watermark: float
     #: this worker's own share, left out of `value` (CPU and GPU memory)
     own: float = 0.0
+    #: the platform's own other processes' share, left out of `value` too (CPU)
+    platform: float = 0.0
 
     def describe(self, watermark: float | None = None) -> str:
         name = self.resource.replace("_", " ")
-        besides = f" besides this worker's {self.own:.1f}%" if self.own > 0 else ""
+        shares = [f"this worker's {self.own:.1f}%"] if self.own > 0 else []
+        if self.platform > 0:
+            shares.append(f"the platform's {self.platform:.1f}%")
+        besides = f" besides {' and '.join(shares)}" if shares else ""
         return f"{name} {self.value:.1f}%{besides} >= {self.watermark if watermark is None else watermark:.1f}%"
 
 
 def watermark_levels(levels: ResourceLevels, settings: Settings) -> list[Level]:
     """The reading each watermark applies to. A worker's own work is not overload: CPU and GPU memory count
-    without this worker's own share (its concurrency bounds that); memory counts whole, since memory is not
-    time-shared and the limit kills whoever fills it."""
+    without this worker's own share (its concurrency bounds that), and CPU without the platform's own other
+    processes' either (other Sieve services and workers, Redis, PostgreSQL on the same host or in the same cgroup:
+    the pipeline's own load must not pause the pipeline; the watermark guards against load the platform does
+    not control); memory counts whole, since memory is not time-shared and the limit kills whoever fills it."""
     cpu_own = max(0.0, min(levels.cpu_own_percent, levels.cpu_percent))
+    cpu_platform = max(0.0, min(levels.cpu_platform_percent, levels.cpu_percent - cpu_own))
     gpu_own = max(0.0, min(levels.gpu_memory_own_percent, levels.gpu_memory_percent))
     return [
-        Level("cpu", levels.cpu_percent - cpu_own, settings.cpu_watermark_pct, cpu_own),
+        Level("cpu", levels.cpu_percent - cpu_own - cpu_platform, settings.cpu_watermark_pct, cpu_own, cpu_platform),
         Level("memory", levels.memory_percent, settings.memory_watermark_pct),
         Level("gpu_memory", levels.gpu_memory_percent - gpu_own, settings.gpu_memory_watermark_pct, gpu_own),
     ]
@@ -98,9 +109,9 @@ def availability(levels: ResourceLevels, settings: Settings) -> list[str]:
     """Why a worker with these readings cannot take work; an empty list means it is available.
 
     A reading at or above its watermark makes the worker unavailable (with the default 75 %: 75.0 % is
-    unavailable, 74.9 % available); CPU and
-    GPU memory are read without the worker's own share (`watermark_levels`). GPU memory reads 0 on a worker
-    without a GPU, so its watermark never trips there. (The worker itself adds hysteresis: worker_svc.pressure.)
+    unavailable, 74.9 % available); CPU and GPU memory are read without the worker's own share, CPU without the
+    platform's either (`watermark_levels`). GPU memory reads 0 on a worker without a GPU, so its watermark never
+    trips there. (The worker itself adds hysteresis: worker_svc.pressure.)
     """
     return [level.describe() for level in watermark_levels(levels, settings) if level.value >= level.watermark]
 
@@ -154,6 +165,7 @@ def _resource_fields(resources: registry_pb2.Resources) -> dict[str, str]:
         "memory_percent": repr(float(resources.memory_percent)),
         "active_tasks": str(resources.active_tasks),
         "cpu_own_percent": repr(float(resources.cpu_own_percent)),
+        "cpu_platform_percent": repr(float(resources.cpu_platform_percent)),
         "gpu_memory_own_percent": repr(float(resources.gpu_memory_own_percent)),
         "scope": resources.scope,
     }
@@ -186,6 +198,8 @@ class WorkerRecord:
     #: of cpu_percent / gpu_memory_percent, the worker's own share; where the readings come from
     cpu_own_percent: float = 0.0
     gpu_memory_own_percent: float = 0.0
+    #: of cpu_percent, the platform's own other processes' share (0 in a record of a worker that predates it)
+    cpu_platform_percent: float = 0.0
     scope: str = ""
     #: Filled by `WorkerRecords.list` from `availability`; empty means available.
     unavailable_reasons: tuple[str, ...] = field(default=())
@@ -242,6 +256,7 @@ class WorkerRecord:
             concurrency=count("concurrency"),
             cpu_own_percent=num("cpu_own_percent"),
             gpu_memory_own_percent=num("gpu_memory_own_percent"),
+            cpu_platform_percent=num("cpu_platform_percent"),
             scope=data.get("scope", ""),
             registered_at=moment("registered_at"),
             last_heartbeat=moment("last_heartbeat"),
@@ -264,6 +279,7 @@ class WorkerRecord:
             active_tasks=self.active_tasks,
             cpu_own_percent=self.cpu_own_percent,
             gpu_memory_own_percent=self.gpu_memory_own_percent,
+            cpu_platform_percent=self.cpu_platform_percent,
             scope=self.scope,
         )
 

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from sieve.v1 import types_pb2 as sieve_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sieve/v1/registry.proto\x12\x08sieve.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14sieve/v1/types.proto\"\xf8\x02\n\tResources\x12\x15\n\rgpu_available\x18\x01 \x01(\x08\x12\x11\n\tgpu_count\x18\x02 \x01(\r\x12\x11\n\tgpu_names\x18\x03 \x03(\t\x12\x1e\n\x16gpu_memory_total_bytes\x18\x04 \x01(\x04\x12\x18\n\x10gpu_util_percent\x18\x05 \x01(\x01\x12\x1a\n\x12gpu_memory_percent\x18\x06 \x01(\x01\x12\x11\n\tcpu_count\x18\x07 \x01(\r\x12\x13\n\x0b\x63pu_percent\x18\x08 \x01(\x01\x12\x1a\n\x12memory_total_bytes\x18\t \x01(\x04\x12\x1e\n\x16memory_available_bytes\x18\n \x01(\x04\x12\x16\n\x0ememory_percent\x18\x0b \x01(\x01\x12\x14\n\x0c\x61\x63tive_tasks\x18\x0c \x01(\r\x12\x17\n\x0f\x63pu_own_percent\x18\r \x01(\x01\x12\x1e\n\x16gpu_memory_own_percent\x18\x0e \x01(\x01\x12\r\n\x05scope\x18\x0f \x01(\t\"\xba\x02\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12&\n\ntask_types\x18\x04 \x03(\x0e\x32\x12.sieve.v1.TaskType\x12&\n\tresources\x18\x05 \x01(\x0b\x32\x13.sieve.v1.Resources\x12\x31\n\rregistered_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0elast_heartbeat\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tavailable\x18\x08 \x01(\x08\x12\x1b\n\x13unavailable_reasons\x18\t \x03(\t\x12\x13\n\x0b\x63oncurrency\x18\n \x01(\r\"\xa8\x01\n\x0fRegisterRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12&\n\ntask_types\x18\x04 \x03(\x0e\x32\x12.sieve.v1.TaskType\x12&\n\tresources\x18\x05 \x01(\x0b\x32\x13.sieve.v1.Resources\x12\x13\n\x0b\x63oncurrency\x18\x06 \x01(\r\"F\n\x10RegisterResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\r\x12\x14\n\x0cworker_ttl_s\x18\x02 \x01(\r\"M\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12&\n\tresources\x18\x02 \x01(\x0b\x32\x13.sieve.v1.Resources\"&\n\x11HeartbeatResponse\x12\x11\n\tavailable\x18\x01 \x01(\x08\"S\n\x12ListWorkersRequest\x12%\n\ttask_type\x18\x01 \x01(\x0e\x32\x12.sieve.v1.TaskType\x12\x16\n\x0e\x61vailable_only\x18\x02 \x01(\x08\"<\n\x13ListWorkersResponse\x12%\n\x07workers\x18\x01 \x03(\x0b\x32\x14.sieve.v1.WorkerInfo2\xe6\x01\n\x0fRegistryService\x12\x41\n\x08Register\x12\x19.sieve.v1.RegisterRequest\x1a\x1a.sieve.v1.RegisterResponse\x12\x44\n\tHeartbeat\x12\x1a.sieve.v1.HeartbeatRequest\x1a\x1b.sieve.v1.HeartbeatResponse\x12J\n\x0bListWorkers\x12\x1c.sieve.v1.ListWorkersRequest\x1a\x1d.sieve.v1.ListWorkersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17sieve/v1/registry.proto\x12\x08sieve.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14sieve/v1/types.proto\"\x96\x03\n\tResources\x12\x15\n\rgpu_available\x18\x01 \x01(\x08\x12\x11\n\tgpu_count\x18\x02 \x01(\r\x12\x11\n\tgpu_names\x18\x03 \x03(\t\x12\x1e\n\x16gpu_memory_total_bytes\x18\x04 \x01(\x04\x12\x18\n\x10gpu_util_percent\x18\x05 \x01(\x01\x12\x1a\n\x12gpu_memory_percent\x18\x06 \x01(\x01\x12\x11\n\tcpu_count\x18\x07 \x01(\r\x12\x13\n\x0b\x63pu_percent\x18\x08 \x01(\x01\x12\x1a\n\x12memory_total_bytes\x18\t \x01(\x04\x12\x1e\n\x16memory_available_bytes\x18\n \x01(\x04\x12\x16\n\x0ememory_percent\x18\x0b \x01(\x01\x12\x14\n\x0c\x61\x63tive_tasks\x18\x0c \x01(\r\x12\x17\n\x0f\x63pu_own_percent\x18\r \x01(\x01\x12\x1e\n\x16gpu_memory_own_percent\x18\x0e \x01(\x01\x12\r\n\x05scope\x18\x0f \x01(\t\x12\x1c\n\x14\x63pu_platform_percent\x18\x10 \x01(\x01\"\xba\x02\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12&\n\ntask_types\x18\x04 \x03(\x0e\x32\x12.sieve.v1.TaskType\x12&\n\tresources\x18\x05 \x01(\x0b\x32\x13.sieve.v1.Resources\x12\x31\n\rregistered_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0elast_heartbeat\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tavailable\x18\x08 \x01(\x08\x12\x1b\n\x13unavailable_reasons\x18\t \x03(\t\x12\x13\n\x0b\x63oncurrency\x18\n \x01(\r\"\xa8\x01\n\x0fRegisterRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12&\n\ntask_types\x18\x04 \x03(\x0e\x32\x12.sieve.v1.TaskType\x12&\n\tresources\x18\x05 \x01(\x0b\x32\x13.sieve.v1.Resources\x12\x13\n\x0b\x63oncurrency\x18\x06 \x01(\r\"F\n\x10RegisterResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\r\x12\x14\n\x0cworker_ttl_s\x18\x02 \x01(\r\"M\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12&\n\tresources\x18\x02 \x01(\x0b\x32\x13.sieve.v1.Resources\"&\n\x11HeartbeatResponse\x12\x11\n\tavailable\x18\x01 \x01(\x08\"S\n\x12ListWorkersRequest\x12%\n\ttask_type\x18\x01 \x01(\x0e\x32\x12.sieve.v1.TaskType\x12\x16\n\x0e\x61vailable_only\x18\x02 \x01(\x08\"<\n\x13ListWorkersResponse\x12%\n\x07workers\x18\x01 \x03(\x0b\x32\x14.sieve.v1.WorkerInfo2\xe6\x01\n\x0fRegistryService\x12\x41\n\x08Register\x12\x19.sieve.v1.RegisterRequest\x1a\x1a.sieve.v1.RegisterResponse\x12\x44\n\tHeartbeat\x12\x1a.sieve.v1.HeartbeatRequest\x1a\x1b.sieve.v1.HeartbeatResponse\x12J\n\x0bListWorkers\x12\x1c.sieve.v1.ListWorkersRequest\x1a\x1d.sieve.v1.ListWorkersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,21 +34,21 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sieve.v1.registry_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RESOURCES']._serialized_start=93
-  _globals['_RESOURCES']._serialized_end=469
-  _globals['_WORKERINFO']._serialized_start=472
-  _globals['_WORKERINFO']._serialized_end=786
-  _globals['_REGISTERREQUEST']._serialized_start=789
-  _globals['_REGISTERREQUEST']._serialized_end=957
-  _globals['_REGISTERRESPONSE']._serialized_start=959
-  _globals['_REGISTERRESPONSE']._serialized_end=1029
-  _globals['_HEARTBEATREQUEST']._serialized_start=1031
-  _globals['_HEARTBEATREQUEST']._serialized_end=1108
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1110
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1148
-  _globals['_LISTWORKERSREQUEST']._serialized_start=1150
-  _globals['_LISTWORKERSREQUEST']._serialized_end=1233
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=1235
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=1295
-  _globals['_REGISTRYSERVICE']._serialized_start=1298
-  _globals['_REGISTRYSERVICE']._serialized_end=1528
+  _globals['_RESOURCES']._serialized_end=499
+  _globals['_WORKERINFO']._serialized_start=502
+  _globals['_WORKERINFO']._serialized_end=816
+  _globals['_REGISTERREQUEST']._serialized_start=819
+  _globals['_REGISTERREQUEST']._serialized_end=987
+  _globals['_REGISTERRESPONSE']._serialized_start=989
+  _globals['_REGISTERRESPONSE']._serialized_end=1059
+  _globals['_HEARTBEATREQUEST']._serialized_start=1061
+  _globals['_HEARTBEATREQUEST']._serialized_end=1138
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1140
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1178
+  _globals['_LISTWORKERSREQUEST']._serialized_start=1180
+  _globals['_LISTWORKERSREQUEST']._serialized_end=1263
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=1265
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=1325
+  _globals['_REGISTRYSERVICE']._serialized_start=1328
+  _globals['_REGISTRYSERVICE']._serialized_end=1558
 # @@protoc_insertion_point(module_scope)

@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Resources(_message.Message):
-    __slots__ = ("gpu_available", "gpu_count", "gpu_names", "gpu_memory_total_bytes", "gpu_util_percent", "gpu_memory_percent", "cpu_count", "cpu_percent", "memory_total_bytes", "memory_available_bytes", "memory_percent", "active_tasks", "cpu_own_percent", "gpu_memory_own_percent", "scope")
+    __slots__ = ("gpu_available", "gpu_count", "gpu_names", "gpu_memory_total_bytes", "gpu_util_percent", "gpu_memory_percent", "cpu_count", "cpu_percent", "memory_total_bytes", "memory_available_bytes", "memory_percent", "active_tasks", "cpu_own_percent", "gpu_memory_own_percent", "scope", "cpu_platform_percent")
     GPU_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     GPU_COUNT_FIELD_NUMBER: _ClassVar[int]
     GPU_NAMES_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class Resources(_message.Message):
     CPU_OWN_PERCENT_FIELD_NUMBER: _ClassVar[int]
     GPU_MEMORY_OWN_PERCENT_FIELD_NUMBER: _ClassVar[int]
     SCOPE_FIELD_NUMBER: _ClassVar[int]
+    CPU_PLATFORM_PERCENT_FIELD_NUMBER: _ClassVar[int]
     gpu_available: bool
     gpu_count: int
     gpu_names: _containers.RepeatedScalarFieldContainer[str]
@@ -42,7 +43,8 @@ class Resources(_message.Message):
     cpu_own_percent: float
     gpu_memory_own_percent: float
     scope: str
-    def __init__(self, gpu_available: _Optional[bool] = ..., gpu_count: _Optional[int] = ..., gpu_names: _Optional[_Iterable[str]] = ..., gpu_memory_total_bytes: _Optional[int] = ..., gpu_util_percent: _Optional[float] = ..., gpu_memory_percent: _Optional[float] = ..., cpu_count: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., memory_total_bytes: _Optional[int] = ..., memory_available_bytes: _Optional[int] = ..., memory_percent: _Optional[float] = ..., active_tasks: _Optional[int] = ..., cpu_own_percent: _Optional[float] = ..., gpu_memory_own_percent: _Optional[float] = ..., scope: _Optional[str] = ...) -> None: ...
+    cpu_platform_percent: float
+    def __init__(self, gpu_available: _Optional[bool] = ..., gpu_count: _Optional[int] = ..., gpu_names: _Optional[_Iterable[str]] = ..., gpu_memory_total_bytes: _Optional[int] = ..., gpu_util_percent: _Optional[float] = ..., gpu_memory_percent: _Optional[float] = ..., cpu_count: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., memory_total_bytes: _Optional[int] = ..., memory_available_bytes: _Optional[int] = ..., memory_percent: _Optional[float] = ..., active_tasks: _Optional[int] = ..., cpu_own_percent: _Optional[float] = ..., gpu_memory_own_percent: _Optional[float] = ..., scope: _Optional[str] = ..., cpu_platform_percent: _Optional[float] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
     __slots__ = ("worker_id", "hostname", "pid", "task_types", "resources", "registered_at", "last_heartbeat", "available", "unavailable_reasons", "concurrency")

@@ -399,6 +399,7 @@ def resources(draw: st.DrawFn) -> registry_pb2.Resources:
         "memory_percent",
         "cpu_own_percent",
         "gpu_memory_own_percent",
+        "cpu_platform_percent",
     ):
         if name in registry_pb2.Resources.DESCRIPTOR.fields_by_name:
             setattr(message, name, draw(st.one_of(doubles, st.floats(0, 100))))
