@@ -8,14 +8,26 @@ time per unit of real time) and turns each ack into the device's wall-clock cost
 
     wall = worker time / tasks running at once      (ms)
 
-— how long the worker pool is kept busy by one of its tasks. The device's meta keeps it, smoothed (noteCost), and
-from then on the device is served by start-time fair queueing (chargeServe): a serve that takes n tasks moves
-the start of its next wait from where the last one put it by n x wall, instead of restarting it, so backlogged
-devices get equal worker time (over their weights) whatever their tasks cost. This is the virtual-time
-accounting of start-time fair queueing, with the cost learnt from the device's own acked tasks (like the
-virtual token counter of LLM serving). The lag is bounded: a device keeps at most 2 s of credit from a quiet
-time, a serve moves it at most 30 s ahead, one task counts at most `MAX_WALL_MS`, and its wait never starts
-before its oldest task's enqueue.
+— how long the worker pool is kept busy by one of its tasks — times how many devices share the pool,
+
+    charge = wall x sharing       sharing = (sum of the devices' busy time)^2 / sum of its squares
+
+(the effective number of devices using the pool over the last few seconds, older windows counting less: k for
+k devices with equal shares, about 1 when one device has it nearly to itself). The charges are compared with
+real time (a device's wait starts at its last serve, or at its oldest task's enqueue), so they must advance at
+real time's pace: the charges of all tasks sum to real time (wall is worker time over tasks at once), a device
+with a fair share 1/k of the pool sees 1/k of that, and k x its share makes its own charges keep pace with real
+time. Without the factor every backlogged device fell behind real time by (1 - 1/k) per second, reached the 2 s
+lag floor within seconds, and from then on each serve restarted its wait like a count: the expensive device got
+two thirds of the pool.
+
+The device's meta keeps the charge, smoothed (noteCost), and from then on the device is served by start-time
+fair queueing (chargeServe): a serve that takes n tasks moves the start of its next wait from where the last one
+put it by n x charge, instead of restarting it, so backlogged devices get equal worker time (over their weights)
+whatever their tasks cost. This is the virtual-time accounting of start-time fair queueing, with the cost learnt
+from the device's own acked tasks (like the virtual token counter of LLM serving). The lag is bounded: a device
+keeps at most 2 s of credit from a quiet time, a serve moves it at most 30 s ahead, one task counts at most
+`MAX_WALL_MS` of wall time, and its wait never starts before its oldest task's enqueue.
 """
 
 from __future__ import annotations
@@ -30,6 +42,11 @@ from sieve.settings import Settings
 PARALLEL_SMOOTHING = 0.3
 #: the busy time of acked tasks is turned into tasks running at once over windows at least this long (s)
 PARALLEL_WINDOW_S = 1.0
+#: each window, the devices' busy time so far counts this much less in how many share the pool (a horizon of a few
+#: windows: one window holds too few of the dearest tasks to tell how the pool is shared)
+SHARING_DECAY = 0.8
+#: a device whose share of that busy time fell under this is forgotten
+FORGET_BELOW = 0.001
 #: tasks running at once are taken as at least this many (a quiet time says little)
 MIN_PARALLEL = 0.5
 #: most one task counts (ms): a single huge task does not lock its device out for long
@@ -45,7 +62,10 @@ class CostMeter:
         self._clock = clock
         #: task type -> how many of its tasks run at once, about (busy ms per ms)
         self.parallel: dict[int, float] = {}
+        #: task type -> the effective number of devices sharing its pool (see the module)
+        self.sharing: dict[int, float] = {}
         self._busy_ms: dict[int, float] = defaultdict(float)
+        self._device_busy_ms: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self._window_start = clock()
 
     def charges(self, costs: Iterable[tuple[str, int, float]]) -> dict[str, float]:
@@ -54,14 +74,15 @@ class CostMeter:
         costs = [(d, t, ms) for d, t, ms in costs if t in self.types and ms > 0]
         if not costs:
             return {}
-        for _, task_type, worker_ms in costs:
+        for device, task_type, worker_ms in costs:
             self._busy_ms[task_type] += worker_ms
+            self._device_busy_ms[task_type][device] += worker_ms
         self._measure_parallel()
         total: dict[str, float] = defaultdict(float)
         count: dict[str, int] = defaultdict(int)
         for device, task_type, worker_ms in costs:
             running = max(MIN_PARALLEL, self.parallel.get(task_type, 1.0))
-            total[device] += min(MAX_WALL_MS, worker_ms / running)
+            total[device] += min(MAX_WALL_MS, worker_ms / running) * self.sharing.get(task_type, 1.0)
             count[device] += 1
         return {device: total[device] / count[device] for device in total}
 
@@ -71,8 +92,19 @@ class CostMeter:
         if elapsed_ms < PARALLEL_WINDOW_S * 1000:
             return
         for task_type, busy in self._busy_ms.items():
-            sample = busy / elapsed_ms
-            before = self.parallel.get(task_type)
-            self.parallel[task_type] = sample if before is None else before + PARALLEL_SMOOTHING * (sample - before)
+            self.parallel[task_type] = _smoothed(self.parallel.get(task_type), busy / elapsed_ms)
+        for task_type, by_device in self._device_busy_ms.items():
+            total = sum(by_device.values())
+            squares = sum(ms * ms for ms in by_device.values())
+            if squares > 0:
+                self.sharing[task_type] = max(1.0, total * total / squares)
+            for device, ms in list(by_device.items()):  # older windows count less, and end by being forgotten
+                by_device[device] = ms * SHARING_DECAY
+                if by_device[device] < total * FORGET_BELOW:
+                    del by_device[device]
         self._busy_ms.clear()
         self._window_start = now
+
+
+def _smoothed(before: float | None, sample: float) -> float:
+    return sample if before is None else before + PARALLEL_SMOOTHING * (sample - before)

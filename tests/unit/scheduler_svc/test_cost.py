@@ -52,3 +52,41 @@ def test_one_task_counts_at_most_the_bound_and_nothing_without_a_worker_time() -
 def test_counting_every_type_costs_nothing() -> None:
     meter = CostMeter(Settings.from_env({"SIEVE_FAIR_BY_COST_TYPES": ""}), Clock())
     assert meter.charges([("A", OCR, 1000.0), ("B", OCR, 1.0)]) == {}
+
+
+def test_devices_sharing_the_pool_alike_are_charged_times_their_number() -> None:
+    clock = Clock()
+    meter = CostMeter(Settings.from_env({}), clock)
+    # Given two devices with equal worker time each second, one task at a time, one 10x dearer per task
+    for _ in range(8):
+        clock.now += 1.0
+        meter.charges([("L", OCR, 500.0)] + [("S", OCR, 50.0)] * 10)
+    # Then the pool reads as shared by two, and each task is charged twice its wall time: a device that gets half
+    # the pool is charged a second per second, its wait keeps pace with real time
+    assert meter.sharing[OCR] == pytest.approx(2.0, rel=0.02)
+    running = meter.parallel[OCR]
+    charges = meter.charges([("L", OCR, 500.0), ("S", OCR, 50.0)])
+    assert charges["L"] == pytest.approx(2 * 500.0 / running, rel=0.05)
+    assert charges["L"] / charges["S"] == pytest.approx(10.0)
+
+
+def test_a_device_with_the_pool_to_itself_is_charged_its_wall_time() -> None:
+    clock = Clock()
+    meter = CostMeter(Settings.from_env({}), clock)
+    # Given one device using nearly all of the pool, another a trickle
+    for _ in range(8):
+        clock.now += 1.0
+        meter.charges([("BIG", OCR, 950.0), ("TRICKLE", OCR, 10.0)])
+    # Then the pool counts as about one device's: the trickle does not inflate the big one's charges
+    assert 1.0 <= meter.sharing[OCR] < 1.1
+
+
+def test_how_many_share_the_pool_looks_past_one_window() -> None:
+    clock = Clock()
+    meter = CostMeter(Settings.from_env({}), clock)
+    # Given a dear device whose tasks end in every other window only, and a cheap one acked in the windows between
+    for second in range(12):
+        clock.now += 1.0
+        meter.charges([("L", OCR, 2000.0)] if second % 2 else [("S", OCR, 100.0)] * 20)
+    # Then the pool still reads as shared by about two (a single window would say one)
+    assert 1.8 <= meter.sharing[OCR] <= 2.0
