@@ -273,7 +273,7 @@ def test_platform_processes_started_after_the_listing_are_found_before_they_hold
     token = uuid.uuid4().hex
     settings = Settings(cpu_platform_processes=f"postgres,redis-server,--sieve-test-platform {token}")
     probe = _readings(ResourceSampler(settings), 1.5)[-1]
-    if probe.cpu_percent - probe.cpu_own_percent - probe.cpu_platform_percent > 40:
+    if probe.cpu_percent - probe.cpu_own_percent - probe.cpu_platform_percent > 60:
         pytest.skip(f"this machine is too busy without the test: {probe}")
     outcome = {}
     for name in ("--sieve-test-platform", "--sieve-test-other"):
