@@ -15,6 +15,13 @@ re-announce their leases to another replica) is gone: the leases it had handed o
 that were on their way to a worker when it died — go back to their queues at once, uncounted, instead of waiting
 for the lease TTL. Which leases: those whose deadline is no later than the dead replica's last sign of life plus
 the lease TTL (leases of live replicas' live workers are renewed past that every tick).
+
+Shards (`redis_shards` > 1): the replicas divide the shards by renewable leases (`sieve/redis/shard_leases.py`),
+renewed in the same loop as the sign of life; the sweeps of the tick that are about one shard's keys (backoff
+resumed, delayed tasks promoted, expired leases reclaimed, devices whose dispatcher died freed) cover the shards
+this replica holds. What is global stays with whoever takes it: a dead replica's orphans (whichever replica
+forgets it first, in every shard), the reconciliation pass (its turn key, over every shard), the TTL sweep and the
+leases of this replica's own workers (renewed in every shard).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from sieve.db.tasks import TaskStore
 from sieve.enums import enum_label
 from sieve.redis.queue_store import QueueStore, now_ms
 from sieve.redis.scheduler_state import SchedulerState
+from sieve.redis.shard_leases import ShardLeases
 from sieve.redis.worker_records import WorkerRecord, WorkerRecords
 from sieve.v1.types_pb2 import TaskType
 
@@ -105,6 +113,14 @@ class Housekeeping:
         self.orphans_put_back = 0
         #: partitions ahead and old days dropped (sieve/db/retention.py), every retention_check_interval_s
         self.retention = Retention(self.tasks.pool, self.settings)
+        #: the shards this replica sweeps (all of them with one shard)
+        self.shard_leases = ShardLeases(
+            self.queues.redis,
+            self.queues.keys,
+            self.queues.shards,
+            self.replica,
+            int(self.settings.shard_lease_ttl_s * 1000),
+        )
 
     async def run(self) -> None:
         reconciling = asyncio.create_task(self.reconciler.run(), name="reconcile")
@@ -124,12 +140,14 @@ class Housekeeping:
             self.retention.stop()
 
     async def _say_alive(self) -> None:
-        """Keeps this replica's entry in Keys.schedulers fresh; removes it when stopped (an orderly stop hands back
-        what it held itself)."""
+        """Keeps this replica's entry in Keys.schedulers fresh, and its shard leases (several shards); removes the
+        entry and gives the leases back when stopped (an orderly stop hands back what it held itself)."""
         try:
             while True:
                 try:
                     await self.state.say_alive(self.replica, int(now_ms()))
+                    if self.queues.shards > 1:
+                        await self.balance_shards()
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
@@ -137,13 +155,43 @@ class Housekeeping:
                 await asyncio.sleep(ALIVE_EVERY_S)
         finally:
             with contextlib.suppress(Exception):
+                await self.shard_leases.release()
+            with contextlib.suppress(Exception):
                 await self.state.forget_replica(self.replica)
+
+    async def balance_shards(self) -> list[int]:
+        """One step of dividing the shards (sieve/redis/shard_leases.py) among the replicas alive within a lease
+        TTL; the shards this replica holds after it."""
+        now = now_ms()
+        fresh_ms = self.settings.shard_lease_ttl_s * 1000
+        live = 0
+        for replica, raw in (await self.state.replicas()).items():
+            try:
+                if replica == self.replica or now - float(raw) < fresh_ms:
+                    live += 1
+            except ValueError:
+                continue
+        before = self.shard_leases.owned
+        owned = await self.shard_leases.balance(max(1, live))
+        if owned != before:
+            log.info(
+                "replica %s holds shards %s of %d (%d replicas alive)", self.replica, owned, self.queues.shards, live
+            )
+        return owned
+
+    @property
+    def owned_shards(self) -> list[int]:
+        """The shards this replica sweeps now."""
+        return self.shard_leases.owned
 
     async def tick(self) -> None:
         if await self.hooks.rebuild():
             self.hooks.wake()
         now = now_ms()
-        if await self.queues.resume_due(now=now) or await self.queues.promote_due(now=now):
+        shards = self.owned_shards
+        if await self.queues.resume_due(now=now, shards=shards) or await self.queues.promote_due(
+            now=now, shards=shards
+        ):
             self.hooks.wake()
         # leases held by this replica's live workers stay alive; the rest may run out
         await self.queues.renew_leases(self.board.live_held_task_ids(self.settings.lease_ttl_s / 2), now=now)
@@ -165,7 +213,7 @@ class Housekeeping:
 
     async def reclaim_expired_leases(self, now: float) -> int:
         """Leases nobody renewed (their worker or scheduler died) go back to their device queues."""
-        due = await self.queues.leases_due(now=now)
+        due = await self.queues.leases_due(now=now, shards=self.owned_shards)
         count = 0
         for mac, leases in due.items():
             items = []
@@ -259,30 +307,32 @@ class Housekeeping:
 
     async def _put_back_leases_until(self, bound_ms: float, replica: str) -> int:
         ours = {t for session in self.board.sessions for t in session.held} | self.board.claimed_task_ids()
-        count, offset = 0, 0
-        for _ in range(MAX_ORPHAN_PAGES):
-            ids = await self.state.lease_ids_until(bound_ms, offset=offset, count=ORPHAN_PAGE)
-            if not ids:
-                break
-            theirs = [t for t in ids if t not in ours]
-            facts = await self.queues.lease_facts(theirs)
-            # ours, and deadlines without lease data (leases_due drops those), stay in the range: page past them
-            offset += len(ids) - len(facts)
-            by_device: dict[str, list[Returned]] = {}
-            for task_id, fact in facts.items():
-                by_device.setdefault(fact.mac, []).append(Returned(task_id, fact.entry.attempt))
-            for mac, items in by_device.items():
-                result = await self.returns.put_back(
-                    mac, items, counted=False, reason=f"scheduler restart: replica {replica} is gone"
-                )
-                count += result.requeued + len(result.dead_letters)
-            if len(ids) < ORPHAN_PAGE:
-                break
+        count = 0
+        for shard in range(self.queues.shards):
+            offset = 0
+            for _ in range(MAX_ORPHAN_PAGES):
+                ids = await self.state.lease_ids_until(bound_ms, offset=offset, count=ORPHAN_PAGE, shard=shard)
+                if not ids:
+                    break
+                theirs = [t for t in ids if t not in ours]
+                facts = await self.queues.lease_facts(theirs)
+                # ours, and deadlines without lease data (leases_due drops those), stay in the range: page past them
+                offset += len(ids) - len(facts)
+                by_device: dict[str, list[Returned]] = {}
+                for task_id, fact in facts.items():
+                    by_device.setdefault(fact.mac, []).append(Returned(task_id, fact.entry.attempt))
+                for mac, items in by_device.items():
+                    result = await self.returns.put_back(
+                        mac, items, counted=False, reason=f"scheduler restart: replica {replica} is gone"
+                    )
+                    count += result.requeued + len(result.dead_letters)
+                if len(ids) < ORPHAN_PAGE:
+                    break
         return count
 
     async def free_abandoned_devices(self, now: float) -> None:
         """Devices whose dispatcher died holding the lock are released once the lock has expired."""
-        for mac in await self.state.lapsed_serving(now, count=100):
+        for mac in await self.state.lapsed_serving(now, count=100, shards=self.owned_shards):
             if not await self.state.device_locked(mac):
                 await self.queues.release(mac, "*", now=now)
                 self.hooks.wake()

@@ -7,6 +7,10 @@ attempt counts and lease numbers (so fencing still tells old hand-outs from new 
 that each caller's count of open tasks, which its pending quota is checked against, is rebuilt by the same
 enqueue), refills the dead-letter list, and writes a new generation. Tasks that were running are queued again:
 their workers' late results or acks are refused if the new hand-out overtook them.
+
+Shards (`redis_shards` > 1): each shard has its own generation key, and a shard without one is rebuilt alone — a
+Redis Cluster master restarted empty loses only the shards it held: their devices' unfinished tasks and dead
+letters are queued again, the other shards' are left as they are (they still hold theirs).
 """
 
 from __future__ import annotations
@@ -50,14 +54,17 @@ class Rebuilder:
         if not await self.state.take_rebuild_lock(token, REBUILD_LOCK_S):
             return False  # another replica is rebuilding
         try:
-            if await self.queues.generation() is not None:
+            lost = await self.queues.lost_shards()
+            if not lost:
                 return False
-            queued, dead = await self.rebuild()
+            shards = None if len(lost) == self.queues.shards else lost
+            queued, dead = await self.rebuild(shards)
             generation = uuid.uuid4().hex
-            await self.queues.mark_rebuilt(generation)
+            await self.queues.mark_rebuilt(generation, shards=lost)
             self.rebuilds += 1
             log.warning(
-                "Redis rebuilt from PostgreSQL: %d unfinished tasks queued, %d dead letters, generation %s",
+                "Redis rebuilt from PostgreSQL%s: %d unfinished tasks queued, %d dead letters, generation %s",
+                "" if shards is None else f" (shards {', '.join(map(str, lost))} of {self.queues.shards})",
                 queued,
                 dead,
                 generation,
@@ -66,11 +73,16 @@ class Rebuilder:
         finally:
             await self.state.drop_rebuild_lock(token)
 
-    async def rebuild(self) -> tuple[int, int]:
+    async def rebuild(self, shards: list[int] | None = None) -> tuple[int, int]:
+        """Queues every unfinished task again (of the devices of the given shards; None: all) and refills the
+        dead-letter lists; returns (tasks queued, dead letters)."""
+        only = None if shards is None else set(shards)
         queued = 0
         async for rows in self.tasks.open_tasks():
             groups: dict[str, list[Entry]] = defaultdict(list)
             for r in rows:
+                if only is not None and self.queues.shard_of(r["device"]) not in only:
+                    continue
                 groups[r["device"]].append(
                     Entry(
                         str(r["id"]),
@@ -84,9 +96,12 @@ class Rebuilder:
                         caller=r["caller"],
                     )
                 )
-            await self.queues.enqueue_many(dict(groups), admit=False, rebuilding=True)
-            queued += len(rows)
+            if groups:
+                await self.queues.enqueue_many(dict(groups), admit=False, rebuilding=True)
+            queued += sum(len(entries) for entries in groups.values())
         dead = await self.tasks.recent_dead_letters(self.queues.settings.dead_letter_keep)
+        if only is not None:
+            dead = [r for r in dead if self.queues.shard_of(r["device"]) in only]
         if dead:
             now = now_ms()
             await self.letters.append(

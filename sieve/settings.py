@@ -34,8 +34,17 @@ class Settings:
     # --- where things are -------------------------------------------------------------------------
     #: Redis holding the queues, locks and registry.
     redis_url: str = "redis://127.0.0.1:6379/0"
-    #: Every Redis key starts with "{prefix}:" (one hash tag: all keys live in one Cluster slot).
+    #: Every Redis key starts with "{prefix}:" or, in shard s > 0 of redis_shards, "{prefix~s}:" (one hash tag,
+    #: so one Cluster slot, per shard).
     redis_prefix: str = "sieve"
+    #: Shards the keyspace is split into, each under its own hash tag (device -> shard by crc32 of its MAC): a
+    #: Redis Cluster spreads them over its masters, scheduler replicas divide them by renewable leases. Every
+    #: service of an installation must use the same number; 1 keeps every key under "{prefix}" (one slot).
+    redis_shards: int = 1
+    #: A scheduler replica's lease of a shard (its housekeeping: lease reclaim, delayed tasks, backoff) lasts this
+    #: long unless renewed (twice a second); a replica whose sign of life is older no longer counts when the
+    #: replicas divide the shards.
+    shard_lease_ttl_s: float = 5.0
     #: Stay NOT_SERVING while Redis' maxmemory-policy is not noeviction (false: serve, logging an error).
     redis_require_noeviction: bool = True
     #: redis_url names one node of a Redis Cluster (redis:// or rediss://, database 0): the client learns the
@@ -274,6 +283,7 @@ class Settings:
             "max_attempts",
             "dead_letter_keep",
             "default_weight",
+            "redis_shards",
         )
         for name in positive:
             if getattr(self, name) < 1:
@@ -332,6 +342,8 @@ class Settings:
         for name in ("text_timeout_s", "ocr_timeout_s", "worker_reconnect_max_s", "scheduler_dead_after_s"):
             if not 0 < getattr(self, name) < float("inf"):
                 raise SettingsError(f"{ENV_PREFIX}{name.upper()} must be more than 0")
+        if not 0 < self.shard_lease_ttl_s < float("inf"):
+            raise SettingsError("SIEVE_SHARD_LEASE_TTL_S must be more than 0")
         if not 0 <= self.execution_timeout_grace_s < float("inf"):
             raise SettingsError("SIEVE_EXECUTION_TIMEOUT_GRACE_S must be 0 or more")
 

@@ -1,6 +1,15 @@
 """The Redis key schema: every key Sieve uses is named here, and nowhere else.
 
-All keys share one hash tag, `{prefix}`, so every Lua script's keys live in one Redis Cluster slot.
+The keyspace is split into `redis_shards` shards, each under its own hash tag: shard 0 under `{prefix}`, shard
+s > 0 under `{prefix~s}` (`shard_tag`), so every Lua script's keys — one shard's — live in one Redis Cluster slot,
+and a cluster spreads the shards over its masters. A device belongs to shard `shard_of(mac, shards)` (crc32 of the
+MAC, modulo the number of shards: stable, the same in every process); everything about devices and tasks is kept
+in the device's shard (meta, queues, locks, schedule and caller-group sets, pending and caller counts, serving,
+backoff, overloaded, leases, delayed, dead letters, generation). What the whole installation shares is global,
+under the plain `{prefix}` tag (`Keys.global_base`): the lease signing key, the scheduler replicas and their shard
+leases, the rebuild and reconcile turns, the registry's workers, the GPU-expected mark, the drain rates, the
+watermark, the submit buckets and the wake channel. With one shard, shard 0 is the whole keyspace and every name
+is what it was before shards existed.
 Per-device keys come as one block (`DeviceKeys.block`) in a fixed order that every device script
 expects as KEYS[1..11] (and names with `lua/includes/deviceBlock.lua`):
 
@@ -21,6 +30,7 @@ Queue entries are strings `task_id|type|prio|enqueued_ms|expires_ms|attempt|defe
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 PRIORITIES = (1, 2, 3, 4, 5)  # BACKGROUND, LOW, NORMAL, HIGH, CRITICAL (sieve.v1.Priority values)
@@ -46,11 +56,35 @@ def group_name(caller: str) -> str:
     return caller or "-"
 
 
-class Keys:
-    """Builds every key name from the configured prefix."""
+#: between the prefix and the shard number in a shard's hash tag ("{prefix~3}")
+SHARD_MARK = "~"
 
-    def __init__(self, prefix: str) -> None:
-        self.base = "{" + prefix + "}"
+
+def shard_of(mac: str, shards: int) -> int:
+    """The shard of a device: crc32 of its (normalised) MAC modulo the number of shards; 0 with one shard."""
+    if shards <= 1:
+        return 0
+    return zlib.crc32(mac.encode()) % shards
+
+
+def shard_tag(prefix: str, shard: int) -> str:
+    """The hash tag of a shard's keys: "{prefix}" for shard 0, "{prefix~s}" for shard s."""
+    return "{" + prefix + "}" if shard == 0 else "{" + f"{prefix}{SHARD_MARK}{shard}" + "}"
+
+
+class Keys:
+    """Builds every key name of one shard (its own tag) and of the installation (the global tag) from the
+    configured prefix; `shards` (how many the installation has) only widens the SCAN patterns to cover them all."""
+
+    def __init__(self, prefix: str, shard: int = 0, shards: int = 1) -> None:
+        self.prefix = prefix
+        self.shard = shard
+        self.shards = max(1, shards)
+        #: the tag of what every shard shares (the same as shard 0's)
+        self.global_base = "{" + prefix + "}"
+        #: this shard's tag
+        self.base = shard_tag(prefix, shard)
+        g = self.global_base
         #: Tasks waiting in all device queues (not leased, not delayed).
         self.pending = f"{self.base}:pending"
         #: Devices currently being served: mac -> lock deadline (ms).
@@ -66,36 +100,36 @@ class Keys:
         #: Handed-out tasks: task_id -> "mac|entry" (the entry carries the attempt, the fencing token).
         self.lease_data = f"{self.base}:lease:data"
         #: The key lease tokens are signed with (sieve/redis/leases.py), shared by every scheduler replica.
-        self.lease_key = f"{self.base}:lease:key"
+        self.lease_key = f"{g}:lease:key"
         #: Scheduler replicas that are alive: replica id -> when it last said so (ms). A replica silent for
         #: scheduler_dead_after_s is gone: what it handed out and no worker re-announced is put back.
-        self.schedulers = f"{self.base}:schedulers"
+        self.schedulers = f"{g}:schedulers"
         #: Tasks waiting out a retry delay: "mac|entry" -> due time (ms).
         self.delayed = f"{self.base}:delayed"
         #: Dead letters, newest first, capped (JSON objects).
         self.dead_letters = f"{self.base}:dead"
         #: The latest watermark record (JSON, with a TTL).
-        self.watermark = f"{self.base}:watermark"
+        self.watermark = f"{g}:watermark"
         #: Changes when Redis is rebuilt from PostgreSQL; a missing key means Redis lost its memory.
         self.generation = f"{self.base}:generation"
         #: Held (SET NX EX) by the scheduler replica that rebuilds Redis from PostgreSQL.
-        self.rebuild_lock = f"{self.base}:rebuild"
+        self.rebuild_lock = f"{g}:rebuild"
         #: Taken (SET NX PX, for one reconcile interval) by the scheduler replica that reconciles Redis with
         #: PostgreSQL next: passes start at least an interval apart, whatever the number of replicas.
-        self.reconcile_lock = f"{self.base}:reconcile"
+        self.reconcile_lock = f"{g}:reconcile"
         #: Pub/sub channel: a device became schedulable.
-        self.wake_channel = f"{self.base}:wake"
+        self.wake_channel = f"{g}:wake"
         #: Registry: ids of registered workers (the records themselves expire).
-        self.worker_index = f"{self.base}:workers"
+        self.worker_index = f"{g}:workers"
         #: Tasks each caller has open in Redis (queued, leased or delayed): caller -> count (hash; a caller at 0
         #: has no field). Kept by the same scripts that move tasks, rebuilt with the queues.
         self.caller_open = f"{self.base}:caller:open"
         #: Exists (with a TTL of gpu_expected_s, refreshed by every scheduler replica) while a GPU worker that
         #: takes OCR has been alive recently: GPU workers are expected (the no-GPU strategy applies).
-        self.gpu_expected = f"{self.base}:gpu:expected"
+        self.gpu_expected = f"{g}:gpu:expected"
         #: Dispatch rate of each scheduler replica: replica id -> "tasks_per_s|at_ms" (how fast the queues drain,
         #: for the intake's retry delays).
-        self.drain = f"{self.base}:drain"
+        self.drain = f"{g}:drain"
         #: Each caller group's virtual start in the fair order: group -> ms of charged work (lua/includes/callerGroup).
         self.caller_served = f"{self.base}:caller:served"
         #: The virtual time of the caller level: the virtual start of the group served last.
@@ -138,27 +172,36 @@ class Keys:
 
     def submit_bucket(self, caller: str) -> str:
         """A caller's submit token bucket (hash: tokens, ts_ms; expires once full again)."""
-        return f"{self.base}:bucket:{caller}"
+        return f"{self.global_base}:bucket:{caller}"
 
     def worker(self, worker_id: str) -> str:
-        return f"{self.base}:worker:{worker_id}"
+        return f"{self.global_base}:worker:{worker_id}"
 
     @property
     def worker_pattern(self) -> str:
         """SCAN MATCH pattern of worker records."""
-        return f"{self.base}:worker:*"
+        return f"{self.global_base}:worker:*"
+
+    def shard_lease(self, shard: int) -> str:
+        """The lease of a shard by a scheduler replica (SET NX PX replica id; sieve/redis/shard_leases.py)."""
+        return f"{self.global_base}:shard:{shard}"
+
+    @property
+    def _tags_pattern(self) -> str:
+        """SCAN MATCH pattern of the tags of every shard ("{prefix}" and "{prefix~s}"), or of the one tag."""
+        return f"{{{self.prefix}}}" if self.shards == 1 else f"{{{self.prefix}[{SHARD_MARK}}}]*"
 
     @property
     def all_pattern(self) -> str:
-        """SCAN MATCH pattern of every key of this prefix."""
-        return f"{self.base}*"
+        """SCAN MATCH pattern of every key of this prefix, in every shard (whatever their number)."""
+        return f"{{{self.prefix}[}}{SHARD_MARK}]*"
 
     @property
     def queue_pattern(self) -> str:
-        """SCAN MATCH pattern of every device queue list."""
-        return f"{self.base}:q:*"
+        """SCAN MATCH pattern of every device queue list (of every shard)."""
+        return f"{self._tags_pattern}:q:*"
 
     @property
     def meta_pattern(self) -> str:
-        """SCAN MATCH pattern of every device meta hash."""
-        return f"{self.base}:meta:*"
+        """SCAN MATCH pattern of every device meta hash (of every shard)."""
+        return f"{self._tags_pattern}:meta:*"

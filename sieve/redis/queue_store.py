@@ -2,6 +2,13 @@
 
 The path of a task through Redis reads in this module's order: enqueue -> rank -> claim / pop (lease)
 -> release -> ack, with requeue / defer / resume for the ways back.
+
+Shards (`redis_shards`, sieve/redis/keys.py): every script works on one shard's keys, never two (on a Redis
+Cluster two shards may live on two masters). A call about one device goes to its shard; a call about many
+devices (enqueue_many, admission reads, acks, locate, repair) is split by shard, one script call per shard, all
+in one pipelined round trip; the global views (pending, caller open counts, dead letters, delayed ids) are read
+from every shard and summed. With one shard every call is what it was before shards existed: same keys, same
+round trips. What is only approximate across shards (the global limits, the fair order) is said where it is done.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from sieve.caller_policy import CallerPolicies
 from sieve.errors import AdmissionRefused, LockNotOwned, RedisNotReady, ScriptCode
 from sieve.redis import lua
 from sieve.redis.entry import Entry
-from sieve.redis.keys import PRIORITIES, Keys, group_name
+from sieve.redis.keys import PRIORITIES, Keys, group_name, shard_of
 from sieve.redis.reply import reply as _reply
 from sieve.settings import Settings
 
@@ -149,12 +156,19 @@ class QueueStore:
         "promoteDelayed",
         "takeTokens",
         "admissionReads",
+        "shardDemand",
     )
 
     def __init__(self, redis: Redis, settings: Settings) -> None:
         self.redis = redis
         self.settings = settings
-        self.keys = Keys(settings.redis_prefix)
+        #: how many shards the keyspace is split into, and each shard's keys
+        self.shards = settings.redis_shards
+        self.shard_keys = tuple(Keys(settings.redis_prefix, s, self.shards) for s in range(self.shards))
+        #: shard 0's keys, which carry the global names too (the only shard when there is one)
+        self.keys = self.shard_keys[0]
+        #: each shard's part of a claim round not given yet (fractions of a task), so that rounding favours none
+        self._claim_credit = [0.0] * self.shards
         self._scripts = {name: redis.register_script(lua.load(name)) for name in self._SCRIPTS}
         self._classes = [(p, w) for w in settings.all_weights for p in PRIORITIES]
         self._classes_arg = ",".join(f"{p}:{w}" for p, w in self._classes)
@@ -181,8 +195,34 @@ class QueueStore:
             return replies
         raise RuntimeError("unreachable")
 
+    def shard_of(self, mac: str) -> int:
+        """The shard a device's keys are in."""
+        return shard_of(mac, self.shards)
+
+    def keys_of(self, mac: str) -> Keys:
+        """The keys of a device's shard."""
+        return self.keys if self.shards == 1 else self.shard_keys[shard_of(mac, self.shards)]
+
+    def _by_shard(self, macs: list[str]) -> dict[int, list[str]]:
+        """The devices of each shard, in the order given (shards in the order their first device comes)."""
+        out: dict[int, list[str]] = defaultdict(list)
+        for mac in macs:
+            out[shard_of(mac, self.shards)].append(mac)
+        return out
+
+    def _shards(self, shards: list[int] | None) -> list[Keys]:
+        """The keys of the given shards (None: all)."""
+        return list(self.shard_keys) if shards is None else [self.shard_keys[i] for i in shards]
+
+    async def _each_shard(self, command: Any, shards: list[int] | None = None) -> list[Any]:
+        """One command per shard, in one round trip (`command(pipe, keys)` queues it): the replies, in shard order."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for k in self._shards(shards):
+                command(pipe, k)
+            return list(await pipe.execute())
+
     def _device(self, mac: str) -> tuple[list[str], str]:
-        dk = self.keys.device(mac, self.settings.weight_of(mac))
+        dk = self.keys_of(mac).device(mac, self.settings.weight_of(mac))
         return dk.block, dk.lock
 
     # --- enqueue ----------------------------------------------------------------------------------
@@ -212,31 +252,69 @@ class QueueStore:
         caller of its entries: at most `caller_limit` open tasks per caller. Raises RedisNotReady while
         Redis has lost its memory and is not rebuilt (`rebuilding=True` is the rebuild itself)."""
         now = now or now_ms()
-        k, s = self.keys, self.settings
+        s = self.settings
         total, per_device = (s.max_total_pending, s.max_per_device_pending) if admit else (NO_LIMIT, NO_LIMIT)
         per_caller = caller_limit if admit else NO_LIMIT
-        macs = list(groups)
-        calls = []
-        for start in range(0, len(macs), ENQUEUE_DEVICES_PER_CALL):
-            args: list[Any] = [now, total, per_device, per_caller, k.wake_channel, int(not rebuilding), k.base]
-            for mac in macs[start : start + ENQUEUE_DEVICES_PER_CALL]:
-                entries = groups[mac]
-                caller = entries[0].caller
-                args += [mac, s.weight_of(mac), group_name(caller), self.callers.weight(caller), len(entries)]
-                args += [e.encode() for e in entries]
-            calls.append(("enqueueMany", [k.pending, k.overloaded, k.devices, k.generation, k.caller_open], args))
+        by_shard = {0: list(groups)} if self.shards == 1 else self._by_shard(list(groups))
+        # several shards: each shard's script checks its own counters, so the global and caller limits are checked
+        # against what the other shards held a moment before (read-then-enqueue: concurrent intakes may overshoot a
+        # limit by what they enqueue at the same moment); a shard that lost its memory refuses before anything
+        others: dict[int, tuple[int, int]] = {}
+        if self.shards > 1 and not rebuilding:
+            others = await self._other_shards_counts(groups, by_shard)
+        calls, macs = [], []
+        for shard, shard_macs in by_shard.items():
+            k = self.shard_keys[shard]
+            other_pending, other_open = others.get(shard, (0, 0))
+            limits = [max(0, total - other_pending), per_device, max(0, per_caller - other_open)]
+            for start in range(0, len(shard_macs), ENQUEUE_DEVICES_PER_CALL):
+                args: list[Any] = [now, *limits, k.wake_channel, int(not rebuilding), k.base]
+                for mac in shard_macs[start : start + ENQUEUE_DEVICES_PER_CALL]:
+                    entries = groups[mac]
+                    caller = entries[0].caller
+                    args += [mac, s.weight_of(mac), group_name(caller), self.callers.weight(caller), len(entries)]
+                    args += [e.encode() for e in entries]
+                    macs.append((mac, other_pending, other_open))
+                calls.append(("enqueueMany", [k.pending, k.overloaded, k.devices, k.generation, k.caller_open], args))
         chunks = await self._call_pipelined(calls)
         if any(reply[0] == ScriptCode.REDIS_NOT_READY for reply in chunks):
             raise RedisNotReady("Redis lost its queues; they are being rebuilt from PostgreSQL")
         flat = [v for reply in chunks for v in reply]
         replies = [flat[i : i + 4] for i in range(0, len(flat), 4)]
         out: dict[str, tuple[int, int] | AdmissionRefused] = {}
-        for mac, (code, backlog, pending, caller_open) in zip(macs, replies, strict=True):
+        for (mac, other_pending, other_open), (code, backlog, pending, caller_open) in zip(macs, replies, strict=True):
+            pending, caller_open = pending + other_pending, caller_open + other_open
             out[mac] = (
                 (backlog, pending)
                 if code == ScriptCode.OK
                 else AdmissionRefused(ScriptCode(code), backlog, pending, caller_open)
             )
+        return out
+
+    async def _other_shards_counts(
+        self, groups: dict[str, list[Entry]], by_shard: dict[int, list[str]]
+    ) -> dict[int, tuple[int, int]]:
+        """For each shard that takes some of `groups`: the pending tasks and the open tasks of their callers (the
+        most of any one of them) that the other shards hold now (one round trip). Raises RedisNotReady when a shard
+        has no generation (it lost its memory and is not rebuilt yet): nothing is enqueued then."""
+        callers = sorted({entries[0].caller for entries in groups.values() if entries})
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for k in self.shard_keys:
+                pipe.get(k.pending)
+                pipe.exists(k.generation)
+                pipe.hmget(k.caller_open, callers or [""])
+            replies = await pipe.execute()
+        pending = [int(replies[3 * i] or 0) for i in range(self.shards)]
+        if not all(replies[3 * i + 1] for i in range(self.shards)):
+            raise RedisNotReady("Redis lost the queues of a shard; they are being rebuilt from PostgreSQL")
+        opens = [[int(v or 0) for v in replies[3 * i + 2]] for i in range(self.shards)]
+        out: dict[int, tuple[int, int]] = {}
+        for shard in by_shard:
+            other_pending = sum(pending) - pending[shard]
+            other_open = max(
+                (sum(o[c] for i, o in enumerate(opens) if i != shard) for c in range(len(callers) or 1)), default=0
+            )
+            out[shard] = (other_pending, other_open)
         return out
 
     async def admission_snapshot(self, devices: list[str]) -> tuple[int, dict[str, int]]:
@@ -251,6 +329,8 @@ class QueueStore:
         submit tokens taken from a caller's bucket (granted, seconds until the rest is back; else 0, 0) — in one
         round trip (admissionReads: one command for all the devices)."""
         reads = self._scripts["admissionReads"]
+        # one read per shard (every shard's, for the global sums), in one round trip
+        by_shard = {0: devices} if self.shards == 1 else {i: [] for i in range(self.shards)} | self._by_shard(devices)
         for attempt in (1, 2):
             async with self.redis.pipeline(transaction=False) as pipe:
                 if take is not None:
@@ -263,7 +343,9 @@ class QueueStore:
                         take.burst,
                         take.wanted,
                     )
-                pipe.evalsha(reads.sha, 2, self.keys.pending, self.keys.caller_open, caller, self.keys.base, *devices)
+                for shard, macs in by_shard.items():
+                    k = self.shard_keys[shard]
+                    pipe.evalsha(reads.sha, 2, k.pending, k.caller_open, caller, k.base, *macs)
                 values = await pipe.execute(raise_on_error=False)
             if attempt == 1 and any(isinstance(v, NoScriptError) for v in values):
                 for name in ("takeTokens", "admissionReads"):
@@ -277,18 +359,31 @@ class QueueStore:
         if take is not None:
             (granted, wait_ms), values = values[0], values[1:]
             granted, wait_s = int(granted), int(wait_ms) / 1000
-        pending, caller_open, *backlog = values[0]
-        backlogs = {m: int(v) for m, v in zip(devices, backlog, strict=True)}
-        return int(pending), backlogs, int(caller_open), granted, wait_s
+        pending, caller_open, backlogs = 0, 0, {}
+        for macs, (shard_pending, shard_open, *backlog) in zip(by_shard.values(), values, strict=True):
+            pending, caller_open = pending + int(shard_pending), caller_open + int(shard_open)
+            backlogs.update({m: int(v) for m, v in zip(macs, backlog, strict=True)})
+        return pending, backlogs, caller_open, granted, wait_s
 
     async def caller_open(self, callers: list[str] | None = None) -> dict[str, int]:
         """Open tasks (queued, leased or delayed) per caller: of `callers`, or of every caller that has some."""
-        if callers is None:
-            return {c: int(n) for c, n in (await _reply(self.redis.hgetall(self.keys.caller_open))).items()}
-        if not callers:
+        if callers is not None and not callers:
             return {}
-        values = await _reply(self.redis.hmget(self.keys.caller_open, callers))
-        return {c: int(v or 0) for c, v in zip(callers, values, strict=True)}
+        if self.shards == 1:
+            if callers is None:
+                return {c: int(n) for c, n in (await _reply(self.redis.hgetall(self.keys.caller_open))).items()}
+            values = await _reply(self.redis.hmget(self.keys.caller_open, callers))
+            return {c: int(v or 0) for c, v in zip(callers, values, strict=True)}
+        out: dict[str, int] = defaultdict(int)
+        if callers is None:
+            for counts in await self._each_shard(lambda pipe, k: pipe.hgetall(k.caller_open)):
+                for c, n in counts.items():
+                    out[c] += int(n)
+            return dict(out)
+        for values in await self._each_shard(lambda pipe, k: pipe.hmget(k.caller_open, callers)):
+            for c, v in zip(callers, values, strict=True):
+                out[c] += int(v or 0)
+        return {c: out[c] for c in callers}
 
     async def take_tokens(
         self, caller: str, wanted: int, rate_per_s: float, burst: int, *, now: float | None = None
@@ -302,12 +397,12 @@ class QueueStore:
 
     async def mark_overloaded(self, mac: str) -> None:
         """Marks a device refused for being over its limit (cleared when its backlog drops below it)."""
-        await _reply(self.redis.sadd(self.keys.overloaded, mac))
+        await _reply(self.redis.sadd(self.keys_of(mac).overloaded, mac))
 
     async def remove_queued(self, mac: str, task_id: str, *, now: float | None = None) -> Entry | None:
         """Takes a task out of its device queue (cancelled or expired); None when it is not queued."""
         block, _ = self._device(mac)
-        k = self.keys
+        k = self.keys_of(mac)
         raw = await self._call(
             "removeQueued",
             [*block, k.pending, k.overloaded, k.devices, k.caller_open],
@@ -320,11 +415,12 @@ class QueueStore:
         return await self.remove_queued(mac, task_id, now=now) is not None
 
     # --- claim ------------------------------------------------------------------------------------
-    def _rank_call(self, exclude: str | None, now: float) -> tuple[str, list[str], list[Any]]:
+    def _rank_call(self, exclude: str | None, now: float, k: Keys | None = None) -> tuple[str, list[str], list[Any]]:
         s = self.settings
+        k = k or self.keys
         return (
             "rankDevices",
-            [self.keys.backoff],
+            [k.backoff],
             [
                 now,
                 int(s.aging_max_wait_s * 1000),
@@ -332,7 +428,7 @@ class QueueStore:
                 exclude or "",
                 self._classes_arg,
                 self._caller_weights_arg,
-                self.keys.base,
+                k.base,
             ],
         )
 
@@ -348,7 +444,34 @@ class QueueStore:
     async def rank(self, *, exclude: str | None = None, now: float | None = None) -> Rank:
         """The device with the best aging score that is schedulable (not served, not in backoff)."""
         now = now or now_ms()
-        return self._rank(await self._call(*self._rank_call(exclude, now)))
+        if self.shards == 1:
+            return self._rank(await self._call(*self._rank_call(exclude, now)))
+        replies = await self._call_pipelined([self._rank_call(exclude, now, k) for k in self.shard_keys])
+        return self._merge_ranks(replies)
+
+    def _merge_ranks(self, replies: list[list[Any]]) -> Rank:
+        """The best of several shards' choices (by min(wait, max_wait) x weight, as within a shard), the earliest
+        backoff deadline, the longest wait, and whether any shard starves."""
+        max_wait = self.settings.aging_max_wait_s * 1000
+        best: tuple[float, str] | None = None
+        backoffs, longest, starving = [], [], False
+        for reply in replies:
+            rank = self._rank(reply)
+            starving = starving or rank.starving
+            if rank.next_backoff_ms is not None:
+                backoffs.append(rank.next_backoff_ms)
+            if rank.longest_wait_ms is not None:
+                longest.append(rank.longest_wait_ms)
+            if rank.mac is not None:
+                score = min(float(reply[5]), max_wait) * float(reply[6] or 1)
+                if best is None or score > best[0]:
+                    best = (score, rank.mac)
+        return Rank(
+            None if best is None else best[1],
+            starving,
+            min(backoffs) if backoffs else None,
+            max(longest) if longest else None,
+        )
 
     def _pop_call(
         self,
@@ -361,7 +484,7 @@ class QueueStore:
         carry_ms: float = 0.0,
     ) -> tuple[str, list[str], list[Any]]:
         block, lock = self._device(mac)
-        k, s = self.keys, self.settings
+        k, s = self.keys_of(mac), self.settings
         return (
             "popBatch",
             [*block, lock, k.pending, k.serving, k.leases, k.lease_data, k.overloaded, k.devices, k.caller_open],
@@ -430,9 +553,30 @@ class QueueStore:
         how long the workers take per task — the call's clock runs on by that much per task taken, as it would
         between separate claims, and each caller is charged that much per task (over its weight)."""
         now = now or now_ms()
-        k, s = self.keys, self.settings
+        if self.shards > 1:
+            return await self._claim_shards(
+                token, want, budget, max_devices, per_device, carry_max_ms, ms_per_task, now
+            )
+        call = self._claim_call(self.keys, token, want, budget, max_devices, per_device, carry_max_ms, ms_per_task, now)
+        reply = await self._call(*call)
+        devices = self._claimed(reply)
+        return Claim(devices, self._rank(reply[-8:]))
+
+    def _claim_call(
+        self,
+        k: Keys,
+        token: str,
+        want: int,
+        budget: Mapping[int, int] | None,
+        max_devices: int,
+        per_device: int | None,
+        carry_max_ms: float,
+        ms_per_task: float,
+        now: float,
+    ) -> tuple[str, list[str], list[Any]]:
+        s = self.settings
         budget_arg = "" if budget is None else (",".join(f"{t}:{n}" for t, n in budget.items()) or "-")
-        reply = await self._call(
+        return (
             "claimDevices",
             [k.backoff, k.pending, k.serving, k.leases, k.lease_data, k.overloaded, k.devices, k.caller_open],
             [
@@ -455,6 +599,101 @@ class QueueStore:
                 round(ms_per_task, 3),
             ],
         )
+
+    async def _claim_shards(
+        self,
+        token: str,
+        want: int,
+        budget: Mapping[int, int] | None,
+        max_devices: int,
+        per_device: int | None,
+        carry_max_ms: float,
+        ms_per_task: float,
+        now: float,
+    ) -> Claim:
+        """A claim round over several shards: what each shard has ready (shardDemand, one round trip), the round's
+        tasks split across the shards in proportion to it (`shard_shares`), then one claimDevices per shard that
+        gets a part, in one more round trip. Within a shard the fair order is exact; across shards it is as
+        good as the split (docs/design.md, "Shards")."""
+        demand_calls = [
+            ("shardDemand", [k.backoff], [self._classes_arg, self._caller_weights_arg, k.base]) for k in self.shard_keys
+        ]
+        demands = await self._call_pipelined(demand_calls)
+        backoffs = [float(d[0]) for d in demands if float(d[0]) >= 0]
+        per_group = [{str(d[i]): (int(d[i + 1]), int(d[i + 2])) for i in range(1, len(d), 3)} for d in demands]
+        shares = self.shard_shares(per_group, want)
+        calls, shards = [], []
+        left = dict(budget) if budget is not None else None
+        for shard in sorted(range(self.shards), key=lambda i: -shares[i]):
+            n = shares[shard]
+            if n <= 0:
+                continue
+            part: dict[int, int] | None = None
+            if left is not None:
+                part = {t: min(c, n) for t, c in left.items()}
+                for t in part:
+                    left[t] -= part[t]
+                if sum(part.values()) <= 0:
+                    continue
+            calls.append(
+                self._claim_call(
+                    self.shard_keys[shard],
+                    f"{token}:{shard}",
+                    n,
+                    part,
+                    min(max_devices, n),
+                    per_device,
+                    carry_max_ms,
+                    ms_per_task,
+                    now,
+                )
+            )
+            shards.append(shard)
+        if not calls:
+            return Claim([], Rank(None, False, min(backoffs) if backoffs else None, None))
+        replies = await self._call_pipelined(calls)
+        devices = [d for reply in replies for d in self._claimed(reply)]
+        nxt = self._merge_ranks([reply[-8:] for reply in replies])
+        if backoffs and (nxt.next_backoff_ms is None or min(backoffs) < nxt.next_backoff_ms):
+            nxt = Rank(nxt.mac, nxt.starving, min(backoffs), nxt.longest_wait_ms)
+        return Claim(devices, nxt)
+
+    def shard_shares(self, per_group: list[dict[str, tuple[int, int]]], want: int) -> list[int]:
+        """How many of a round's `want` tasks each shard gets, from what each has ready (per shard: caller group ->
+        (caller weight, weighted ready devices)). Each caller group's share of the round is its caller weight
+        over the ready groups' (as the caller level of the fair order gives it within a shard), split over the
+        shards it has ready devices in by their weighted count (as the device level gives it); a shard gets the
+        sum of its groups' parts. Fractions carry to the next round (largest remainder), so that a shard's part
+        of a task is never lost to rounding."""
+        totals: dict[str, float] = defaultdict(float)
+        weights: dict[str, int] = {}
+        for groups in per_group:
+            for g, (cweight, devices) in groups.items():
+                totals[g] += devices
+                weights[g] = cweight
+        all_weight = sum(weights.values())
+        if want <= 0 or all_weight <= 0:
+            self._claim_credit = [0.0] * self.shards
+            return [0] * self.shards
+        demand = [
+            sum(weights[g] / all_weight * devices / totals[g] for g, (_, devices) in groups.items() if totals[g] > 0)
+            for groups in per_group
+        ]
+        exact = [(self._claim_credit[i] + want * demand[i]) if demand[i] > 0 else 0.0 for i in range(self.shards)]
+        shares = [max(0, int(x)) for x in exact]
+        rest = want - sum(shares)
+        for i in sorted(range(self.shards), key=lambda i: -(exact[i] - shares[i])):
+            if rest <= 0:
+                break
+            if demand[i] > 0:
+                shares[i] += 1
+                rest -= 1
+        # what a shard was owed beyond what it got carries over, within one task either way
+        self._claim_credit = [max(-1.0, min(1.0, exact[i] - shares[i])) for i in range(self.shards)]
+        return shares
+
+    def _claimed(self, reply: list[Any]) -> list[tuple[str, Popped]]:
+        """The devices one claimDevices reply claimed, in its order."""
         devices: list[tuple[str, Popped]] = []
         at = 2
         for _ in range(int(reply[1])):
@@ -465,12 +704,12 @@ class QueueStore:
             at += taken + expired
             ok = code == ScriptCode.OK
             devices.append((mac, Popped(ok, entries[:taken], entries[taken:], int(blocked))))
-        return Claim(devices, self._rank(reply[at : at + 8]))
+        return devices
 
     async def release(self, mac: str, token: str, *, now: float | None = None) -> None:
         """Unlocks a device after a dispatch; it is scheduled again if it has work (wait restarts)."""
         block, lock = self._device(mac)
-        k = self.keys
+        k = self.keys_of(mac)
         code = await self._call("releaseDevice", [*block, lock, k.serving, k.devices], [now or now_ms(), token, mac])
         if code == ScriptCode.LOCK_NOT_OWNED:
             raise LockNotOwned(f"lock of {mac} is not held by {token}")
@@ -494,7 +733,7 @@ class QueueStore:
     ) -> Deferred:
         """Puts `task_ids` back and backs the device off exponentially."""
         block, lock = self._device(mac)
-        k, s = self.keys, self.settings
+        k, s = self.keys_of(mac), self.settings
         reply = await self._call(
             "deferDevice",
             [
@@ -533,7 +772,7 @@ class QueueStore:
         the device and schedules it for its other work: one type that cannot be served does not hold back
         the device's others."""
         block, lock = self._device(mac)
-        k, s = self.keys, self.settings
+        k, s = self.keys_of(mac), self.settings
         reply = await self._call(
             "deferTypes",
             [
@@ -570,15 +809,18 @@ class QueueStore:
             int(reply[0]), [str(i) for i in reply[2 + dead_count :]], [json.loads(r) for r in reply[2 : 2 + dead_count]]
         )
 
-    async def resume_due(self, *, now: float | None = None, limit: int = 500) -> list[str]:
-        """Schedules again every device whose backoff has ended; returns them."""
+    async def resume_due(
+        self, *, now: float | None = None, limit: int = 500, shards: list[int] | None = None
+    ) -> list[str]:
+        """Schedules again every device whose backoff has ended (of the given shards; None: all); returns them."""
         now = now or now_ms()
-        due = await self.redis.zrangebyscore(self.keys.backoff, "-inf", now, start=0, num=limit)
         resumed = []
-        for mac in due:
-            block, _ = self._device(mac)
-            if await self._call("resumeDevice", [*block, self.keys.backoff, self.keys.devices], [now, mac]):
-                resumed.append(mac)
+        for k in self._shards(shards):
+            due = await self.redis.zrangebyscore(k.backoff, "-inf", now, start=0, num=limit)
+            for mac in due:
+                block, _ = self._device(mac)
+                if await self._call("resumeDevice", [*block, k.backoff, k.devices], [now, mac]):
+                    resumed.append(mac)
         return resumed
 
     async def ack(
@@ -598,10 +840,11 @@ class QueueStore:
         known = dict(device_of or {})
         unknown = [task_id for task_id, _ in leases if task_id not in known]
         if unknown:
-            values = await _reply(self.redis.hmget(self.keys.lease_data, unknown))
-            for task_id, value in zip(unknown, values, strict=True):
-                if value is not None:
-                    known[task_id] = value.partition("|")[0]
+            # a task whose device is not known: its lease data, looked up in every shard (one HMGET each)
+            for values in await self._each_shard(lambda pipe, k: pipe.hmget(k.lease_data, unknown)):
+                for task_id, value in zip(unknown, values, strict=True):
+                    if value is not None:
+                        known[task_id] = value.partition("|")[0]
         by_device: dict[str, list[int]] = defaultdict(list)
         for i, (task_id, _) in enumerate(leases):
             if task_id in known:
@@ -609,12 +852,20 @@ class QueueStore:
         acked = [False] * len(leases)
         if not by_device:
             return acked
-        args: list[Any] = [self.keys.base]
-        for mac, indexes in by_device.items():
-            args += [mac, round((charges or {}).get(mac, 0.0), 3), len(indexes)]
-            args += [x for i in indexes for x in leases[i]]
-        reply = await self._call("ackMany", [self.keys.leases, self.keys.lease_data, self.keys.caller_open], args)
-        for i, r in zip((i for indexes in by_device.values() for i in indexes), reply, strict=True):
+        # one ackMany per shard, in one round trip
+        by_shard: dict[int, list[str]] = {0: list(by_device)} if self.shards == 1 else self._by_shard(list(by_device))
+        calls, order = [], []
+        for shard, macs in by_shard.items():
+            k = self.shard_keys[shard]
+            args: list[Any] = [k.base]
+            for mac in macs:
+                indexes = by_device[mac]
+                args += [mac, round((charges or {}).get(mac, 0.0), 3), len(indexes)]
+                args += [x for i in indexes for x in leases[i]]
+                order += indexes
+            calls.append(("ackMany", [k.leases, k.lease_data, k.caller_open], args))
+        replies = [await self._call(*calls[0])] if len(calls) == 1 else await self._call_pipelined(calls)
+        for i, r in zip(order, (r for reply in replies for r in reply), strict=True):
             acked[i] = bool(r)
         return acked
 
@@ -632,7 +883,7 @@ class QueueStore:
         """Puts one device's leased tasks back at the front of its queues (None attempt: any), at once
         or, with `retry_at_ms` in the future, once that time comes (promote_due)."""
         block, _ = self._device(mac)
-        k, s = self.keys, self.settings
+        k, s = self.keys_of(mac), self.settings
         args: list[Any] = [
             now or now_ms(),
             mac,
@@ -654,48 +905,68 @@ class QueueStore:
             int(reply[0]), [json.loads(r) for r in reply[2 : 2 + dead]], [str(i) for i in reply[2 + dead :]]
         )
 
-    async def promote_due(self, *, now: float | None = None, limit: int = 1000) -> int:
-        """Puts delayed tasks whose retry time has come back at the front of their queues."""
+    async def promote_due(self, *, now: float | None = None, limit: int = 1000, shards: list[int] | None = None) -> int:
+        """Puts delayed tasks whose retry time has come back at the front of their queues (of the given shards;
+        None: all)."""
         now = now or now_ms()
-        due = await self.redis.zrangebyscore(self.keys.delayed, "-inf", now, start=0, num=limit)
-        by_device: dict[str, list[str]] = defaultdict(list)
-        for member in due:
-            by_device[member.partition("|")[0]].append(member)
-        k = self.keys
         back = 0
-        for mac, members in by_device.items():
-            back += await self._call(
-                "promoteDelayed", [*self._device(mac)[0], k.pending, k.delayed, k.devices], [now, mac, *members]
-            )
+        for k in self._shards(shards):
+            due = await self.redis.zrangebyscore(k.delayed, "-inf", now, start=0, num=limit)
+            by_device: dict[str, list[str]] = defaultdict(list)
+            for member in due:
+                by_device[member.partition("|")[0]].append(member)
+            for mac, members in by_device.items():
+                back += await self._call(
+                    "promoteDelayed", [*self._device(mac)[0], k.pending, k.delayed, k.devices], [now, mac, *members]
+                )
         return back
 
-    async def leases_due(self, *, now: float | None = None, limit: int = 1000) -> dict[str, list[tuple[str, int]]]:
-        """Leases that ran out, grouped by device: {mac: [(task_id, attempt)]}."""
-        ids = await self.redis.zrangebyscore(self.keys.leases, "-inf", now or now_ms(), start=0, num=limit)
-        if not ids:
-            return {}
-        values = await _reply(self.redis.hmget(self.keys.lease_data, ids))
+    async def leases_due(
+        self, *, now: float | None = None, limit: int = 1000, shards: list[int] | None = None
+    ) -> dict[str, list[tuple[str, int]]]:
+        """Leases that ran out (in the given shards; None: all), grouped by device: {mac: [(task_id, attempt)]}."""
         by_device: dict[str, list[tuple[str, int]]] = defaultdict(list)
-        for task_id, value in zip(ids, values, strict=True):
-            if value is None:
-                await self.redis.zrem(self.keys.leases, task_id)
+        for k in self._shards(shards):
+            ids = await self.redis.zrangebyscore(k.leases, "-inf", now or now_ms(), start=0, num=limit)
+            if not ids:
                 continue
-            mac, _, raw = value.partition("|")
-            by_device[mac].append((task_id, Entry.decode(raw).attempt))
+            values = await _reply(self.redis.hmget(k.lease_data, ids))
+            for task_id, value in zip(ids, values, strict=True):
+                if value is None:
+                    await self.redis.zrem(k.leases, task_id)
+                    continue
+                mac, _, raw = value.partition("|")
+                by_device[mac].append((task_id, Entry.decode(raw).attempt))
         return dict(by_device)
 
     async def lease_facts(self, task_ids: list[str]) -> dict[str, LeaseFact]:
-        """The leases Redis holds for these tasks (device, entry, deadline), in one round trip; a task without
-        lease data is left out."""
+        """The leases Redis holds for these tasks (device, entry, deadline), in one round trip (two with several
+        shards: the lease data of every shard, then the deadlines where it was found); a task without lease data
+        is left out."""
         if not task_ids:
             return {}
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hmget(self.keys.lease_data, task_ids)
-            for task_id in task_ids:
-                pipe.zscore(self.keys.leases, task_id)
-            values, *deadlines = await pipe.execute()
+        if self.shards == 1:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hmget(self.keys.lease_data, task_ids)
+                for task_id in task_ids:
+                    pipe.zscore(self.keys.leases, task_id)
+                values, *deadlines = await pipe.execute()
+            found = [(t, v, d, self.keys) for t, v, d in zip(task_ids, values, deadlines, strict=True)]
+        else:
+            where: dict[str, tuple[str, Keys]] = {}
+            for k, values in zip(
+                self.shard_keys, await self._each_shard(lambda pipe, k: pipe.hmget(k.lease_data, task_ids)), strict=True
+            ):
+                for task_id, value in zip(task_ids, values, strict=True):
+                    if value is not None:
+                        where[task_id] = (value, k)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for task_id, (_, k) in where.items():
+                    pipe.zscore(k.leases, task_id)
+                deadlines = await pipe.execute() if where else []
+            found = [(t, v, d, k) for (t, (v, k)), d in zip(where.items(), deadlines, strict=True)]
         out: dict[str, LeaseFact] = {}
-        for task_id, value, deadline in zip(task_ids, values, deadlines, strict=True):
+        for task_id, value, deadline, _ in found:
             if value is None:
                 continue
             mac, _, raw = value.partition("|")
@@ -703,11 +974,15 @@ class QueueStore:
         return out
 
     async def renew_leases(self, task_ids: list[str], *, now: float | None = None) -> None:
-        """Pushes the deadline of leases that are still held by a live worker (only existing ones)."""
+        """Pushes the deadline of leases that are still held by a live worker (only existing ones: with several
+        shards, the same ZADD XX to each shard, in one round trip, adds nothing where a task has no lease)."""
         if not task_ids:
             return
         deadline = (now or now_ms()) + int(self.settings.lease_ttl_s * 1000)
-        await self.redis.zadd(self.keys.leases, dict.fromkeys(task_ids, deadline), xx=True)
+        if self.shards == 1:
+            await self.redis.zadd(self.keys.leases, dict.fromkeys(task_ids, deadline), xx=True)
+            return
+        await self._each_shard(lambda pipe, k: pipe.zadd(k.leases, dict.fromkeys(task_ids, deadline), xx=True))
 
     # --- drain rate -------------------------------------------------------------------------------
     async def publish_drain(self, replica: str, tasks_per_s: float, *, now: float | None = None) -> None:
@@ -735,27 +1010,41 @@ class QueueStore:
 
     # --- generation ---------------------------------------------------------------------------------
     async def generation(self) -> str | None:
-        """The id of the current rebuild of Redis from PostgreSQL; None when Redis lost its memory."""
-        generation: str | None = await _reply(self.redis.get(self.keys.generation))
-        return generation
+        """The id of the current rebuild of Redis from PostgreSQL; None when Redis lost its memory (with several
+        shards: the shards' ids joined by "|", None when any shard lost its memory)."""
+        if self.shards == 1:
+            generation: str | None = await _reply(self.redis.get(self.keys.generation))
+            return generation
+        values = await self._each_shard(lambda pipe, k: pipe.get(k.generation))
+        return None if any(v is None for v in values) else "|".join(values)
 
-    async def mark_rebuilt(self, generation: str) -> None:
-        """Redis holds every unfinished task again: intake may enqueue."""
-        await self.redis.set(self.keys.generation, generation)
+    async def lost_shards(self) -> list[int]:
+        """The shards without a generation: they lost their memory (a Redis master restarted empty) and must be
+        rebuilt from PostgreSQL."""
+        values = await self._each_shard(lambda pipe, k: pipe.exists(k.generation))
+        return [i for i, v in enumerate(values) if not v]
+
+    async def mark_rebuilt(self, generation: str, *, shards: list[int] | None = None) -> None:
+        """Redis holds every unfinished task again (of the given shards; None: all): intake may enqueue."""
+        await self._each_shard(lambda pipe, k: pipe.set(k.generation, generation), shards)
 
     # --- reading ----------------------------------------------------------------------------------
     async def pending(self) -> int:
-        return int(await self.redis.get(self.keys.pending) or 0)
+        """Tasks waiting in every device queue (the shards' pending counters, summed)."""
+        if self.shards == 1:
+            return int(await self.redis.get(self.keys.pending) or 0)
+        return sum(int(v or 0) for v in await self._each_shard(lambda pipe, k: pipe.get(k.pending)))
 
     async def device_meta(self, mac: str) -> dict[str, str]:
-        meta: dict[str, str] = await _reply(self.redis.hgetall(self.keys.meta(mac)))
+        meta: dict[str, str] = await _reply(self.redis.hgetall(self.keys_of(mac).meta(mac)))
         return meta
 
     async def queued(self, mac: str) -> list[Entry]:
         """Every queued entry of a device, highest priority first (for tests and operators)."""
+        k = self.keys_of(mac)
         async with self.redis.pipeline(transaction=False) as pipe:
             for p in reversed(PRIORITIES):
-                pipe.lrange(self.keys.queue(mac, p), 0, -1)
+                pipe.lrange(k.queue(mac, p), 0, -1)
             lists = await pipe.execute()
         return [Entry.decode(raw) for items in lists for raw in items]
 
@@ -769,7 +1058,7 @@ class QueueStore:
     def _reconcile_keys(self, mac: str) -> list[str]:
         """KEYS[1..18] of locateTasks and repairDevice."""
         block, lock = self._device(mac)
-        k = self.keys
+        k = self.keys_of(mac)
         return [*block, lock, k.serving, k.backoff, k.leases, k.lease_data, k.delayed, k.devices]
 
     async def locate(self, groups: dict[str, list[str]], *, exact: bool) -> dict[str, Located]:
@@ -807,47 +1096,50 @@ class QueueStore:
         )
         return {mac: (str(r[0]), int(r[1]), int(r[2])) for mac, r in zip(macs, replies, strict=True) if r[0]}
 
-    async def recount_pending(self, *, tries: int = 3) -> tuple[int, int] | None:
-        """Sets the global pending counter to the entries in every active device's queues: (before, after), or
-        None when the active devices kept changing under it."""
+    async def recount_pending(self, *, tries: int = 3, shards: list[int] | None = None) -> tuple[int, int] | None:
+        """Sets each shard's pending counter (of the given shards; None: all) to the entries in its active devices'
+        queues: (before, after), summed, or None when a shard's active devices kept changing under it."""
         name = self._script("recountPending")
-        for _ in range(tries):
-            devices = sorted(await _reply(self.redis.smembers(self.keys.devices)))
-            keys = [
-                self.keys.pending,
-                self.keys.devices,
-                *(self.keys.queue(mac, p) for mac in devices for p in PRIORITIES),
-            ]
-            reply = await self._call(name, keys, devices)
-            if reply[0] == ScriptCode.OK:
-                return int(reply[1]), int(reply[2])
-        return None
+        before, after = 0, 0
+        for k in self._shards(shards):
+            for _ in range(tries):
+                devices = sorted(await _reply(self.redis.smembers(k.devices)))
+                keys = [k.pending, k.devices, *(k.queue(mac, p) for mac in devices for p in PRIORITIES)]
+                reply = await self._call(name, keys, devices)
+                if reply[0] == ScriptCode.OK:
+                    before, after = before + int(reply[1]), after + int(reply[2])
+                    break
+            else:
+                return None
+        return before, after
 
     async def delayed_task_ids(self) -> set[str]:
-        """Ids of every task in the delayed set (members "mac|task_id|..."), read in SCAN steps (not atomic)."""
+        """Ids of every task in the delayed sets (members "mac|task_id|..."), read in SCAN steps (not atomic)."""
         return {
             member.split("|", 2)[1]
-            async for member, _ in self.redis.zscan_iter(self.keys.delayed, count=1000)
+            for k in self.shard_keys
+            async for member, _ in self.redis.zscan_iter(k.delayed, count=1000)
             if member.count("|") >= 2
         }
 
     async def misscheduled_devices(self) -> dict[str, str]:
         """Devices in a schedule set whose meta does not say they belong there (a deleted or evicted meta: the
         dispatcher would claim them in vain, again and again), with the caller group of the set they were found
-        in. Read in steps, not atomic: repair_devices checks."""
+        in (every shard's). Read in steps, not atomic: repair_devices checks."""
         members: list[tuple[str, int, str]] = []
         # the schedule sets of every group that had a ready device (never a SCAN of the keyspace, which holds
         # every device's keys)
-        groups = sorted({"-", *await _reply(self.redis.smembers(self.keys.groups))})
-        for group in groups:
-            for priority, weight in self._classes:
-                key = self.keys.schedule(priority, weight, group)
-                members += [(mac, priority, group) async for mac, _ in self.redis.zscan_iter(key, count=1000)]
+        for k in self.shard_keys:
+            groups = sorted({"-", *await _reply(self.redis.smembers(k.groups))})
+            for group in groups:
+                for priority, weight in self._classes:
+                    key = k.schedule(priority, weight, group)
+                    members += [(mac, priority, group) async for mac, _ in self.redis.zscan_iter(key, count=1000)]
         if not members:
             return {}
         async with self.redis.pipeline(transaction=False) as pipe:
             for mac, _, _ in members:
-                pipe.hmget(self.keys.meta(mac), ["state", "class", "group"])
+                pipe.hmget(self.keys_of(mac).meta(mac), ["state", "class", "group"])
             metas = await pipe.execute()
         return {
             mac: group
@@ -861,12 +1153,23 @@ class QueueStore:
         if not task_ids:
             return 0
         deadline = (now or now_ms()) + int(self.settings.lease_ttl_s * 1000)
-        return int(await self.redis.zadd(self.keys.leases, dict.fromkeys(task_ids, deadline), nx=True))
+        if self.shards == 1:
+            return int(await self.redis.zadd(self.keys.leases, dict.fromkeys(task_ids, deadline), nx=True))
+        # the shard of each lease: where its lease data is
+        found = await self._each_shard(lambda pipe, k: pipe.hmget(k.lease_data, task_ids))
+        ids_of = [[t for t, v in zip(task_ids, values, strict=True) if v is not None] for values in found]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for k, ids in zip(self.shard_keys, ids_of, strict=True):
+                if ids:
+                    pipe.zadd(k.leases, dict.fromkeys(ids, deadline), nx=True)
+            added = await pipe.execute() if any(ids_of) else []
+        return sum(int(a) for a in added)
 
     async def dead_letter_records(self) -> dict[str, dict[str, Any]]:
-        """The newest dead-letter record of each task in the dead-letter list (task_id -> record)."""
+        """The newest dead-letter record of each task in the dead-letter lists (task_id -> record)."""
         out: dict[str, dict[str, Any]] = {}
-        for raw in await _reply(self.redis.lrange(self.keys.dead_letters, 0, -1)):
+        lists = await self._each_shard(lambda pipe, k: pipe.lrange(k.dead_letters, 0, -1))
+        for raw in (raw for records in lists for raw in records):
             try:
                 record = json.loads(raw)
                 task_id = str(record["task_id"])

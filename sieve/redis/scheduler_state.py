@@ -13,6 +13,9 @@
 - the key lease tokens are signed with (`lease_signer`: `Keys.lease_key`, read and made by `LeaseSigner`);
 - what housekeeping sweeps: lease deadlines up to a bound (leases of a replica that is gone), devices whose serving
   deadline passed (their dispatcher died holding the lock) and whether a device's lock still exists.
+
+With several shards (sieve/redis/keys.py) the gauges are the shards' counts summed, and the sweeps read the shards
+they are given; the rest is global (the `{prefix}` tag).
 """
 
 from __future__ import annotations
@@ -82,23 +85,41 @@ class SchedulerState:
     # --- gauges and the watermark record -------------------------------------------------------------
     async def gauges(self, *, listed: int = 0) -> Gauges:
         """The counts, and with `listed` that many overloaded and backed-off devices too."""
-        k = self.keys
+        width = 9 if listed else 7
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.get(k.pending)
-            pipe.zcard(k.leases)
-            pipe.zcard(k.delayed)
-            pipe.scard(k.devices)
-            pipe.scard(k.overloaded)
-            pipe.zcard(k.backoff)
-            pipe.llen(k.dead_letters)
-            if listed:
-                pipe.srandmember(k.overloaded, listed)
-                pipe.zrange(k.backoff, 0, listed - 1)
+            for k in self.queues.shard_keys:
+                pipe.get(k.pending)
+                pipe.zcard(k.leases)
+                pipe.zcard(k.delayed)
+                pipe.scard(k.devices)
+                pipe.scard(k.overloaded)
+                pipe.zcard(k.backoff)
+                pipe.llen(k.dead_letters)
+                if listed:
+                    pipe.srandmember(k.overloaded, listed)
+                    pipe.zrange(k.backoff, 0, listed - 1)
             replies = await pipe.execute()
-        pending, leased, delayed, devices, overloaded, backoff, dead = replies[:7]
-        some_overloaded, some_backoff = (list(replies[7] or []), list(replies[8])) if listed else ([], [])
+        counts = [0] * 7
+        some_overloaded: list[str] = []
+        some_backoff: list[str] = []
+        for at in range(0, len(replies), width):
+            shard = replies[at : at + width]
+            for i in range(7):
+                counts[i] += int(shard[i] or 0)
+            if listed:
+                some_overloaded += list(shard[7] or [])
+                some_backoff += list(shard[8])
+        pending, leased, delayed, devices, overloaded, backoff, dead = counts
         return Gauges(
-            int(pending or 0), leased, delayed, devices, overloaded, backoff, dead, some_overloaded, some_backoff
+            pending,
+            leased,
+            delayed,
+            devices,
+            overloaded,
+            backoff,
+            dead,
+            some_overloaded[:listed],
+            some_backoff[:listed],
         )
 
     async def publish_watermark(self, record: dict[str, object], ttl_ms: int) -> None:
@@ -170,17 +191,24 @@ class SchedulerState:
         return await self.queues.keep_turn(self._turn_key(turn), token, ttl_ms)
 
     # --- what housekeeping sweeps --------------------------------------------------------------------
-    async def lease_ids_until(self, bound_ms: float, *, offset: int, count: int) -> list[str]:
-        """Ids of leases whose deadline is no later than `bound_ms`, earliest first: `count` from `offset`."""
-        return list(await reply(self.redis.zrangebyscore(self.keys.leases, "-inf", bound_ms, start=offset, num=count)))
+    async def lease_ids_until(self, bound_ms: float, *, offset: int, count: int, shard: int = 0) -> list[str]:
+        """Ids of a shard's leases whose deadline is no later than `bound_ms`, earliest first: `count` from
+        `offset`."""
+        key = self.queues.shard_keys[shard].leases
+        return list(await reply(self.redis.zrangebyscore(key, "-inf", bound_ms, start=offset, num=count)))
 
-    async def lapsed_serving(self, now: float, *, count: int = 100) -> list[str]:
-        """Devices whose serving deadline (their lock's) is past, at most `count`."""
-        return list(await reply(self.redis.zrangebyscore(self.keys.serving, "-inf", now, start=0, num=count)))
+    async def lapsed_serving(self, now: float, *, count: int = 100, shards: list[int] | None = None) -> list[str]:
+        """Devices whose serving deadline (their lock's) is past, at most `count` per shard (of the given shards;
+        None: all)."""
+        out: list[str] = []
+        for i in range(self.queues.shards) if shards is None else shards:
+            key = self.queues.shard_keys[i].serving
+            out += await reply(self.redis.zrangebyscore(key, "-inf", now, start=0, num=count))
+        return out
 
     async def device_locked(self, mac: str) -> bool:
         """Whether the device's dispatch lock exists (it expires when its holder dies)."""
-        return bool(await reply(self.redis.exists(self.keys.lock(mac))))
+        return bool(await reply(self.redis.exists(self.queues.keys_of(mac).lock(mac))))
 
 
 __all__ = ["Gauges", "SchedulerState", "Turn"]
