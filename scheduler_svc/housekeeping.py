@@ -162,17 +162,9 @@ class Housekeeping:
     async def balance_shards(self) -> list[int]:
         """One step of dividing the shards (sieve/redis/shard_leases.py) among the replicas alive within a lease
         TTL; the shards this replica holds after it."""
-        now = now_ms()
-        fresh_ms = self.settings.shard_lease_ttl_s * 1000
-        live = 0
-        for replica, raw in (await self.state.replicas()).items():
-            try:
-                if replica == self.replica or now - float(raw) < fresh_ms:
-                    live += 1
-            except ValueError:
-                continue
+        live = self.shard_leases.live(await self.state.replicas(), now_ms())
         before = self.shard_leases.owned
-        owned = await self.shard_leases.balance(max(1, live))
+        owned = await self.shard_leases.balance(live)
         if owned != before:
             log.info(
                 "replica %s holds shards %s of %d (%d replicas alive)", self.replica, owned, self.queues.shards, live

@@ -34,8 +34,8 @@ class Settings:
     # --- where things are -------------------------------------------------------------------------
     #: Redis holding the queues, locks and registry.
     redis_url: str = "redis://127.0.0.1:6379/0"
-    #: Every Redis key starts with "{prefix}:" or, in shard s > 0 of redis_shards, "{prefix~s}:" (one hash tag,
-    #: so one Cluster slot, per shard).
+    #: Every Redis key starts with "{prefix}:" or, in shard s > 0 of redis_shards, "{prefix~s}:" or
+    #: "{prefix~s~k}:" (one hash tag, so one Cluster slot, per shard; sieve/redis/keys.py).
     redis_prefix: str = "sieve"
     #: Shards the keyspace is split into, each under its own hash tag (device -> shard by crc32 of its MAC): a
     #: Redis Cluster spreads them over its masters, scheduler replicas divide them by renewable leases. Every

@@ -1,7 +1,7 @@
 """The Redis key schema: every key Sieve uses is named here, and nowhere else.
 
 The keyspace is split into `redis_shards` shards, each under its own hash tag: shard 0 under `{prefix}`, shard
-s > 0 under `{prefix~s}` (`shard_tag`), so every Lua script's keys — one shard's — live in one Redis Cluster slot,
+s > 0 under `{prefix~s}` or `{prefix~s~k}` (`shard_tag`: its slot is spread evenly from shard 0's), so every Lua script's keys — one shard's — live in one Redis Cluster slot,
 and a cluster spreads the shards over its masters. A device belongs to shard `shard_of(mac, shards)` (crc32 of the
 MAC, modulo the number of shards: stable, the same in every process); everything about devices and tasks is kept
 in the device's shard (meta, queues, locks, schedule and caller-group sets, pending and caller counts, serving,
@@ -30,8 +30,11 @@ Queue entries are strings `task_id|type|prio|enqueued_ms|expires_ms|attempt|defe
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass
+
+from redis.crc import key_slot
 
 PRIORITIES = (1, 2, 3, 4, 5)  # BACKGROUND, LOW, NORMAL, HIGH, CRITICAL (sieve.v1.Priority values)
 
@@ -67,9 +70,29 @@ def shard_of(mac: str, shards: int) -> int:
     return zlib.crc32(mac.encode()) % shards
 
 
-def shard_tag(prefix: str, shard: int) -> str:
-    """The hash tag of a shard's keys: "{prefix}" for shard 0, "{prefix~s}" for shard s."""
-    return "{" + prefix + "}" if shard == 0 else "{" + f"{prefix}{SHARD_MARK}{shard}" + "}"
+#: Redis Cluster's slots
+CLUSTER_SLOTS = 16384
+
+
+@functools.cache
+def shard_tag(prefix: str, shard: int, shards: int = 1) -> str:
+    """The hash tag of a shard's keys: "{prefix}" for shard 0; for shard s of n, "{prefix~s}" or "{prefix~s~k}"
+    with the least k that puts its slot in the first quarter of the s-th n-th of the slot ring counted from shard
+    0's slot. The shards' slots are then spread evenly over the ring, so that a cluster whose masters serve equal
+    ranges of slots (what `redis-cli --cluster create` makes) serves n / masters shards each, give or take one,
+    whatever the prefix: a shard tag's slot is chosen, not left to chance."""
+    if shard == 0:
+        return "{" + prefix + "}"
+    name = f"{prefix}{SHARD_MARK}{shard}"
+    if shards <= 1:
+        return "{" + name + "}"
+    width = CLUSTER_SLOTS / shards
+    start = (key_slot(prefix.encode()) + shard * width) % CLUSTER_SLOTS
+    for k in range(100_000):
+        candidate = name if k == 0 else f"{name}{SHARD_MARK}{k}"
+        if (key_slot(candidate.encode()) - start) % CLUSTER_SLOTS < max(1.0, width / 4):
+            return "{" + candidate + "}"
+    return "{" + name + "}"  # (not reached: a window of a quarter of a shard's width is found in a few dozen tries)
 
 
 class Keys:
@@ -83,7 +106,7 @@ class Keys:
         #: the tag of what every shard shares (the same as shard 0's)
         self.global_base = "{" + prefix + "}"
         #: this shard's tag
-        self.base = shard_tag(prefix, shard)
+        self.base = shard_tag(prefix, shard, self.shards)
         g = self.global_base
         #: Tasks waiting in all device queues (not leased, not delayed).
         self.pending = f"{self.base}:pending"

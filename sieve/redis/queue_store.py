@@ -179,21 +179,27 @@ class QueueStore:
         return await self._scripts[name](keys=keys, args=args)
 
     async def _call_pipelined(self, calls: list[tuple[str, list[str], list[Any]]]) -> list[Any]:
-        """Several script calls in one round trip (EVALSHA; loads the scripts once if Redis lost them)."""
+        """Several script calls in one round trip (EVALSHA; loads the scripts once if Redis lost them). Only the
+        calls answered NOSCRIPT run again: with several shards on several masters, the others have run."""
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
         for attempt in (1, 2):
             async with self.redis.pipeline(transaction=False) as pipe:
-                for name, keys, args in calls:
+                for i in todo:
+                    name, keys, args = calls[i]
                     pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
-                replies = await pipe.execute(raise_on_error=False)
-            if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
+                for i, reply in zip(todo, await pipe.execute(raise_on_error=False), strict=True):
+                    replies[i] = reply
+            todo = [i for i in todo if isinstance(replies[i], NoScriptError)]
+            if attempt == 1 and todo:
                 for script in self._scripts.values():
                     await self.redis.script_load(script.script)
                 continue
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-            return replies
-        raise RuntimeError("unreachable")
+            break
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
 
     def shard_of(self, mac: str) -> int:
         """The shard a device's keys are in."""
@@ -328,33 +334,17 @@ class QueueStore:
         """Global pending, each device's backlog and the caller's open tasks ("": none) — and with `take`, the
         submit tokens taken from a caller's bucket (granted, seconds until the rest is back; else 0, 0) — in one
         round trip (admissionReads: one command for all the devices)."""
-        reads = self._scripts["admissionReads"]
         # one read per shard (every shard's, for the global sums), in one round trip
         by_shard = {0: devices} if self.shards == 1 else {i: [] for i in range(self.shards)} | self._by_shard(devices)
-        for attempt in (1, 2):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                if take is not None:
-                    pipe.evalsha(
-                        self._scripts["takeTokens"].sha,
-                        1,
-                        self.keys.submit_bucket(take.caller),
-                        "",
-                        take.rate_per_s,
-                        take.burst,
-                        take.wanted,
-                    )
-                for shard, macs in by_shard.items():
-                    k = self.shard_keys[shard]
-                    pipe.evalsha(reads.sha, 2, k.pending, k.caller_open, caller, k.base, *macs)
-                values = await pipe.execute(raise_on_error=False)
-            if attempt == 1 and any(isinstance(v, NoScriptError) for v in values):
-                for name in ("takeTokens", "admissionReads"):
-                    await self.redis.script_load(self._scripts[name].script)
-                continue
-            for value in values:
-                if isinstance(value, Exception):
-                    raise value
-            break
+        calls: list[tuple[str, list[str], list[Any]]] = []
+        if take is not None:
+            calls.append(
+                ("takeTokens", [self.keys.submit_bucket(take.caller)], ["", take.rate_per_s, take.burst, take.wanted])
+            )
+        for shard, macs in by_shard.items():
+            k = self.shard_keys[shard]
+            calls.append(("admissionReads", [k.pending, k.caller_open], [caller, k.base, *macs]))
+        values = await self._call_pipelined(calls)
         granted, wait_s = 0, 0.0
         if take is not None:
             (granted, wait_ms), values = values[0], values[1:]

@@ -43,6 +43,18 @@ class ShardLeases:
         """How many shards one of `live_replicas` replicas should hold: ceil(shards / live)."""
         return math.ceil(self.shards / max(1, live_replicas))
 
+    def live(self, replicas: dict[str, str], now_ms: float) -> int:
+        """How many replicas count when dividing the shards: this one, and those whose sign of life (`replicas`:
+        id -> ms, as `SchedulerState.replicas` reads them) is younger than the lease TTL."""
+        live = 1
+        for replica, raw in replicas.items():
+            try:
+                if replica != self.replica and now_ms - float(raw) < self.ttl_ms:
+                    live += 1
+            except ValueError:
+                continue
+        return live
+
     async def balance(self, live_replicas: int) -> list[int]:
         """Renews, gives back and takes leases toward this replica's target (one atomic call); the shards held."""
         if self.shards == 1:

@@ -37,19 +37,23 @@ class Counters:
 
 
 async def counters(redis: Redis, keys: Keys) -> Counters:
-    """The counters of `keys`' prefix, read in one pipeline after the SCANs."""
+    """The counters of `keys`' prefix (every shard's, `keys.shards`: pending summed), read in one pipeline after
+    the SCANs."""
     queue_keys = await keys_matching(redis, keys.queue_pattern)
     meta_keys = await keys_matching(redis, keys.meta_pattern)
+    shards = [Keys(keys.prefix, s, keys.shards) for s in range(keys.shards)]
     async with redis.pipeline(transaction=False) as pipe:
-        pipe.get(keys.pending)
+        for shard in shards:
+            pipe.get(shard.pending)
         for key in queue_keys:
             pipe.llen(key)
         for key in meta_keys:
             pipe.hget(key, "backlog")
         values = await pipe.execute()
-    pending, lengths, backlogs = values[0], values[1 : 1 + len(queue_keys)], values[1 + len(queue_keys) :]
+    n = len(shards)
+    pending, lengths, backlogs = values[:n], values[n : n + len(queue_keys)], values[n + len(queue_keys) :]
     return Counters(
-        int(pending or 0),
+        sum(int(v or 0) for v in pending),
         dict(zip(queue_keys, map(int, lengths), strict=True)),
         {key: int(value or 0) for key, value in zip(meta_keys, backlogs, strict=True)},
     )

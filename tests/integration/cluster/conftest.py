@@ -1,8 +1,8 @@
 """Fixtures of the Redis Cluster tests: one real three-master cluster of the run's own
-(tests/support/redis_cluster.py), and per test the usual isolation on it — the test's own key prefix (whose hash
-tag puts all of the test's keys in one slot, on whichever master serves it) and PostgreSQL schema — with
-settings that name the cluster (SIEVE_REDIS_CLUSTER=true) and Sieve's own cluster client
-(sieve.redis.connection.redis_client)."""
+(tests/support/redis_cluster.py), and per test the usual isolation on it — the test's own key prefix and PostgreSQL
+schema — with settings that name the cluster (SIEVE_REDIS_CLUSTER=true) and split the keyspace into CLUSTER_SHARDS
+shards (SIEVE_REDIS_SHARDS: each shard's keys in the slot of its hash tag, the shards spread over the three
+masters), and Sieve's own cluster client (sieve.redis.connection.redis_client)."""
 
 from __future__ import annotations
 
@@ -19,11 +19,14 @@ from tests.support.redis_cluster import LocalRedisCluster, redis_cluster
 
 __all__ = ["redis_cluster"]  # the run's cluster (session-scoped), offered to the tests here
 
+#: shards of the keyspace in the cluster tests: two per master
+CLUSTER_SHARDS = 6
+
 
 @pytest.fixture
 def cluster_settings(settings: Settings, redis_cluster: LocalRedisCluster) -> Settings:
     """The test's settings, on the cluster."""
-    on_cluster = settings.replace(redis_url=redis_cluster.url, redis_cluster=True)
+    on_cluster = settings.replace(redis_url=redis_cluster.url, redis_cluster=True, redis_shards=CLUSTER_SHARDS)
     on_cluster.validate()
     return on_cluster
 
@@ -33,7 +36,8 @@ async def cluster_redis(cluster_settings: Settings, redis_cluster: LocalRedisClu
     """Sieve's cluster client on the test's prefix, initialised as the scheduler leaves it (a generation)."""
     redis_cluster.wait_ok()  # a test before this one may have restarted a master
     client = redis_client(cluster_settings)
-    await client.set(Keys(cluster_settings.redis_prefix).generation, "test")
+    for shard in range(CLUSTER_SHARDS):
+        await client.set(Keys(cluster_settings.redis_prefix, shard, CLUSTER_SHARDS).generation, "test")
     yield client
     await delete_prefix(client, cluster_settings.redis_prefix)
     await client.aclose()

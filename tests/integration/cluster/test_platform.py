@@ -12,6 +12,7 @@ import grpc
 import pytest
 from redis.asyncio import Redis
 
+from sieve.mac import normalize_mac as normalise
 from sieve.redis.scheduler_state import SchedulerState
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, registry_pb2, scheduler_pb2, types_pb2
@@ -20,7 +21,8 @@ from tests.support.platform import Platform, platform_with, wait_final
 from tests.support.redis_cluster import LocalRedisCluster
 from tests.support.tasks import text_spec
 
-DEVICES = [f"AA-BB-CC-DD-EE-{i:02X}" for i in range(1, 7)]
+#: seven devices: one in each of the 6 shards at least (crc32 of the MAC), so on every master
+DEVICES = [f"AA-BB-CC-DD-EE-{i:02X}" for i in range(1, 8)]
 
 
 async def submit(p: Platform, device: str, text: str) -> str:
@@ -45,7 +47,7 @@ async def test_submitted_tasks_are_scheduled_run_and_stored(
         # and Redis is left with nothing queued or leased, its counters agreeing
         gauges = await SchedulerState(p.queues).gauges()
         assert (gauges.pending, gauges.leased, gauges.delayed) == (0, 0, 0)
-        await assert_counters(cluster_redis, cluster_settings.redis_prefix)
+        await assert_counters(cluster_redis, cluster_settings.redis_prefix, cluster_settings.redis_shards)
         # the registry lists its worker (SCAN over the masters), the scheduler answers its watermark
         workers = await _list_workers(p)
         assert [w.worker_id for w in workers] == ["worker-1"]
@@ -73,6 +75,13 @@ async def test_the_master_of_the_slot_restarted_empty_is_rebuilt_from_postgresql
         accepted = [await submit(p, device, f"before {i}") for i, device in enumerate(DEVICES)]
         assert await p.queues.pending() == len(accepted)
         owner = redis_cluster.port_of_key(p.queues.keys.generation)
+        # (the devices' tasks are in shards on every master; the master of shard 0, which holds the global keys too,
+        # holds only some of the shards)
+        masters = [redis_cluster.port_of_key(k.generation) for k in p.queues.shard_keys]
+        lost = [s for s, port in enumerate(masters) if port == owner]
+        assert 0 in lost and len(lost) < len(masters)
+        assert {p.queues.shard_of(normalise(d)) for d in DEVICES} == set(range(len(masters)))
+        assert set(masters) == set(redis_cluster.ports)
         # (the scheduler subscribes to wake-ups on that master)
         assert await _subscribers(redis_cluster, owner, p.queues.keys.wake_channel) == 1
         # When the master that serves the installation's slot dies
@@ -92,6 +101,9 @@ async def test_the_master_of_the_slot_restarted_empty_is_rebuilt_from_postgresql
                 pass
             await asyncio.sleep(0.05)
         assert await p.queues.generation() not in (None, "test")  # a new generation: it really was rebuilt
+        # only the shards that master held were rebuilt; the others kept what they held
+        kept = [await cluster_redis.get(k.generation) == "test" for k in p.queues.shard_keys]
+        assert [s for s, same in enumerate(kept) if not same] == lost
         assert await p.queues.pending() == len(accepted)
         # and the scheduler listens for wake-ups on the restarted master again
         assert await _subscribers(redis_cluster, owner, p.queues.keys.wake_channel) == 1
@@ -102,7 +114,7 @@ async def test_the_master_of_the_slot_restarted_empty_is_rebuilt_from_postgresql
             assert (await wait_final(p.intake, task_id)).status == types_pb2.TASK_STATUS_SUCCEEDED
         assert await pg.fetchval("SELECT count(*) FROM results") == len(accepted)
         assert await pg.fetchval("SELECT count(*) FROM tasks") == len(accepted)
-        await assert_counters(cluster_redis, cluster_settings.redis_prefix)
+        await assert_counters(cluster_redis, cluster_settings.redis_prefix, cluster_settings.redis_shards)
 
 
 async def _submit_when_ready(p: Platform, device: str, text: str, timeout_s: float = 10) -> str:

@@ -6,13 +6,13 @@ services use, with Sieve's own cluster client (SIEVE_REDIS_CLUSTER=true)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from sieve.redis.dead_letter_store import DeadLetterStore
-from sieve.redis.keys import Keys
 from sieve.redis.queue_store import QueueStore
 from sieve.redis.scheduler_state import SchedulerState, Turn
 from sieve.redis.worker_records import WorkerRecords
@@ -22,22 +22,39 @@ from tests.integration.sieve.redis.lua.helpers import HIGH, T0, A, B, C, S, asse
 from tests.support.redis_cluster import LocalRedisCluster
 
 
-async def test_the_client_is_a_cluster_client_and_the_prefix_has_one_master(
+async def test_the_client_is_a_cluster_client_and_each_shard_has_one_master_and_the_shards_use_all_three(
     cluster_redis: Redis, cluster_settings: Settings, redis_cluster: LocalRedisCluster
 ) -> None:
     assert isinstance(cluster_redis, RedisCluster)
-    keys = Keys(cluster_settings.redis_prefix)
-    # every key of the prefix is in the slot of its hash tag, on one master
-    owners = {redis_cluster.port_of_key(key) for key in (keys.pending, keys.meta(A), keys.queue(B, 3), keys.leases)}
-    assert len(owners) == 1
     assert len(cluster_redis.get_primaries()) == 3
+    store = QueueStore(cluster_redis, cluster_settings)
+    shard_masters = []
+    for keys in store.shard_keys:
+        # every key of a shard is in the slot of its hash tag, on one master
+        owners = {redis_cluster.port_of_key(key) for key in (keys.pending, keys.meta(A), keys.queue(B, 3), keys.leases)}
+        assert len(owners) == 1
+        shard_masters.append(owners.pop())
+    # and the shards are spread over every master (two each, give or take one: sieve/redis/keys.py shard_tag)
+    assert set(shard_masters) == set(redis_cluster.ports)
+    assert max(collections.Counter(shard_masters).values()) <= 3
+    # devices queued over many MACs really land on all three masters
+    macs = [f"AA:BB:CC:DD:01:{i:02X}" for i in range(60)]
+    await store.enqueue_many({mac: tasks(f"{i}-", 1, at=T0) for i, mac in enumerate(macs)}, now=T0)
+    held = {}
+    for port in redis_cluster.ports:
+        with redis_cluster.node(port).client() as node:
+            held[port] = len(list(node.scan_iter(match=store.keys.meta_pattern, count=1000)))
+    assert sum(held.values()) == 60 and all(n > 0 for n in held.values()), held
+    assert await store.pending() == 60
 
 
 async def test_enqueue_rank_pop_ack_and_requeue(cluster_redis: Redis, cluster_settings: Settings) -> None:
     store = QueueStore(cluster_redis, cluster_settings)
     # Given two devices' tasks, queued in one pipelined round trip of enqueueMany
     outcome = await store.enqueue_many({A: tasks("a", 3, at=T0), B: tasks("b", 2, prio=HIGH, at=T0)}, now=T0)
-    assert outcome == {A: (3, 3), B: (2, 5)}
+    # (A and B are in two shards, on two masters: each reply counts what the other shards held before the call)
+    assert store.shard_of(A) != store.shard_of(B)
+    assert {mac: backlog for mac, (backlog, _) in outcome.items()} == {A: 3, B: 2}  # type: ignore[misc]
     assert await store.pending() == 5
     # Then the HIGH device ranks first, and popping it leases its tasks
     assert (await store.rank(now=T0 + S)).mac == B
@@ -59,7 +76,7 @@ async def test_enqueue_rank_pop_ack_and_requeue(cluster_redis: Redis, cluster_se
     assert await ids(store, B) == ["b1"]
     assert sorted((await store.lease_facts(["a0", "a1", "b0"])).keys()) == ["a0", "a1"]
     assert await store.pending() == 2
-    await assert_counters(cluster_redis, cluster_settings.redis_prefix)
+    await assert_counters(cluster_redis, cluster_settings.redis_prefix, cluster_settings.redis_shards)
 
 
 async def test_scripts_the_master_lost_are_loaded_again(
@@ -67,17 +84,20 @@ async def test_scripts_the_master_lost_are_loaded_again(
 ) -> None:
     store = QueueStore(cluster_redis, cluster_settings)
     await store.enqueue(A, tasks("a", 1, at=T0), now=T0)
-    # When the master of the prefix forgets every script (as after a restart)
-    with redis_cluster.node(redis_cluster.port_of_key(store.keys.pending)).client() as node:
+    # When the master of B's shard forgets every script (as after a restart), the other masters keep theirs
+    with redis_cluster.node(redis_cluster.port_of_key(store.keys_of(B).pending)).client() as node:
         node.script_flush()
-    # Then a pipelined call (EVALSHA answered NOSCRIPT) and a single one both load them again and run
-    assert await store.enqueue_many({B: tasks("b", 1, at=T0), C: tasks("c", 1, at=T0)}, now=T0) == {
-        B: (1, 2),
-        C: (1, 3),
-    }
-    with redis_cluster.node(redis_cluster.port_of_key(store.keys.pending)).client() as node:
-        node.script_flush()
+    # Then a pipelined call over several shards (EVALSHA answered NOSCRIPT on one master) loads them again and
+    # runs again only the calls that master refused: nothing is queued twice
+    outcome = await store.enqueue_many({B: tasks("b", 1, at=T0), C: tasks("c", 1, at=T0)}, now=T0)
+    assert {mac: backlog for mac, (backlog, _) in outcome.items()} == {B: 1, C: 1}  # type: ignore[misc]
+    assert await store.pending() == 3
+    for port in redis_cluster.ports:
+        with redis_cluster.node(port).client() as node:
+            node.script_flush()
+    # and a single call too
     assert (await store.rank(now=T0 + S)).mac in {A, B, C}
+    assert (await store.pop(A, "tok", 1, now=T0 + S)).ready
 
 
 async def test_locks_and_turns_use_watch_and_multi(cluster_redis: Redis, cluster_settings: Settings) -> None:

@@ -41,9 +41,9 @@ def tasks(prefix: str, n: int, *, prio: int = NORMAL, at: int = T0) -> list[Entr
     return [entry(f"{prefix}{i}", prio=prio, at=at) for i in range(n)]
 
 
-async def assert_counters(redis: Redis, prefix: str) -> None:
-    """GET pending == sum of LLEN of every queue == sum of every device's meta backlog."""
-    now = await counters(redis, Keys(prefix))
+async def assert_counters(redis: Redis, prefix: str, shards: int = 1) -> None:
+    """GET pending (of every shard, summed) == sum of LLEN of every queue == sum of every device's meta backlog."""
+    now = await counters(redis, Keys(prefix, 0, shards))
     assert now.consistent, f"pending {now.pending}, queued {now.queued}, backlog {now.backlog}"
 
 
