@@ -167,8 +167,8 @@ class QueueStore:
         self.shard_keys = tuple(Keys(settings.redis_prefix, s, self.shards) for s in range(self.shards))
         #: shard 0's keys, which carry the global names too (the only shard when there is one)
         self.keys = self.shard_keys[0]
-        #: each shard's part of a claim round not given yet (fractions of a task), so that rounding favours none
-        self._claim_credit = [0.0] * self.shards
+        #: each (shard, caller group)'s part of a claim round not given yet (fractions of a task): rounding favours none
+        self._claim_credit: dict[tuple[int, str], float] = {}
         self._scripts = {name: redis.register_script(lua.load(name)) for name in self._SCRIPTS}
         self._classes = [(p, w) for w in settings.all_weights for p in PRIORITIES]
         self._classes_arg = ",".join(f"{p}:{w}" for p, w in self._classes)
@@ -563,6 +563,7 @@ class QueueStore:
         carry_max_ms: float,
         ms_per_task: float,
         now: float,
+        group_caps: Mapping[str, int] | None = None,
     ) -> tuple[str, list[str], list[Any]]:
         s = self.settings
         budget_arg = "" if budget is None else (",".join(f"{t}:{n}" for t, n in budget.items()) or "-")
@@ -587,6 +588,7 @@ class QueueStore:
                 self._caller_weights_arg,
                 k.base,
                 round(ms_per_task, 3),
+                *(x for group, cap in (group_caps or {}).items() for x in (group, cap)),
             ],
         )
 
@@ -610,8 +612,9 @@ class QueueStore:
         ]
         demands = await self._call_pipelined(demand_calls)
         backoffs = [float(d[0]) for d in demands if float(d[0]) >= 0]
-        per_group = [{str(d[i]): (int(d[i + 1]), int(d[i + 2])) for i in range(1, len(d), 3)} for d in demands]
-        shares = self.shard_shares(per_group, want)
+        per_group = [{str(d[i]): (int(d[i + 1]), int(d[i + 2])) for i in range(1, len(d), 4)} for d in demands]
+        counts = [{str(d[i]): int(d[i + 3]) for i in range(1, len(d), 4)} for d in demands]
+        shares, caps = self.shard_shares(per_group, want, counts, per_device or self.settings.batch_size)
         calls, shards = [], []
         left = dict(budget) if budget is not None else None
         for shard in sorted(range(self.shards), key=lambda i: -shares[i]):
@@ -636,6 +639,7 @@ class QueueStore:
                     carry_max_ms,
                     ms_per_task,
                     now,
+                    caps[shard],
                 )
             )
             shards.append(shard)
@@ -648,13 +652,23 @@ class QueueStore:
             nxt = Rank(nxt.mac, nxt.starving, min(backoffs), nxt.longest_wait_ms)
         return Claim(devices, nxt)
 
-    def shard_shares(self, per_group: list[dict[str, tuple[int, int]]], want: int) -> list[int]:
-        """How many of a round's `want` tasks each shard gets, from what each has ready (per shard: caller group ->
-        (caller weight, weighted ready devices)). Each caller group's share of the round is its caller weight
-        over the ready groups' (as the caller level of the fair order gives it within a shard), split over the
-        shards it has ready devices in by their weighted count (as the device level gives it); a shard gets the
-        sum of its groups' parts. Fractions carry to the next round (largest remainder), so that a shard's part
-        of a task is never lost to rounding."""
+    def shard_shares(
+        self,
+        per_group: list[dict[str, tuple[int, int]]],
+        want: int,
+        counts: list[dict[str, int]] | None = None,
+        per_device: int | None = None,
+    ) -> tuple[list[int], list[dict[str, int]]]:
+        """How many of a round's `want` tasks each shard gets, and each caller group in it, from what each shard has
+        ready (per shard: caller group -> (caller weight, weighted ready devices)). Each caller group's part of the
+        round is its caller weight over the ready groups' (what the caller level of the fair order gives it within
+        one shard), split over the shards it has ready devices in by their weighted count (what the device level
+        gives it); a shard gets the sum of its groups' parts, each group capped at its own in that shard's claim
+        (claimDevices' groupCaps), so that a caller with one device and a caller with a thousand over every shard
+        get half each. A round is no larger than every part can be taken in one call (`counts`: the ready devices
+        of each group in each shard, each giving at most `per_device`): the credits left go to the next round at
+        once, in the same proportions. Fractions carry to the next round (largest remainder over every (shard,
+        group)), so that a part of a task is never lost to rounding."""
         totals: dict[str, float] = defaultdict(float)
         weights: dict[str, int] = {}
         for groups in per_group:
@@ -662,25 +676,34 @@ class QueueStore:
                 totals[g] += devices
                 weights[g] = cweight
         all_weight = sum(weights.values())
+        caps: list[dict[str, int]] = [{} for _ in range(self.shards)]
         if want <= 0 or all_weight <= 0:
-            self._claim_credit = [0.0] * self.shards
-            return [0] * self.shards
-        demand = [
-            sum(weights[g] / all_weight * devices / totals[g] for g, (_, devices) in groups.items() if totals[g] > 0)
-            for groups in per_group
-        ]
-        exact = [(self._claim_credit[i] + want * demand[i]) if demand[i] > 0 else 0.0 for i in range(self.shards)]
-        shares = [max(0, int(x)) for x in exact]
-        rest = want - sum(shares)
-        for i in sorted(range(self.shards), key=lambda i: -(exact[i] - shares[i])):
+            self._claim_credit = {}
+            return [0] * self.shards, caps
+        fractions = {
+            (s, g): weights[g] / all_weight * devices / totals[g]
+            for s, groups in enumerate(per_group)
+            for g, (_, devices) in groups.items()
+            if totals[g] > 0
+        }
+        if counts is not None and per_device:
+            for (s, g), fraction in fractions.items():
+                feasible = min(counts[s].get(g, 0), 1) * per_device
+                if fraction > 0 and feasible > 0:
+                    want = max(1, min(want, int(feasible / fraction)))
+        exact = {pair: self._claim_credit.get(pair, 0.0) + want * fraction for pair, fraction in fractions.items()}
+        given = {pair: max(0, int(x)) for pair, x in exact.items()}
+        rest = want - sum(given.values())
+        for pair in sorted(exact, key=lambda pair: given[pair] - exact[pair]):
             if rest <= 0:
                 break
-            if demand[i] > 0:
-                shares[i] += 1
-                rest -= 1
-        # what a shard was owed beyond what it got carries over, within one task either way
-        self._claim_credit = [max(-1.0, min(1.0, exact[i] - shares[i])) for i in range(self.shards)]
-        return shares
+            given[pair] += 1
+            rest -= 1
+        # what a (shard, group) was owed beyond what it got carries over, within one task either way
+        self._claim_credit = {pair: max(-1.0, min(1.0, exact[pair] - n)) for pair, n in given.items()}
+        for (s, g), n in given.items():
+            caps[s][g] = n
+        return [sum(c.values()) for c in caps], caps
 
     def _claimed(self, reply: list[Any]) -> list[tuple[str, Popped]]:
         """The devices one claimDevices reply claimed, in its order."""

@@ -36,6 +36,8 @@ async def running_cluster(
             {},
             redis_url=REDIS_URL,
             redis_prefix=f"bench-{unique}",
+            # SIEVE_REDIS_SHARDS=4 python -m tests.benchmarks ...: the benchmarks with the keyspace in shards
+            redis_shards=int(os.environ.get("SIEVE_REDIS_SHARDS", "1")),
             database_url=DATABASE_URL,
             database_schema=f"bench_{unique}",
         )

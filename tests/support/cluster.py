@@ -42,6 +42,7 @@ def service_env(settings: Settings, **extra: str) -> dict[str, str]:
         {
             "SIEVE_REDIS_URL": settings.redis_url,
             "SIEVE_REDIS_PREFIX": settings.redis_prefix,
+            "SIEVE_REDIS_SHARDS": str(settings.redis_shards),
             "SIEVE_DATABASE_URL": settings.database_url,
             "SIEVE_DATABASE_SCHEMA": settings.database_schema,
             "SIEVE_INTAKE_ADDR": settings.intake_addr,

@@ -41,6 +41,10 @@
     ARGV[16]     base           the keys' hash tag ("{prefix}"): device keys are named from it (deviceKeys)
     ARGV[17]     msPerTask      how long the workers take per task, about (ms): the clock of the call, and what
                                 a task is worth to its caller's virtual start (callerGroup)
+    ARGV[18..]   groupCaps      optional, with several shards: pairs of caller group, most tasks its devices may
+                                give in this call (the group's part of the round in this shard: QueueStore.
+                                shard_shares); a group at its cap gives way to the next in the fair order, a
+                                group not named has no cap. None: no cap (one shard)
 
   Output:
     {OK, n, [mac, code, taken, expired, blocked, e1..e_taken, x1..x_expired] x n,
@@ -50,7 +54,7 @@
     because its budget was spent or it was not allowed, or 0.
     (codes: includes/codes.lua)
 ]]
---@requires codes, deviceBlock, rankNext, popDevice
+--@requires codes, slice, deviceBlock, rankNext, popDevice
 
 local now = tonumber(ARGV[1])
 local token = ARGV[2]
@@ -69,6 +73,7 @@ local classesText = ARGV[14]
 local callerWeightsText = ARGV[15]
 local base = ARGV[16]
 local msPerTask = tonumber(ARGV[17])
+local groupCaps = slice(ARGV, 18)
 local backoffKey = KEYS[1]
 local pendingKey = KEYS[2]
 local servingKey = KEYS[3]
@@ -82,6 +87,14 @@ local g = {pending = pendingKey, serving = servingKey, leases = leasesKey, lease
 
 local STEP = 0.01 -- the least time between two claims of one call (ms)
 local ctx = rankContext(base, now, maxWait, hint, classesText, callerWeightsText)
+-- what each capped caller group may still give in this call (rankNext passes over a group at 0)
+local groupLeft = nil
+if #groupCaps > 0 then
+  groupLeft = {}
+  for i = 1, #groupCaps - 1, 2 do groupLeft[groupCaps[i]] = tonumber(groupCaps[i + 1]) end
+  ctx.groupLeft = groupLeft
+  ctx.groupHeads = 2 + #groupCaps / 2
+end
 local budget = parseBudget(budgetText)
 
 local function spent()
@@ -102,6 +115,7 @@ while choice.mac ~= "" and not claimedOnce[choice.mac] and total < want and clai
   local size = perDevice
   if choice.starving then size = minBatch end
   if size > want - total then size = want - total end
+  if groupLeft and groupLeft[choice.group] and size > groupLeft[choice.group] then size = groupLeft[choice.group] end
   local carry = 0
   if choice.runner >= 0 and choice.weight > 0 then
     carry = choice.wait - choice.runner / choice.weight
@@ -122,6 +136,7 @@ while choice.mac ~= "" and not claimedOnce[choice.mac] and total < want and clai
   for _, v in ipairs(expired) do out[#out + 1] = v end
   out[2] = out[2] + 1
   total = total + #taken
+  if groupLeft and groupLeft[choice.group] then groupLeft[choice.group] = groupLeft[choice.group] - #taken end
   claimedOnce[mac] = true
   -- under starvation (or when the device could not be claimed) it sits out the next choice: service spreads
   if choice.starving or code ~= CODE.OK then skip = mac else skip = "" end
@@ -132,6 +147,11 @@ while choice.mac ~= "" and not claimedOnce[choice.mac] and total < want and clai
   choice = rankNext(ctx, skip)
 end
 
+-- the next choice is reported as the fair order has it, caps aside (what the round left is not what comes next)
+if groupLeft then
+  ctx.groupLeft = nil
+  choice = rankNext(ctx, skip)
+end
 local nextBackoff = -1
 local first = redis.call("ZRANGE", backoffKey, 0, 0, "WITHSCORES")
 if #first == 2 then nextBackoff = tonumber(first[2]) end

@@ -1,8 +1,9 @@
 --[[
   What one shard has ready, for splitting a claim round's budget across shards (read-only; only with several
   shards: sieve/redis/queue_store.py, QueueStore.claim). For every caller group with a ready device (the callers
-  sets, one per caller weight), the weighted count of its ready devices: the sum over its schedule sets of the
-  set's device weight times its size. Also the first backoff deadline, as claimDevices reports it.
+  sets, one per caller weight), the weighted count of its ready devices (the sum over its schedule sets of the
+  set's device weight times its size) and their number. Also the first backoff deadline, as claimDevices reports
+  it.
 
   Input:
     KEYS[1]      backoffKey         backoff set of the shard
@@ -11,7 +12,7 @@
     ARGV[3]      base               the shard's hash tag ("{prefix}" or "{prefix~s}")
 
   Output:
-    {next backoff (ms, -1 when none), group_1, caller weight_1, weighted devices_1, group_2, ...}
+    {next backoff (ms, -1 when none), group_1, caller weight_1, weighted devices_1, devices_1, group_2, ...}
 ]]
 
 local backoffKey = KEYS[1]
@@ -29,15 +30,17 @@ if #first == 2 then nextBackoff = tonumber(first[2]) end
 local out = {tostring(nextBackoff)}
 for cweight in string.gmatch(callerWeightsText, "(%d+)") do
   for _, group in ipairs(redis.call("ZRANGE", base .. ":callers:" .. cweight, 0, -1)) do
-    local demand = 0
+    local demand, count = 0, 0
     for _, class in ipairs(classes) do
       local size = redis.call("ZCARD", base .. ":sched:" .. class[1] .. ":" .. class[2] .. ":" .. group)
       demand = demand + size * class[2]
+      count = count + size
     end
     if demand > 0 then
       out[#out + 1] = group
       out[#out + 1] = cweight
       out[#out + 1] = demand
+      out[#out + 1] = count
     end
   end
 end

@@ -12,7 +12,9 @@
      the longest wait (a device served at a later point of a claim round's clock than `now` has a wait below
      zero, which counts weight times less). Each schedule set is ordered by since, so only the first members of each set are read:
      O(k log n) for k sets and n devices.
-  A caller whose every ready device is `skip` gives way to the next one.
+  A caller whose every ready device is `skip` gives way to the next one, and so does one whose cap for this call
+  is spent (ctx.groupLeft: group -> tasks it may still give; claimDevices with several shards), the callers sets
+  then read ctx.groupHeads deep.
 
   ctx: now, maxWait, hint (ms), classes ({prio, weight} of each schedule set), callerWeights, base (hash tag).
   choice: mac ("" when no device is schedulable), group, cweight, weight (the device's), wait (its wait, ms),
@@ -63,7 +65,7 @@ local function rankNext(ctx, skip)
   local groups = {}
   for _, cw in ipairs(ctx.callerWeights) do
     local key = ctx.base .. ":callers:" .. cw
-    local heads = redis.call("ZRANGE", key, 0, 2, "WITHSCORES")
+    local heads = redis.call("ZRANGE", key, 0, ctx.groupHeads or 2, "WITHSCORES")
     for j = 1, #heads, 2 do
       local score = tonumber(heads[j + 1])
       groups[#groups + 1] = {name = heads[j], cweight = cw, key = key, score = score}
@@ -77,18 +79,21 @@ local function rankNext(ctx, skip)
   local choice = {mac = "", group = "", cweight = 0, weight = 0, wait = 0, runner = -1, starving = false,
                   longest = -1}
   for _, g in ipairs(groups) do
-    local mac, wait, weight, runner, waits = rankDevicesOf(ctx, g.name, skip)
-    if mac ~= "" then
-      choice.mac, choice.group, choice.cweight, choice.weight, choice.wait, choice.runner =
-        mac, g.name, g.cweight, weight, wait, runner
-      for _, w in ipairs(waits) do
-        if w[2] > choice.longest then choice.longest = w[2] end
-        if w[1] ~= mac and w[2] >= ctx.hint then choice.starving = true end
+    local left = ctx.groupLeft and ctx.groupLeft[g.name]
+    if left == nil or left > 0 then
+      local mac, wait, weight, runner, waits = rankDevicesOf(ctx, g.name, skip)
+      if mac ~= "" then
+        choice.mac, choice.group, choice.cweight, choice.weight, choice.wait, choice.runner =
+          mac, g.name, g.cweight, weight, wait, runner
+        for _, w in ipairs(waits) do
+          if w[2] > choice.longest then choice.longest = w[2] end
+          if w[1] ~= mac and w[2] >= ctx.hint then choice.starving = true end
+        end
+        return choice
       end
-      return choice
-    end
-    if redis.call("ZCARD", ctx.base .. ":gready:" .. g.name) == 0 then
-      redis.call("ZREM", g.key, g.name) -- its devices left without the group noticing (backoff, repair)
+      if redis.call("ZCARD", ctx.base .. ":gready:" .. g.name) == 0 then
+        redis.call("ZREM", g.key, g.name) -- its devices left without the group noticing (backoff, repair)
+      end
     end
   end
   return choice

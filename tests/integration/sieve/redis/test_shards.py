@@ -95,7 +95,7 @@ async def test_a_claim_round_takes_from_every_shard_and_acks_find_their_shard(st
 async def test_a_claim_round_splits_its_budget_by_the_shards_ready_devices(store: QueueStore) -> None:
     await store.enqueue_many({mac: tasks(f"{i}-", 5, at=T0) for i, mac in enumerate(MACS)}, now=T0)
     taken: collections.Counter[int] = collections.Counter()
-    for r in range(10):
+    for r in range(20):  # (one task per device per call: a round takes 4, one per caller's part in a shard)
         claim = await store.claim(f"t{r}", 8, {TEXT: 8}, max_devices=8, per_device=1, now=T0 + S + r)
         taken.update(shard_of(mac, SHARDS) for mac, p in claim.devices for _ in p.taken)
     devices = collections.Counter(shard_of(mac, SHARDS) for mac in MACS)
@@ -161,3 +161,39 @@ async def test_a_shard_that_lost_its_generation_is_the_one_reported_lost(store: 
         await store.enqueue_many({MACS[0]: tasks("a", 1, at=T0)}, now=T0)
     await store.mark_rebuilt("again", shards=[2])
     assert await store.lost_shards() == []
+
+
+async def test_a_caller_with_one_device_gets_half_beside_a_caller_with_devices_in_every_shard(
+    store: QueueStore,
+) -> None:
+    one = MACS[0]
+    many = [m for m in MACS[1:] if shard_of(m, SHARDS) != shard_of(one, SHARDS)][:12]
+    many.append(next(m for m in MACS[1:] if shard_of(m, SHARDS) == shard_of(one, SHARDS)))
+    groups = {mac: owned("many", f"{i}-", 50) for i, mac in enumerate(many)} | {one: owned("one", "o-", 190)}
+    await store.enqueue_many(groups, now=T0)
+    served: collections.Counter[str] = collections.Counter()
+    for r in range(40):
+        claim = await store.claim(f"t{r}", 10, {TEXT: 10}, max_devices=10, now=T0 + S + r)
+        served.update(e.caller for _, p in claim.devices for e in p.taken)
+        await store.ack([(e.task_id, e.attempt) for _, p in claim.devices for e in p.taken])
+    # the caller level holds across shards: half each, whatever the number of devices and shards
+    total = served["one"] + served["many"]
+    assert total >= 300 and abs(served["one"] / total - 0.5) <= 0.05, served
+    await store.recount_pending()
+
+
+def test_the_split_gives_each_caller_its_share_and_each_shard_the_sum_of_its_callers_parts(
+    store: QueueStore,
+) -> None:
+    # caller a: 4 ready devices in each of the 4 shards; caller b: one, in shard 2
+    per_group = [{"a": (1, 4)}, {"a": (1, 4)}, {"a": (1, 4), "b": (1, 1)}, {"a": (1, 4)}]
+    given: collections.Counter[tuple[int, str]] = collections.Counter()
+    for _ in range(100):
+        shares, caps = store.shard_shares(per_group, 8)
+        assert sum(shares) == 8 and all(sum(caps[s].values()) == shares[s] for s in range(SHARDS))
+        given.update({(s, g): n for s in range(SHARDS) for g, n in caps[s].items()})
+    assert given[(2, "b")] == 400 and all(given[(s, "a")] == 100 for s in range(SHARDS))
+    # a round is no larger than one batch per caller's part in a shard: b's half of it is at most one batch
+    counts = [{g: n for g, (_, n) in groups.items()} for groups in per_group]
+    shares, caps = store.shard_shares(per_group, 1000, counts, store.settings.batch_size)
+    assert caps[2]["b"] == store.settings.batch_size and sum(shares) == 2 * store.settings.batch_size
