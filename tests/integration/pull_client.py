@@ -1,16 +1,21 @@
 """A scripted worker for tests: a real gRPC client of the scheduler's Pull stream that records every
-assignment and answers each with an ack or a nack chosen by the test (it runs no detection)."""
+assignment and answers each with an ack or a nack chosen by the test (it runs no detection). With `results` it
+stores a result for each task it acks before acking, as a real worker does (an ack without one is put back)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from datetime import UTC
 
 import grpc
 
 from sieve import rpc
+from sieve.db.tasks import Outcome, TaskStore
+from sieve.redis.leases import lease_number
 from sieve.settings import Settings
 from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
 
@@ -34,6 +39,8 @@ class ScriptedWorker:
     _outbox: asyncio.Queue[scheduler_pb2.PullRequest | None] = field(default_factory=asyncio.Queue)
     _task: asyncio.Task[None] | None = None
     error: grpc.aio.AioRpcError | None = None
+    #: where to store a result for each task before acking it (None: ack without one)
+    results: TaskStore | None = None
 
     async def __aenter__(self) -> ScriptedWorker:
         self._task = asyncio.create_task(self._run())
@@ -57,20 +64,35 @@ class ScriptedWorker:
             call = scheduler_pb2_grpc.SchedulerServiceStub(channel).Pull(requests())
             try:
                 async for response in call:
-                    acks, nacks = [], []
+                    acks, nacks, done = [], [], []
                     for a in response.batch.assignments:
                         self.received.append(a)
                         nack = self.policy(a)
                         if nack is None:
                             acks.append(scheduler_pb2.Ack(task_id=a.task_id, lease_token=a.lease_token))
+                            done.append(a)
                         else:
                             nack.task_id, nack.lease_token = a.task_id, a.lease_token
                             nacks.append(nack)
+                    await self._store(done)
                     self._outbox.put_nowait(
                         scheduler_pb2.PullRequest(acks=acks, nacks=nacks, credits=len(response.batch.assignments))
                     )
             except grpc.aio.AioRpcError as exc:
                 self.error = exc
+
+    async def _store(self, done: list[scheduler_pb2.Assignment]) -> None:
+        """Marks the tasks RUNNING and stores a PASS result for each, as a worker does before its acks."""
+        if self.results is None or not done:
+            return
+        attempts = [
+            (uuid.UUID(a.task_id), lease_number(a.lease_token), a.attempt, a.assigned_at.ToDatetime(UTC)) for a in done
+        ]
+        lease = {uuid.UUID(a.task_id): lease_number(a.lease_token) for a in done}
+        started = await self.results.start(self.worker_id, attempts)
+        outcomes = [Outcome(t.task_id, lease[t.task_id], self.worker_id, "PASS", "[]", "x") for t in started]
+        if outcomes:
+            await self.results.finish(outcomes)
 
     def announce(self, *, gpu: bool) -> None:
         """Sends a later hello on the open stream: the worker's GPU mode changed."""

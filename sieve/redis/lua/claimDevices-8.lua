@@ -7,6 +7,9 @@
   round trip per batch instead of one per device. A device gives at most one batch per call: the rest of the
   credits wait for the next call, in which a device that became ready meanwhile (a newcomer behind a device with
   a long backlog) competes at once, instead of after the workers have gone through all one call handed out.
+  A newcomer's first serve takes min_batch_size tasks (popDevice's firstWant) and does not count as its batch: it
+  may be named again in the same call for the rest. Two hundred devices that arrive together behind a busy one
+  all get their first hand-out within two hundred credits, not a thousand (new flows first, as in FQ-CoDel).
 
   Time runs on inside the call as it would between separate claims: each claim happens msPerTask ms per task
   taken so far after `now` (at least 0.01 ms after the one before), about when the workers would have taken
@@ -28,7 +31,8 @@
     ARGV[3]      lockTtl        lock ttl (ms)
     ARGV[4]      want           most tasks to take in all
     ARGV[5]      perDevice      most tasks to take from one device (batch_size)
-    ARGV[6]      minBatch       most tasks from one device while another waited past the hint (min_batch_size)
+    ARGV[6]      minBatch       most tasks from one device while another waited past the hint, and from a
+                                device at its first serve since it became active (min_batch_size)
     ARGV[7]      maxWait        max_wait (ms)
     ARGV[8]      hint           starvation hint (ms)
     ARGV[9]      leaseTtl       lease ttl (ms)
@@ -125,8 +129,8 @@ while choice.mac ~= "" and not claimedOnce[choice.mac] and total < want and clai
   local device = deviceBlock(deviceKeys(base, mac, choice.weight), mac)
   local a = {now = at, token = token .. ":" .. claimed, lockTtl = lockTtl, want = size, maxWait = maxWait,
              leaseTtl = leaseTtl, maxPerDevice = maxPerDevice, budget = budget, release = true,
-             carriedWait = carry, msPerTask = msPerTask}
-  local code, taken, expired, blocked = popDevice(device, base .. ":lock:" .. mac, g, a)
+             carriedWait = carry, msPerTask = msPerTask, firstWant = minBatch}
+  local code, taken, expired, blocked, tasted = popDevice(device, base .. ":lock:" .. mac, g, a)
   out[#out + 1] = mac
   out[#out + 1] = code
   out[#out + 1] = #taken
@@ -137,7 +141,8 @@ while choice.mac ~= "" and not claimedOnce[choice.mac] and total < want and clai
   out[2] = out[2] + 1
   total = total + #taken
   if groupLeft and groupLeft[choice.group] then groupLeft[choice.group] = groupLeft[choice.group] - #taken end
-  claimedOnce[mac] = true
+  -- (a newcomer's first taste does not count: named again in this call, it takes its batch)
+  if not tasted then claimedOnce[mac] = true end
   -- under starvation (or when the device could not be claimed) it sits out the next choice: service spreads
   if choice.starving or code ~= CODE.OK then skip = mac else skip = "" end
   local step = #taken * msPerTask

@@ -209,14 +209,18 @@ async def test_two_scheduler_replicas_never_hand_out_a_task_twice(
     settings: Settings, redis: Redis, pg: asyncpg.Pool
 ) -> None:
     async with platform_with(settings, redis, pg, max_total_pending=10_000) as p:
-        # Given a second scheduler replica on the same Redis, each with its own worker
+        # Given a second scheduler replica on the same Redis, each with its own worker (storing results before its
+        # acks, as a real one does: an ack without one is put back and handed out again)
         service = (await build_scheduler(p.settings, Stores.of(redis=redis, pool=pg))).service
         second = await rpc.create_server(service, "127.0.0.1:0", p.settings)
         specs = [text_spec(f"0A:00:00:00:00:{d:02x}", f"t{i}") for d in range(50) for i in range(20)]
         async with (
-            ScriptedWorker(p.settings, worker_id="w-a", credits=20) as a,
+            ScriptedWorker(p.settings, worker_id="w-a", credits=20, results=TaskStore(p.pg)) as a,
             ScriptedWorker(
-                p.settings.replace(scheduler_addr=f"127.0.0.1:{second.port}"), worker_id="w-b", credits=20
+                p.settings.replace(scheduler_addr=f"127.0.0.1:{second.port}"),
+                worker_id="w-b",
+                credits=20,
+                results=TaskStore(p.pg),
             ) as b,
         ):
             # When 1 000 tasks over 50 devices are submitted

@@ -1,5 +1,5 @@
 --[[
-  popDevice(device, lockKey, g, a) -> code, taken, expired, blockedType
+  popDevice(device, lockKey, g, a) -> code, taken, expired, blockedType, tasted
   Claims a device for serving and takes up to a.want of its tasks (popBatch, claimDevices).
 
   Takes the device's dispatch lock (SET NX PX with a.token), moves the device from its schedule set to the
@@ -15,10 +15,12 @@
   now - a.carriedWait).
 
   g: the global keys: pending, serving, leases, leaseData, overloaded, devices, caller (caller open counts).
-  a: now, token, lockTtl, want, maxWait, leaseTtl, maxPerDevice, budget, release, carriedWait, and for the
-  caller's charge (callerServed) msPerTask (what one task is worth, ms).
+  a: now, token, lockTtl, want, maxWait, leaseTtl, maxPerDevice, budget, release, carriedWait, for the
+  caller's charge (callerServed) msPerTask (what one task is worth, ms), and firstWant (optional: most tasks
+  a device takes at its first serve since it became active).
   code: OK, LOCK_HELD (another dispatch holds the lock) or DEVICE_NOT_READY (not schedulable: taken by another
-  replica, idle, backing off); taken: leased entries (attempt raised); expired: entries dropped as expired.
+  replica, idle, backing off); taken: leased entries (attempt raised); expired: entries dropped as expired;
+  tasted: true when a.firstWant cut this first serve short.
 ]]
 --@requires codes, parseEntry, countCaller, countOutstanding, reschedule, callerGroup, chargeDevice
 
@@ -75,12 +77,16 @@ local function popDevice(device, lockKey, g, a)
     return best
   end
 
+  -- a device served for the first time since it became active (no last serve in its meta) takes at most
+  -- a.firstWant: a newcomer behind busy devices gets a task at once, the rest of its batch in its next serve
+  local want, tasted = a.want, false
+  if a.firstWant and previous == 0 and a.firstWant < want then want, tasted = a.firstWant, true end
   local budget = a.budget
   local taken, expired = {}, {}
   local leaseArgs, dataArgs = {}, {}
   local blocked = 0
   local leaseUntil = now + a.leaseTtl
-  while #taken < a.want do
+  while #taken < want do
     local p = nextQueue()
     if p == 0 then break end
     local raw = redis.call("LINDEX", device.queues[p], 0)
@@ -138,7 +144,7 @@ local function popDevice(device, lockKey, g, a)
     reschedule(device, now, g.devices)
   end
   callerServed(device, #taken * a.msPerTask / tonumber(device.cweight))
-  return CODE.OK, taken, expired, blocked
+  return CODE.OK, taken, expired, blocked, tasted and #taken > 0
 end
 
 --[[

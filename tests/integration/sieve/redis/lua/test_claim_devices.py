@@ -95,14 +95,33 @@ async def test_a_type_takes_no_more_than_its_budget_and_its_task_keeps_its_place
     await store.enqueue(B, [task(f"t{i}", at=T0 + 1) for i in range(3)], now=T0 + 1)
     # When the OCR workers have room for one and the text workers for ten
     claim = await store.claim("tok", 11, {OCR: 1, TEXT: 10}, max_devices=10, now=T0 + S)
-    # Then one OCR task and every text task were taken; A's next OCR task stopped it and is still at its head
-    assert taken(claim)[:2] == [(A, ["o0"]), (B, ["t0", "t1", "t2"])]
+    # Then one OCR task and every text task were taken (each first served as a newcomer, one task, then for the
+    # rest); A's next OCR task stopped it and is still at its head
+    assert taken(claim) == [(A, ["o0"]), (B, ["t0"]), (A, []), (B, ["t1", "t2"])]
     assert dict(claim.devices)[A].blocked in (0, OCR)
     assert await ids(store, A) == ["o1", "o2"]
     # and with no room for OCR at all, A is named blocked by OCR and gives nothing
     again = await store.claim("tok2", 5, {TEXT: 5}, max_devices=5, now=T0 + 2 * S)
     assert [(m, len(p.taken), p.blocked) for m, p in again.devices] == [(A, 0, OCR)]
     assert await ids(store, A) == ["o1", "o2"]
+
+
+async def test_a_newcomer_gets_one_task_at_once_and_the_rest_of_its_batch_after_the_others(store: QueueStore) -> None:
+    # Given three devices that have just become active, five tasks each
+    newcomers = [mac(i) for i in range(3)]
+    await store.enqueue_many(
+        {m: [task(f"n{i}-{j}", at=T0 + i) for j in range(5)] for i, m in enumerate(newcomers)}, now=T0 + 3
+    )
+    # When the workers have room for ten
+    claim = await store.claim("tok", 10, None, max_devices=10, now=T0 + S)
+    # Then each got one task before any got a batch, then their batches came in the fair order, in the same call
+    assert taken(claim) == [
+        (newcomers[0], ["n0-0"]),
+        (newcomers[1], ["n1-0"]),
+        (newcomers[2], ["n2-0"]),
+        (newcomers[0], ["n0-1", "n0-2", "n0-3", "n0-4"]),
+        (newcomers[1], ["n1-1", "n1-2", "n1-3"]),
+    ]
 
 
 async def test_a_caller_with_many_devices_and_a_caller_with_one_get_half_each(store: QueueStore, redis: Redis) -> None:
