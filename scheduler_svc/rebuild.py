@@ -27,6 +27,11 @@ from sieve.redis.scheduler_state import SchedulerState
 
 log = logging.getLogger("sieve.scheduler.rebuild")
 
+
+class ShardCountChanged(RuntimeError):
+    """Redis holds shards made with another number of shards than the settings say."""
+
+
 #: the rebuild lock expires if its holder dies mid-way, so another replica can take over
 REBUILD_LOCK_S = 120
 
@@ -57,6 +62,7 @@ class Rebuilder:
             lost = await self.queues.lost_shards()
             if not lost:
                 return False
+            await self._check_shard_count(lost)
             shards = None if len(lost) == self.queues.shards else lost
             queued, dead = await self.rebuild(shards)
             generation = uuid.uuid4().hex
@@ -72,6 +78,22 @@ class Rebuilder:
             return True
         finally:
             await self.state.drop_rebuild_lock(token)
+
+    async def _check_shard_count(self, lost: list[int]) -> None:
+        """A shard that kept its memory must have been made with this number of shards: after a change of
+        redis_shards its devices' tasks are still in the shards of the old mapping, and rebuilding the others beside
+        it would queue them twice. Raises ShardCountChanged (the scheduler stays NOT_SERVING, saying why)."""
+        n = self.queues.shards
+        kept = [s for s in range(n) if s not in lost]
+        if n == 1 or not kept:
+            return
+        wrong = {s: c for s, c in (await self.queues.shard_counts(kept)).items() if c != n}
+        if wrong:
+            raise ShardCountChanged(
+                f"Redis holds shards made with another SIEVE_REDIS_SHARDS (shard {min(wrong)}: "
+                f"{wrong[min(wrong)] or 1} shards, the settings say {n}): devices would be in two shards. Set "
+                "SIEVE_REDIS_SHARDS back, or empty Redis (the scheduler rebuilds it from PostgreSQL)"
+            )
 
     async def rebuild(self, shards: list[int] | None = None) -> tuple[int, int]:
         """Queues every unfinished task again (of the devices of the given shards; None: all) and refills the

@@ -1,15 +1,16 @@
 """The Redis key schema: every key Sieve uses is named here, and nowhere else.
 
 The keyspace is split into `redis_shards` shards, each under its own hash tag: shard 0 under `{prefix}`, shard
-s > 0 under `{prefix~s}` or `{prefix~s~k}` (`shard_tag`: its slot is spread evenly from shard 0's), so every Lua script's keys — one shard's — live in one Redis Cluster slot,
-and a cluster spreads the shards over its masters. A device belongs to shard `shard_of(mac, shards)` (crc32 of the
-MAC, modulo the number of shards: stable, the same in every process); everything about devices and tasks is kept
-in the device's shard (meta, queues, locks, schedule and caller-group sets, pending and caller counts, serving,
-backoff, overloaded, leases, delayed, dead letters, generation). What the whole installation shares is global,
-under the plain `{prefix}` tag (`Keys.global_base`): the lease signing key, the scheduler replicas and their shard
-leases, the rebuild and reconcile turns, the registry's workers, the GPU-expected mark, the drain rates, the
-watermark, the submit buckets and the wake channel. With one shard, shard 0 is the whole keyspace and every name
-is what it was before shards existed.
+s > 0 under `{prefix~s}` or `{prefix~s~k}` (`shard_tag`: its slot is spread evenly from shard 0's), so every Lua
+script's keys — one shard's — live in one Redis Cluster slot, and a cluster spreads the shards over its masters.
+A device belongs to shard `shard_of(mac, shards)` (crc32 of the MAC, modulo the number of shards: stable, the same
+in every process); everything about devices and tasks is kept in the device's shard (meta, queues, locks, schedule
+and caller-group sets, pending and caller counts, serving, backoff, overloaded, leases, delayed, dead letters,
+generation). What the whole installation shares is global, under the plain `{prefix}` tag (`Keys.global_base`):
+the lease signing key, the scheduler replicas and their shard leases, the rebuild and reconcile turns, the
+registry's workers, the GPU-expected mark, the drain rates, the watermark, the submit buckets and the wake
+channel. With one shard, shard 0 is the whole keyspace and every name is what it was before shards existed.
+
 Per-device keys come as one block (`DeviceKeys.block`) in a fixed order that every device script
 expects as KEYS[1..11] (and names with `lua/includes/deviceBlock.lua`):
 
@@ -135,6 +136,9 @@ class Keys:
         self.watermark = f"{g}:watermark"
         #: Changes when Redis is rebuilt from PostgreSQL; a missing key means Redis lost its memory.
         self.generation = f"{self.base}:generation"
+        #: With several shards: how many the keyspace had when this shard was rebuilt (a shard that survived a change
+        #: of redis_shards tells of it: scheduler_svc/rebuild.py refuses to rebuild the others beside it).
+        self.shard_count = f"{self.base}:shards"
         #: Held (SET NX EX) by the scheduler replica that rebuilds Redis from PostgreSQL.
         self.rebuild_lock = f"{g}:rebuild"
         #: Taken (SET NX PX, for one reconcile interval) by the scheduler replica that reconciles Redis with

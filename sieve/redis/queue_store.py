@@ -1038,8 +1038,20 @@ class QueueStore:
         return [i for i, v in enumerate(values) if not v]
 
     async def mark_rebuilt(self, generation: str, *, shards: list[int] | None = None) -> None:
-        """Redis holds every unfinished task again (of the given shards; None: all): intake may enqueue."""
-        await self._each_shard(lambda pipe, k: pipe.set(k.generation, generation), shards)
+        """Redis holds every unfinished task again (of the given shards; None: all): intake may enqueue. With several
+        shards each also records how many there are (`Keys.shard_count`)."""
+
+        def mark(pipe: Any, k: Keys) -> None:
+            pipe.set(k.generation, generation)
+            if self.shards > 1:
+                pipe.set(k.shard_count, self.shards)
+
+        await self._each_shard(mark, shards)
+
+    async def shard_counts(self, shards: list[int]) -> dict[int, int | None]:
+        """How many shards each of the given shards recorded at its last rebuild (None: it recorded none)."""
+        values = await self._each_shard(lambda pipe, k: pipe.get(k.shard_count), shards)
+        return {s: None if v is None else int(v) for s, v in zip(shards, values, strict=True)}
 
     # --- reading ----------------------------------------------------------------------------------
     async def pending(self) -> int:

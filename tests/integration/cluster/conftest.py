@@ -37,7 +37,9 @@ async def cluster_redis(cluster_settings: Settings, redis_cluster: LocalRedisClu
     redis_cluster.wait_ok()  # a test before this one may have restarted a master
     client = redis_client(cluster_settings)
     for shard in range(CLUSTER_SHARDS):
-        await client.set(Keys(cluster_settings.redis_prefix, shard, CLUSTER_SHARDS).generation, "test")
+        keys = Keys(cluster_settings.redis_prefix, shard, CLUSTER_SHARDS)
+        await client.set(keys.generation, "test")
+        await client.set(keys.shard_count, CLUSTER_SHARDS)
     yield client
     await delete_prefix(client, cluster_settings.redis_prefix)
     await client.aclose()
