@@ -17,17 +17,26 @@ k devices with equal shares, about 1 when one device has it nearly to itself). T
 real time (a device's wait starts at its last serve, or at its oldest task's enqueue), so they must advance at
 real time's pace: the charges of all tasks sum to real time (wall is worker time over tasks at once), a device
 with a fair share 1/k of the pool sees 1/k of that, and k x its share makes its own charges keep pace with real
-time. Without the factor every backlogged device fell behind real time by (1 - 1/k) per second, reached the 2 s
-lag floor within seconds, and from then on each serve restarted its wait like a count: the expensive device got
+time. Without the factor every backlogged device fell behind real time by (1 - 1/k) per second, reached the lag
+floor within seconds, and from then on each serve restarted its wait like a count: the expensive device got
 two thirds of the pool.
 
 The device's meta keeps the charge, smoothed (noteCost), and from then on the device is served by start-time
 fair queueing (chargeServe): a serve that takes n tasks moves the start of its next wait from where the last one
 put it by n x charge, instead of restarting it, so backlogged devices get equal worker time (over their weights)
 whatever their tasks cost. This is the virtual-time accounting of start-time fair queueing, with the cost learnt
-from the device's own acked tasks (like the virtual token counter of LLM serving). The lag is bounded: a device
-keeps at most 2 s of credit from a quiet time, a serve moves it at most 30 s ahead, one task counts at most
-`MAX_WALL_MS` of wall time, and its wait never starts before its oldest task's enqueue.
+from the device's own acked tasks (like the virtual token counter of LLM serving). Three things keep it close:
+
+- what a device took before its cost was known (its first serves went out by count) is charged once its acks
+  bring the cost (a debt added at its next serve), so a first batch of dear tasks is not a head start kept;
+- a serve takes about one second of charges at most (costQuantum, at least one task): a batch of ten dear
+  tasks would keep the pool for ten of them at a time;
+- the worker time an ack reports is the work stages of the task only (worker_svc.runner.worker_time_ms): not its
+  wait for an engine, which behind a dear task is the dear task's time.
+
+The lag is bounded: a device that fell behind keeps at most 10 s of credit, a serve moves it at most 30 s ahead,
+one task counts at most `MAX_WALL_MS` of wall time, and its wait never starts before its oldest task's enqueue
+(a device back from a quiet time has no credit for it).
 """
 
 from __future__ import annotations

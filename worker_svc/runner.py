@@ -65,12 +65,22 @@ ENGINE_BUSY_RETRY_S = 5.0
 UNMARKED_TYPES = frozenset({types_pb2.TASK_TYPE_TEXT})
 
 
+#: stage timings of a result that are not the worker's work on the task: the wait for an engine (other tasks' work:
+#: charging it would bill a cheap task queued behind a dear one for the dear one's time), the image fetch (a wait on
+#: the network) and the total (every stage again, waits included)
+NOT_WORKER_TIME = frozenset({"queue", "fetch", "total"})
+
+
 def worker_time_ms(outcome: Outcome) -> int:
-    """How long a task took this worker: the sum of the stage timings its result names (`details.timings_ms`),
-    in whole ms (0 when it names none); the scheduler charges the task's device for it (fair by cost)."""
+    """How long a task took this worker: the sum of the work stages its result names (`details.timings_ms`, without
+    NOT_WORKER_TIME), in whole ms (0 when it names none); the scheduler charges the task's device for it (fair by
+    cost)."""
     try:
         timings = json.loads(outcome.details_json).get("timings_ms", {})
-        return max(0, round(sum(float(v) for v in timings.values() if isinstance(v, int | float))))
+        return max(
+            0,
+            round(sum(float(v) for k, v in timings.items() if k not in NOT_WORKER_TIME and isinstance(v, int | float))),
+        )
     except (ValueError, AttributeError):
         return 0
 

@@ -12,11 +12,10 @@ from dataclasses import dataclass
 import asyncpg
 
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
+from worker_svc.runner import NOT_WORKER_TIME
 
 #: the most tasks one SubmitBatch takes (intake_svc.validation.MAX_BATCH)
 MAX_BATCH = 1000
-#: stages of a result's timings_ms that are no worker time (waiting, downloading, the sum)
-NOT_WORKER_TIME = frozenset({"queue", "fetch", "total"})
 FINAL = ("SUCCEEDED", "FAILED", "DEAD_LETTERED", "EXPIRED", "CANCELLED")
 
 

@@ -53,7 +53,7 @@ while i <= #groups do
   end
   if mine > 0 then
     countOutstanding(metaKey, -mine)
-    if not forgetIdle(metaKey) then noteCost(metaKey, wall) end
+    if not forgetIdle(metaKey) then noteCost(metaKey, wall, mine) end
   end
   i = i + 3 + 2 * n
 end

@@ -33,7 +33,8 @@ local function popDevice(device, lockKey, g, a)
   elseif not redis.call("SET", lockKey, a.token, "NX", "PX", a.lockTtl) then
     return CODE.LOCK_HELD, {}, {}, 0
   end
-  local m = redis.call("HMGET", device.meta, "state", "class", "last_served_ms", "win_start_ms", "win_count")
+  local m = redis.call("HMGET", device.meta, "state", "class", "last_served_ms", "win_start_ms", "win_count",
+    "wall_ms")
   if m[1] ~= "ready" then
     if not a.release then redis.call("DEL", lockKey) end
     if redis.call("EXISTS", device.meta) == 0 then
@@ -79,7 +80,8 @@ local function popDevice(device, lockKey, g, a)
 
   -- a device served for the first time since it became active (no last serve in its meta) takes at most
   -- a.firstWant: a newcomer behind busy devices gets a task at once, the rest of its batch in its next serve
-  local want, tasted = a.want, false
+  -- fair by cost: about a quantum of the device's known cost per serve (costQuantum)
+  local want, tasted = costQuantum(tonumber(m[6] or ""), a.want), false
   if a.firstWant and previous == 0 and a.firstWant < want then want, tasted = a.firstWant, true end
   local budget = a.budget
   local taken, expired = {}, {}
