@@ -144,7 +144,8 @@ class Settings:
     #: Task types whose devices are charged for the worker time their tasks took rather than counted, comma
     #: separated (TEXT, OCR_IMAGE; "" counts every type): fair by cost (scheduler_svc/cost.py).
     fair_by_cost_types: str = "OCR_IMAGE"
-    #: Tasks in one assignment to a worker: batch_size normally, min_batch_size while another device starves.
+    #: Tasks in one assignment to a worker: batch_size normally, min_batch_size while another device starves and
+    #: at a device's first serve since it became active (a newcomer gets a task at once).
     batch_size: int = 10
     min_batch_size: int = 1
     #: Per-device dispatch lock (SET NX EX); renewed while a dispatch runs.
