@@ -17,7 +17,7 @@ import json
 import time
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from redis.asyncio import Redis
@@ -63,6 +63,21 @@ class Popped:
     expired: list[Entry] = field(default_factory=list)
     #: popping stopped at a task of this type: not allowed, or its budget was spent (0: it did not stop so)
     blocked: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRound:
+    """What one claim round asks for (QueueStore.claim): `want` tasks in all, `budget` per type (None: any), from at
+    most `max_devices` devices and `per_device` each, the carry and the clock of the round."""
+
+    token: str
+    want: int
+    budget: Mapping[int, int] | None
+    max_devices: int
+    per_device: int | None
+    carry_max_ms: float
+    ms_per_task: float
+    now: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -542,67 +557,44 @@ class QueueStore:
         because its type's budget was spent keeps that task at its head (`Popped.blocked`). `ms_per_task`: about
         how long the workers take per task — the call's clock runs on by that much per task taken, as it would
         between separate claims, and each caller is charged that much per task (over its weight)."""
-        now = now or now_ms()
+        r = ClaimRound(token, want, budget, max_devices, per_device, carry_max_ms, ms_per_task, now or now_ms())
         if self.shards > 1:
-            return await self._claim_shards(
-                token, want, budget, max_devices, per_device, carry_max_ms, ms_per_task, now
-            )
-        call = self._claim_call(self.keys, token, want, budget, max_devices, per_device, carry_max_ms, ms_per_task, now)
-        reply = await self._call(*call)
+            return await self._claim_shards(r)
+        reply = await self._call(*self._claim_call(self.keys, r))
         devices = self._claimed(reply)
         return Claim(devices, self._rank(reply[-8:]))
 
     def _claim_call(
-        self,
-        k: Keys,
-        token: str,
-        want: int,
-        budget: Mapping[int, int] | None,
-        max_devices: int,
-        per_device: int | None,
-        carry_max_ms: float,
-        ms_per_task: float,
-        now: float,
-        group_caps: Mapping[str, int] | None = None,
+        self, k: Keys, r: ClaimRound, group_caps: Mapping[str, int] | None = None
     ) -> tuple[str, list[str], list[Any]]:
         s = self.settings
-        budget_arg = "" if budget is None else (",".join(f"{t}:{n}" for t, n in budget.items()) or "-")
+        budget_arg = "" if r.budget is None else (",".join(f"{t}:{n}" for t, n in r.budget.items()) or "-")
         return (
             "claimDevices",
             [k.backoff, k.pending, k.serving, k.leases, k.lease_data, k.overloaded, k.devices, k.caller_open],
             [
-                now,
-                token,
+                r.now,
+                r.token,
                 int(s.lock_ttl_s * 1000),
-                want,
-                per_device or s.batch_size,
+                r.want,
+                r.per_device or s.batch_size,
                 s.min_batch_size,
                 int(s.aging_max_wait_s * 1000),
                 int(s.starvation_hint_s * 1000),
                 int(s.lease_ttl_s * 1000),
                 s.max_per_device_pending,
                 budget_arg,
-                round(carry_max_ms, 1),
-                max_devices,
+                round(r.carry_max_ms, 1),
+                r.max_devices,
                 self._classes_arg,
                 self._caller_weights_arg,
                 k.base,
-                round(ms_per_task, 3),
+                round(r.ms_per_task, 3),
                 *(x for group, cap in (group_caps or {}).items() for x in (group, cap)),
             ],
         )
 
-    async def _claim_shards(
-        self,
-        token: str,
-        want: int,
-        budget: Mapping[int, int] | None,
-        max_devices: int,
-        per_device: int | None,
-        carry_max_ms: float,
-        ms_per_task: float,
-        now: float,
-    ) -> Claim:
+    async def _claim_shards(self, r: ClaimRound) -> Claim:
         """A claim round over several shards: what each shard has ready (shardDemand, one round trip), the round's
         tasks split across the shards in proportion to it (`shard_shares`), then one claimDevices per shard that
         gets a part, in one more round trip. Within a shard the fair order is exact; across shards it is as
@@ -614,9 +606,9 @@ class QueueStore:
         backoffs = [float(d[0]) for d in demands if float(d[0]) >= 0]
         per_group = [{str(d[i]): (int(d[i + 1]), int(d[i + 2])) for i in range(1, len(d), 4)} for d in demands]
         counts = [{str(d[i]): int(d[i + 3]) for i in range(1, len(d), 4)} for d in demands]
-        shares, caps = self.shard_shares(per_group, want, counts, per_device or self.settings.batch_size)
+        shares, caps = self.shard_shares(per_group, r.want, counts, r.per_device or self.settings.batch_size)
         calls, shards = [], []
-        left = dict(budget) if budget is not None else None
+        left = dict(r.budget) if r.budget is not None else None
         for shard in sorted(range(self.shards), key=lambda i: -shares[i]):
             n = shares[shard]
             if n <= 0:
@@ -628,20 +620,8 @@ class QueueStore:
                     left[t] -= part[t]
                 if sum(part.values()) <= 0:
                     continue
-            calls.append(
-                self._claim_call(
-                    self.shard_keys[shard],
-                    f"{token}:{shard}",
-                    n,
-                    part,
-                    min(max_devices, n),
-                    per_device,
-                    carry_max_ms,
-                    ms_per_task,
-                    now,
-                    caps[shard],
-                )
-            )
+            part_round = replace(r, token=f"{r.token}:{shard}", want=n, budget=part, max_devices=min(r.max_devices, n))
+            calls.append(self._claim_call(self.shard_keys[shard], part_round, caps[shard]))
             shards.append(shard)
         if not calls:
             return Claim([], Rank(None, False, min(backoffs) if backoffs else None, None))
