@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -203,7 +204,24 @@ async def start_services(c: Cluster, *, schedulers: int = 1, workers: int = 2) -
 
 
 async def start_worker(c: Cluster, name: str) -> None:
-    await c.add_worker(name)
+    await c.add_worker(name, metrics=True)
+
+
+def in_flight(c: Cluster, name: str) -> float:
+    """What worker `name` holds now (its sieve_worker_in_flight gauge)."""
+    with urllib.request.urlopen(f"http://{c.metrics[name]}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    found = re.search(r"^sieve_worker_in_flight (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+async def when_holding(c: Cluster, name: str, timeout_s: float = 30) -> None:
+    """Returns once worker `name` holds tasks (a worker holding back, or between batches, holds none: freezing it
+    then would test nothing)."""
+    deadline = time.monotonic() + timeout_s
+    while await asyncio.to_thread(in_flight, c, name) <= 0:
+        assert time.monotonic() < deadline, f"{name} held no tasks for {timeout_s}s"
+        await asyncio.sleep(0.01)
 
 
 def kill9(c: Cluster, name: str) -> None:

@@ -23,6 +23,7 @@ from tests.faults.harness import (
     audit,
     kill9,
     start_services,
+    when_holding,
     when_results_reach,
 )
 from tests.support.cluster import Cluster
@@ -123,6 +124,7 @@ async def test_a_frozen_worker_past_its_lease_has_its_late_results_refused(
 
     async def fault() -> None:
         await when_results_reach(pg, 400)
+        await when_holding(c, "worker-1")
         os.kill(c.procs["worker-1"].pid, signal.SIGSTOP)
         await asyncio.sleep(5)  # lease TTL is 3 s: its tasks go to worker-2
         os.kill(c.procs["worker-1"].pid, signal.SIGCONT)
