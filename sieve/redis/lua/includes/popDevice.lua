@@ -78,9 +78,9 @@ local function popDevice(device, lockKey, g, a)
     return best
   end
 
-  -- a device served for the first time since it became active (no last serve in its meta) takes at most
-  -- a.firstWant: a newcomer behind busy devices gets a task at once, the rest of its batch in its next serve
-  -- fair by cost: about a quantum of the device's known cost per serve (costQuantum)
+  -- fair by cost: about a quantum of the device's known cost per serve (costQuantum); and a device served for
+  -- the first time since it became active (no last serve in its meta) takes at most a.firstWant: a newcomer
+  -- behind busy devices gets a task at once, the rest of its batch at its next serve
   local want, tasted = costQuantum(tonumber(m[6] or ""), a.want), false
   if a.firstWant and previous == 0 and a.firstWant < want then want, tasted = a.firstWant, true end
   local budget = a.budget
