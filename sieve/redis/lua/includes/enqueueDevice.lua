@@ -51,9 +51,14 @@ local function enqueueDevice(device, g, a, raws)
     return {CODE.DEVICE_LIMIT, backlog, pending, first}, false
   end
 
+  -- a device that had nothing queued holds just these now: scheduleDevice reads only the queues they went to
+  local sizes = backlog == 0 and {0, 0, 0, 0, 0} or nil
   for i, raw in ipairs(raws) do
-    redis.call("RPUSH", device.queues[entries[i].prio], raw)
+    local prio = entries[i].prio
+    redis.call("RPUSH", device.queues[prio], raw)
+    if sizes then sizes[prio] = sizes[prio] + 1 end
   end
+  device.sizes = sizes
   for i, caller in ipairs(callers) do
     opened[i] = redis.call("HINCRBY", g.caller, caller, incoming[caller])
   end

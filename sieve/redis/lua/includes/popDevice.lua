@@ -34,7 +34,7 @@ local function popDevice(device, lockKey, g, a)
     return CODE.LOCK_HELD, {}, {}, 0
   end
   local m = redis.call("HMGET", device.meta, "state", "class", "last_served_ms", "win_start_ms", "win_count",
-    "wall_ms")
+    "wall_ms", "backlog")
   if m[1] ~= "ready" then
     if not a.release then redis.call("DEL", lockKey) end
     if redis.call("EXISTS", device.meta) == 0 then
@@ -56,8 +56,14 @@ local function popDevice(device, lockKey, g, a)
   end
 
   -- the device's non-empty queues, highest priority first
-  local sizes = {}
-  for p = 5, 1, -1 do sizes[p] = redis.call("LLEN", device.queues[p]) end
+  -- (the queue of its class, its best priority, holds all of its backlog most of the time: then the others are
+  -- empty and need no LLEN)
+  local sizes = {0, 0, 0, 0, 0}
+  local backlog = tonumber(m[7] or "0")
+  if class >= 1 and class <= 5 and backlog > 0 then sizes[class] = redis.call("LLEN", device.queues[class]) end
+  if sizes[class] == nil or backlog <= 0 or sizes[class] ~= backlog then
+    for p = 5, 1, -1 do sizes[p] = redis.call("LLEN", device.queues[p]) end
+  end
 
   local function nextQueue()
     local agedAt, agedPrio, best, nonEmpty = false, 0, 0, 0
@@ -143,6 +149,7 @@ local function popDevice(device, lockKey, g, a)
 
   if a.release then
     if #taken > 0 then redis.call("HSET", device.meta, "defer_count", 0) end
+    device.sizes = sizes -- what is left in its queues: deviceHeads reads only those that hold something
     reschedule(device, now, g.devices)
   end
   callerServed(device, #taken * a.msPerTask / tonumber(device.cweight))

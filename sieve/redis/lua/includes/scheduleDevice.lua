@@ -10,7 +10,8 @@
 local function scheduleDevice(device, now)
   local mac = device.mac
   local oldest, best = deviceHeads(device)
-  local previous = tonumber(redis.call("HGET", device.meta, "class") or "0")
+  local m = redis.call("HMGET", device.meta, "class", "last_served_ms")
+  local previous = tonumber(m[1] or "0")
   if previous > 0 then redis.call("ZREM", device.schedules[previous], mac) end
   if best == 0 then
     redis.call("ZREM", device.groupReady, mac)
@@ -22,7 +23,7 @@ local function scheduleDevice(device, now)
     end
     return "idle"
   end
-  local served = tonumber(redis.call("HGET", device.meta, "last_served_ms") or "0")
+  local served = tonumber(m[2] or "0")
   local since = oldest
   if served > since then since = served end
   redis.call("ZADD", device.schedules[best], since, mac)
