@@ -106,7 +106,9 @@ class Housekeeping:
         #: PostgreSQL's open tasks against Redis, in a loop of its own (a pass may take longer than a tick)
         self.reconciler = Reconciler(self.queues, self.tasks)
         self.replica = hooks.replica
-        self._started = time.monotonic()
+        #: when the tick loop began, that is when this replica started serving: a dead replica's workers can
+        #: re-announce their leases here only from then on (None before)
+        self._serving_since: float | None = None
         #: hand-outs taken back for running past their execution timeout, by task type name
         self.execution_timeouts: dict[str, int] = {}
         #: leases of dead scheduler replicas put back
@@ -123,6 +125,7 @@ class Housekeeping:
         )
 
     async def run(self) -> None:
+        self._serving_since = time.monotonic()
         reconciling = asyncio.create_task(self.reconciler.run(), name="reconcile")
         alive = asyncio.create_task(self._say_alive(), name="scheduler-alive")
         try:
@@ -265,7 +268,9 @@ class Housekeeping:
         """What dead scheduler replicas had handed out and nobody adopted goes back (see the module)."""
         s = self.settings
         reconnect_s = s.worker_reconnect_max_s + 1.0
-        if time.monotonic() - self._started < reconnect_s:  # their workers may be re-announcing here now
+        # their workers may be re-announcing here now: they can only since this replica serves (the time it took to
+        # build and rebuild before that does not count; on a loaded host it can take longer than reconnect_s)
+        if self._serving_since is None or time.monotonic() - self._serving_since < reconnect_s:
             return 0
         silent_enough_s = max(
             s.scheduler_dead_after_s, 2 * s.housekeeping_interval_s + ALIVE_EVERY_S + 1.0, reconnect_s
