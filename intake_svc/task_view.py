@@ -14,6 +14,7 @@ from typing import Any
 import asyncpg
 from google.protobuf import timestamp_pb2
 
+from intake_svc.result_view import result_message
 from sieve.db.tasks import NewTask, status_value, type_value
 from sieve.enums import enum_value
 from sieve.v1 import types_pb2
@@ -31,33 +32,8 @@ def _stamp(value: datetime) -> timestamp_pb2.Timestamp:
     return ts
 
 
-def _verdict(name: str) -> types_pb2.Verdict:
-    return enum_value(types_pb2.Verdict, types_pb2.Verdict.Value("VERDICT_" + name))
-
-
 def _status(name: str) -> types_pb2.TaskStatus:
     return enum_value(types_pb2.TaskStatus, status_value(name))
-
-
-def result_message(result: asyncpg.Record) -> types_pb2.DetectionResult:
-    hits: list[dict[str, Any]] = result["hits"]
-    return types_pb2.DetectionResult(
-        verdict=_verdict(result["verdict"]),
-        hits=[
-            types_pb2.Hit(
-                word=h["word"],
-                category=h["category"],
-                severity=h["severity"],
-                start=h["start"],
-                end=h["end"],
-                matched_text=h["matched_text"],
-            )
-            for h in hits
-        ],
-        text=result["text"],
-        worker_id=result["worker_id"],
-        created_at=_ts(result["created_at"]),
-    )
 
 
 def new_task_message(task: NewTask, stamps: dict[datetime, timestamp_pb2.Timestamp] | None = None) -> types_pb2.Task:

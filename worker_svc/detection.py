@@ -58,8 +58,11 @@ def detect_text(task: Started, matcher: Matcher, worker_id: str) -> Outcome:
         verdict=result.verdict.name,
         hits_json=hits_json(result.hits),
         text=task.text,
-        # what json.dumps({"timings_ms": {"match": ms}}) writes, without its cost (a float's repr is JSON's)
-        details_json=f'{{"timings_ms": {{"match": {round(match_ms, 3)!r}}}}}',
+        # what json.dumps({"timings_ms": {"match": ms}, "lexicon_version": v}) writes, without its cost (a float's
+        # repr is JSON's)
+        details_json=(
+            f'{{"timings_ms": {{"match": {round(match_ms, 3)!r}}}, "lexicon_version": {int(matcher.version)}}}'
+        ),
         unmarked=task.unmarked,
     )
 

@@ -52,7 +52,7 @@ class Lexicon:
         async with self.pool.acquire() as conn:
             version = await conn.fetchval("SELECT version FROM lexicon_version")
             rows = await conn.fetch("SELECT word, category, severity FROM lexicon")
-        self.matcher = Matcher(LexiconEntry(r["word"], r["category"], r["severity"]) for r in rows)
+        self.matcher = Matcher((LexiconEntry(r["word"], r["category"], r["severity"]) for r in rows), version=version)
         self.version = version
         log.info("lexicon version %d loaded: %d words", version, self.matcher.size)
 

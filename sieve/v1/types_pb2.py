@@ -25,29 +25,47 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14sieve/v1/types.proto\x12\x08sieve.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"}\n\x0cStatusChange\x12$\n\x06status\x18\x01 \x01(\x0e\x32\x14.sieve.v1.TaskStatus\x12&\n\x02\x61t\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"i\n\x03Hit\x12\x0c\n\x04word\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61tegory\x18\x02 \x01(\t\x12\x10\n\x08severity\x18\x03 \x01(\x05\x12\r\n\x05start\x18\x04 \x01(\r\x12\x0b\n\x03\x65nd\x18\x05 \x01(\r\x12\x14\n\x0cmatched_text\x18\x06 \x01(\t\"\xa3\x01\n\x0f\x44\x65tectionResult\x12\"\n\x07verdict\x18\x01 \x01(\x0e\x32\x11.sieve.v1.Verdict\x12\x1b\n\x04hits\x18\x02 \x03(\x0b\x32\r.sieve.v1.Hit\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\tworker_id\x18\x04 \x01(\t\x12.\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xf8\x03\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x11\n\tdevice_id\x18\x02 \x01(\t\x12 \n\x04type\x18\x03 \x01(\x0e\x32\x12.sieve.v1.TaskType\x12$\n\x08priority\x18\x04 \x01(\x0e\x32\x12.sieve.v1.Priority\x12$\n\x06status\x18\x05 \x01(\x0e\x32\x14.sieve.v1.TaskStatus\x12\x10\n\x08\x61ttempts\x18\x06 \x01(\r\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x07history\x18\n \x03(\x0b\x32\x16.sieve.v1.StatusChange\x12)\n\x06result\x18\x0b \x01(\x0b\x32\x19.sieve.v1.DetectionResult\x12\r\n\x05\x65rror\x18\x0c \x01(\t\x12\x17\n\x0fidempotency_key\x18\r \x01(\t\x12*\n\x0b\x61ttempt_log\x18\x0e \x03(\x0b\x32\x15.sieve.v1.TaskAttempt\x12\x14\n\x0cmax_attempts\x18\x0f \x01(\r\"\xc5\x02\n\x0bTaskAttempt\x12\r\n\x05lease\x18\x01 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12/\n\x0b\x61ssigned_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstarted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nded_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12%\n\x07outcome\x18\x07 \x01(\x0e\x32\x14.sieve.v1.TaskStatus\x12\x0e\n\x06\x64\x65tail\x18\x08 \x01(\t\x12\x0f\n\x07\x63ounted\x18\t \x01(\x08\x12,\n\x08retry_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp*R\n\x08TaskType\x12\x19\n\x15TASK_TYPE_UNSPECIFIED\x10\x00\x12\x12\n\x0eTASK_TYPE_TEXT\x10\x01\x12\x17\n\x13TASK_TYPE_OCR_IMAGE\x10\x02*\x8e\x01\n\x08Priority\x12\x18\n\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x17\n\x13PRIORITY_BACKGROUND\x10\x01\x12\x10\n\x0cPRIORITY_LOW\x10\x02\x12\x13\n\x0fPRIORITY_NORMAL\x10\x03\x12\x11\n\rPRIORITY_HIGH\x10\x04\x12\x15\n\x11PRIORITY_CRITICAL\x10\x05*\xfb\x01\n\nTaskStatus\x12\x1b\n\x17TASK_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13TASK_STATUS_PENDING\x10\x01\x12\x18\n\x14TASK_STATUS_ASSIGNED\x10\x02\x12\x17\n\x13TASK_STATUS_RUNNING\x10\x03\x12\x19\n\x15TASK_STATUS_SUCCEEDED\x10\x04\x12\x16\n\x12TASK_STATUS_FAILED\x10\x05\x12\x17\n\x13TASK_STATUS_EXPIRED\x10\x06\x12\x19\n\x15TASK_STATUS_CANCELLED\x10\x07\x12\x1d\n\x19TASK_STATUS_DEAD_LETTERED\x10\x08*[\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x10\n\x0cVERDICT_PASS\x10\x01\x12\x12\n\x0eVERDICT_REVIEW\x10\x02\x12\x11\n\rVERDICT_BLOCK\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14sieve/v1/types.proto\x12\x08sieve.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"}\n\x0cStatusChange\x12$\n\x06status\x18\x01 \x01(\x0e\x32\x14.sieve.v1.TaskStatus\x12&\n\x02\x61t\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"\xcd\x01\n\x03Hit\x12\x0c\n\x04word\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61tegory\x18\x02 \x01(\t\x12\x10\n\x08severity\x18\x03 \x01(\x05\x12\r\n\x05start\x18\x04 \x01(\r\x12\x0b\n\x03\x65nd\x18\x05 \x01(\r\x12\x14\n\x0cmatched_text\x18\x06 \x01(\t\x12\x11\n\x04line\x18\x07 \x01(\rH\x00\x88\x01\x01\x12\x12\n\nline_start\x18\x08 \x01(\r\x12\x10\n\x08line_end\x18\t \x01(\r\x12 \n\x05spans\x18\n \x03(\x0b\x32\x11.sieve.v1.HitSpanB\x07\n\x05_line\"3\n\x07HitSpan\x12\x0c\n\x04line\x18\x01 \x01(\r\x12\r\n\x05start\x18\x02 \x01(\r\x12\x0b\n\x03\x65nd\x18\x03 \x01(\r\"\x1d\n\x05Point\x12\t\n\x01x\x18\x01 \x01(\x05\x12\t\n\x01y\x18\x02 \x01(\x05\"I\n\x07OcrLine\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x12\n\nconfidence\x18\x02 \x01(\x02\x12\x1c\n\x03\x62ox\x18\x03 \x03(\x0b\x32\x0f.sieve.v1.Point\"~\n\rOcrModeSwitch\x12\x11\n\tfrom_mode\x18\x01 \x01(\t\x12\x0f\n\x07to_mode\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12&\n\x02\x61t\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\trebuild_s\x18\x05 \x01(\x01\"\xba\x02\n\x06OcrRun\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x03 \x01(\t\x12\x11\n\tsimulated\x18\x04 \x01(\x08\x12,\n\x06models\x18\x05 \x03(\x0b\x32\x1c.sieve.v1.OcrRun.ModelsEntry\x12\x0e\n\x06source\x18\x06 \x01(\t\x12\x14\n\x0cimage_format\x18\x07 \x01(\t\x12\x13\n\x0bimage_width\x18\x08 \x01(\r\x12\x14\n\x0cimage_height\x18\t \x01(\r\x12\x13\n\x0b\x62oxes_found\x18\n \x01(\r\x12,\n\x0bmode_switch\x18\x0b \x01(\x0b\x32\x17.sieve.v1.OcrModeSwitch\x1a-\n\x0bModelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x9a\x03\n\x0f\x44\x65tectionResult\x12\"\n\x07verdict\x18\x01 \x01(\x0e\x32\x11.sieve.v1.Verdict\x12\x1b\n\x04hits\x18\x02 \x03(\x0b\x32\r.sieve.v1.Hit\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\tworker_id\x18\x04 \x01(\t\x12.\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12 \n\x05lines\x18\x06 \x03(\x0b\x32\x11.sieve.v1.OcrLine\x12<\n\ntimings_ms\x18\x07 \x03(\x0b\x32(.sieve.v1.DetectionResult.TimingsMsEntry\x12\x1a\n\x12processing_time_ms\x18\x08 \x01(\x01\x12\x17\n\x0flexicon_version\x18\t \x01(\x03\x12\x1d\n\x03ocr\x18\n \x01(\x0b\x32\x10.sieve.v1.OcrRun\x12\x0f\n\x07\x61ttempt\x18\x0b \x01(\r\x1a\x30\n\x0eTimingsMsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xf8\x03\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x11\n\tdevice_id\x18\x02 \x01(\t\x12 \n\x04type\x18\x03 \x01(\x0e\x32\x12.sieve.v1.TaskType\x12$\n\x08priority\x18\x04 \x01(\x0e\x32\x12.sieve.v1.Priority\x12$\n\x06status\x18\x05 \x01(\x0e\x32\x14.sieve.v1.TaskStatus\x12\x10\n\x08\x61ttempts\x18\x06 \x01(\r\x12.\n\ncreated_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x07history\x18\n \x03(\x0b\x32\x16.sieve.v1.StatusChange\x12)\n\x06result\x18\x0b \x01(\x0b\x32\x19.sieve.v1.DetectionResult\x12\r\n\x05\x65rror\x18\x0c \x01(\t\x12\x17\n\x0fidempotency_key\x18\r \x01(\t\x12*\n\x0b\x61ttempt_log\x18\x0e \x03(\x0b\x32\x15.sieve.v1.TaskAttempt\x12\x14\n\x0cmax_attempts\x18\x0f \x01(\r\"\xc5\x02\n\x0bTaskAttempt\x12\r\n\x05lease\x18\x01 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12/\n\x0b\x61ssigned_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nstarted_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nded_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12%\n\x07outcome\x18\x07 \x01(\x0e\x32\x14.sieve.v1.TaskStatus\x12\x0e\n\x06\x64\x65tail\x18\x08 \x01(\t\x12\x0f\n\x07\x63ounted\x18\t \x01(\x08\x12,\n\x08retry_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp*R\n\x08TaskType\x12\x19\n\x15TASK_TYPE_UNSPECIFIED\x10\x00\x12\x12\n\x0eTASK_TYPE_TEXT\x10\x01\x12\x17\n\x13TASK_TYPE_OCR_IMAGE\x10\x02*\x8e\x01\n\x08Priority\x12\x18\n\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x17\n\x13PRIORITY_BACKGROUND\x10\x01\x12\x10\n\x0cPRIORITY_LOW\x10\x02\x12\x13\n\x0fPRIORITY_NORMAL\x10\x03\x12\x11\n\rPRIORITY_HIGH\x10\x04\x12\x15\n\x11PRIORITY_CRITICAL\x10\x05*\xfb\x01\n\nTaskStatus\x12\x1b\n\x17TASK_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13TASK_STATUS_PENDING\x10\x01\x12\x18\n\x14TASK_STATUS_ASSIGNED\x10\x02\x12\x17\n\x13TASK_STATUS_RUNNING\x10\x03\x12\x19\n\x15TASK_STATUS_SUCCEEDED\x10\x04\x12\x16\n\x12TASK_STATUS_FAILED\x10\x05\x12\x17\n\x13TASK_STATUS_EXPIRED\x10\x06\x12\x19\n\x15TASK_STATUS_CANCELLED\x10\x07\x12\x1d\n\x19TASK_STATUS_DEAD_LETTERED\x10\x08*[\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x10\n\x0cVERDICT_PASS\x10\x01\x12\x12\n\x0eVERDICT_REVIEW\x10\x02\x12\x11\n\rVERDICT_BLOCK\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sieve.v1.types_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TASKTYPE']._serialized_start=1302
-  _globals['_TASKTYPE']._serialized_end=1384
-  _globals['_PRIORITY']._serialized_start=1387
-  _globals['_PRIORITY']._serialized_end=1529
-  _globals['_TASKSTATUS']._serialized_start=1532
-  _globals['_TASKSTATUS']._serialized_end=1783
-  _globals['_VERDICT']._serialized_start=1785
-  _globals['_VERDICT']._serialized_end=1876
+  _globals['_OCRRUN_MODELSENTRY']._loaded_options = None
+  _globals['_OCRRUN_MODELSENTRY']._serialized_options = b'8\001'
+  _globals['_DETECTIONRESULT_TIMINGSMSENTRY']._loaded_options = None
+  _globals['_DETECTIONRESULT_TIMINGSMSENTRY']._serialized_options = b'8\001'
+  _globals['_TASKTYPE']._serialized_start=2254
+  _globals['_TASKTYPE']._serialized_end=2336
+  _globals['_PRIORITY']._serialized_start=2339
+  _globals['_PRIORITY']._serialized_end=2481
+  _globals['_TASKSTATUS']._serialized_start=2484
+  _globals['_TASKSTATUS']._serialized_end=2735
+  _globals['_VERDICT']._serialized_start=2737
+  _globals['_VERDICT']._serialized_end=2828
   _globals['_STATUSCHANGE']._serialized_start=67
   _globals['_STATUSCHANGE']._serialized_end=192
-  _globals['_HIT']._serialized_start=194
-  _globals['_HIT']._serialized_end=299
-  _globals['_DETECTIONRESULT']._serialized_start=302
-  _globals['_DETECTIONRESULT']._serialized_end=465
-  _globals['_TASK']._serialized_start=468
-  _globals['_TASK']._serialized_end=972
-  _globals['_TASKATTEMPT']._serialized_start=975
-  _globals['_TASKATTEMPT']._serialized_end=1300
+  _globals['_HIT']._serialized_start=195
+  _globals['_HIT']._serialized_end=400
+  _globals['_HITSPAN']._serialized_start=402
+  _globals['_HITSPAN']._serialized_end=453
+  _globals['_POINT']._serialized_start=455
+  _globals['_POINT']._serialized_end=484
+  _globals['_OCRLINE']._serialized_start=486
+  _globals['_OCRLINE']._serialized_end=559
+  _globals['_OCRMODESWITCH']._serialized_start=561
+  _globals['_OCRMODESWITCH']._serialized_end=687
+  _globals['_OCRRUN']._serialized_start=690
+  _globals['_OCRRUN']._serialized_end=1004
+  _globals['_OCRRUN_MODELSENTRY']._serialized_start=959
+  _globals['_OCRRUN_MODELSENTRY']._serialized_end=1004
+  _globals['_DETECTIONRESULT']._serialized_start=1007
+  _globals['_DETECTIONRESULT']._serialized_end=1417
+  _globals['_DETECTIONRESULT_TIMINGSMSENTRY']._serialized_start=1369
+  _globals['_DETECTIONRESULT_TIMINGSMSENTRY']._serialized_end=1417
+  _globals['_TASK']._serialized_start=1420
+  _globals['_TASK']._serialized_end=1924
+  _globals['_TASKATTEMPT']._serialized_start=1927
+  _globals['_TASKATTEMPT']._serialized_end=2252
 # @@protoc_insertion_point(module_scope)

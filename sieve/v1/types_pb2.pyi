@@ -79,34 +79,136 @@ class StatusChange(_message.Message):
     def __init__(self, status: _Optional[_Union[TaskStatus, str]] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempt: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class Hit(_message.Message):
-    __slots__ = ("word", "category", "severity", "start", "end", "matched_text")
+    __slots__ = ("word", "category", "severity", "start", "end", "matched_text", "line", "line_start", "line_end", "spans")
     WORD_FIELD_NUMBER: _ClassVar[int]
     CATEGORY_FIELD_NUMBER: _ClassVar[int]
     SEVERITY_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     MATCHED_TEXT_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    LINE_START_FIELD_NUMBER: _ClassVar[int]
+    LINE_END_FIELD_NUMBER: _ClassVar[int]
+    SPANS_FIELD_NUMBER: _ClassVar[int]
     word: str
     category: str
     severity: int
     start: int
     end: int
     matched_text: str
-    def __init__(self, word: _Optional[str] = ..., category: _Optional[str] = ..., severity: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., matched_text: _Optional[str] = ...) -> None: ...
+    line: int
+    line_start: int
+    line_end: int
+    spans: _containers.RepeatedCompositeFieldContainer[HitSpan]
+    def __init__(self, word: _Optional[str] = ..., category: _Optional[str] = ..., severity: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., matched_text: _Optional[str] = ..., line: _Optional[int] = ..., line_start: _Optional[int] = ..., line_end: _Optional[int] = ..., spans: _Optional[_Iterable[_Union[HitSpan, _Mapping]]] = ...) -> None: ...
+
+class HitSpan(_message.Message):
+    __slots__ = ("line", "start", "end")
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    line: int
+    start: int
+    end: int
+    def __init__(self, line: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+
+class Point(_message.Message):
+    __slots__ = ("x", "y")
+    X_FIELD_NUMBER: _ClassVar[int]
+    Y_FIELD_NUMBER: _ClassVar[int]
+    x: int
+    y: int
+    def __init__(self, x: _Optional[int] = ..., y: _Optional[int] = ...) -> None: ...
+
+class OcrLine(_message.Message):
+    __slots__ = ("text", "confidence", "box")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    BOX_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    confidence: float
+    box: _containers.RepeatedCompositeFieldContainer[Point]
+    def __init__(self, text: _Optional[str] = ..., confidence: _Optional[float] = ..., box: _Optional[_Iterable[_Union[Point, _Mapping]]] = ...) -> None: ...
+
+class OcrModeSwitch(_message.Message):
+    __slots__ = ("from_mode", "to_mode", "reason", "at", "rebuild_s")
+    FROM_MODE_FIELD_NUMBER: _ClassVar[int]
+    TO_MODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    REBUILD_S_FIELD_NUMBER: _ClassVar[int]
+    from_mode: str
+    to_mode: str
+    reason: str
+    at: _timestamp_pb2.Timestamp
+    rebuild_s: float
+    def __init__(self, from_mode: _Optional[str] = ..., to_mode: _Optional[str] = ..., reason: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., rebuild_s: _Optional[float] = ...) -> None: ...
+
+class OcrRun(_message.Message):
+    __slots__ = ("engine", "mode", "device", "simulated", "models", "source", "image_format", "image_width", "image_height", "boxes_found", "mode_switch")
+    class ModelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    SIMULATED_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    BOXES_FOUND_FIELD_NUMBER: _ClassVar[int]
+    MODE_SWITCH_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    mode: str
+    device: str
+    simulated: bool
+    models: _containers.ScalarMap[str, str]
+    source: str
+    image_format: str
+    image_width: int
+    image_height: int
+    boxes_found: int
+    mode_switch: OcrModeSwitch
+    def __init__(self, engine: _Optional[str] = ..., mode: _Optional[str] = ..., device: _Optional[str] = ..., simulated: _Optional[bool] = ..., models: _Optional[_Mapping[str, str]] = ..., source: _Optional[str] = ..., image_format: _Optional[str] = ..., image_width: _Optional[int] = ..., image_height: _Optional[int] = ..., boxes_found: _Optional[int] = ..., mode_switch: _Optional[_Union[OcrModeSwitch, _Mapping]] = ...) -> None: ...
 
 class DetectionResult(_message.Message):
-    __slots__ = ("verdict", "hits", "text", "worker_id", "created_at")
+    __slots__ = ("verdict", "hits", "text", "worker_id", "created_at", "lines", "timings_ms", "processing_time_ms", "lexicon_version", "ocr", "attempt")
+    class TimingsMsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     HITS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_MS_FIELD_NUMBER: _ClassVar[int]
+    PROCESSING_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    LEXICON_VERSION_FIELD_NUMBER: _ClassVar[int]
+    OCR_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     verdict: Verdict
     hits: _containers.RepeatedCompositeFieldContainer[Hit]
     text: str
     worker_id: str
     created_at: _timestamp_pb2.Timestamp
-    def __init__(self, verdict: _Optional[_Union[Verdict, str]] = ..., hits: _Optional[_Iterable[_Union[Hit, _Mapping]]] = ..., text: _Optional[str] = ..., worker_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    lines: _containers.RepeatedCompositeFieldContainer[OcrLine]
+    timings_ms: _containers.ScalarMap[str, float]
+    processing_time_ms: float
+    lexicon_version: int
+    ocr: OcrRun
+    attempt: int
+    def __init__(self, verdict: _Optional[_Union[Verdict, str]] = ..., hits: _Optional[_Iterable[_Union[Hit, _Mapping]]] = ..., text: _Optional[str] = ..., worker_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lines: _Optional[_Iterable[_Union[OcrLine, _Mapping]]] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., processing_time_ms: _Optional[float] = ..., lexicon_version: _Optional[int] = ..., ocr: _Optional[_Union[OcrRun, _Mapping]] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ("task_id", "device_id", "type", "priority", "status", "attempts", "created_at", "updated_at", "expires_at", "history", "result", "error", "idempotency_key", "attempt_log", "max_attempts")

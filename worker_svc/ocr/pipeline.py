@@ -105,7 +105,7 @@ async def run_ocr(
     }
     if inference.switch is not None:
         ocr["mode_switch"] = inference.switch.as_json()
-    details = {"ocr": ocr, "timings_ms": timings}
+    details = {"ocr": ocr, "timings_ms": timings, "lexicon_version": matcher.version}
     return Outcome(
         task_id=task.task_id,
         attempt=task.attempt,

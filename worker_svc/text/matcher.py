@@ -81,9 +81,11 @@ class Matcher:
     hits, ``PASS`` if there are none. An empty lexicon always gives ``PASS``.
     """
 
-    __slots__ = ("_automaton", "_block_severity", "_entries")
+    __slots__ = ("_automaton", "_block_severity", "_entries", "version")
 
-    def __init__(self, entries: Iterable[LexiconEntry], block_severity: int = 3) -> None:
+    def __init__(self, entries: Iterable[LexiconEntry], block_severity: int = 3, version: int = -1) -> None:
+        #: the lexicon version the entries came from (-1: not from the lexicon table), stored with each result
+        self.version = version
         chosen: dict[str, LexiconEntry] = {}
         for entry in entries:
             key = normalize_word(entry.word)

@@ -14,6 +14,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import grpc
 import pytest
@@ -113,6 +114,35 @@ async def test_rendered_chinese_and_english_images_are_read_within_two_percent_c
     line = details["ocr"]["lines"][0]
     assert 0.5 <= line["confidence"] <= 1 and len(line["box"]) == 4
     assert {"decode", "queue", "detect", "recognise", "match", "total"} <= details["timings_ms"].keys()
+
+    # And GetTask returns all of it: the lines with confidence and box, each hit's line and offsets in it, the
+    # timings and processing time, the mode, models and image, the lexicon version
+    lexicon_version = await platform.pg.fetchval("SELECT version FROM lexicon_version")
+    for task in tasks:
+        result, stored = task.result, await details_of(platform, task.task_id)
+        assert [line.text for line in result.lines] == [line["text"] for line in stored["ocr"]["lines"]]
+        assert "\n".join(line.text for line in result.lines) == result.text
+        for line, raw in zip(result.lines, stored["ocr"]["lines"], strict=True):
+            assert abs(line.confidence - raw["confidence"]) < 1e-6
+            assert [(p.x, p.y) for p in line.box] == [(round(x), round(y)) for x, y in raw["box"]]
+        for hit in result.hits:
+            assert hit.HasField("line") and hit.spans
+            head = hit.spans[0]
+            assert (head.line, head.start, head.end) == (hit.line, hit.line_start, hit.line_end)
+            in_lines = "".join(result.lines[s.line].text[s.start : s.end] for s in hit.spans)
+            assert in_lines == hit.matched_text.replace("\n", "")
+        assert dict(result.timings_ms) == stored["timings_ms"]
+        assert result.processing_time_ms == stored["timings_ms"]["total"] > 0
+        assert result.lexicon_version == lexicon_version >= 1
+        assert result.ocr.mode == "cpu" and result.ocr.device == stored["ocr"]["device"] and not result.ocr.simulated
+        assert set(result.ocr.models) == {"det", "rec", "source"} and result.ocr.models["rec"]
+        image = stored["ocr"]["image"]
+        assert (result.ocr.image_format, result.ocr.image_width, result.ocr.image_height) == (
+            image["format"],
+            image["width"],
+            image["height"],
+        )
+        assert result.ocr.boxes_found >= len(result.lines) and not result.ocr.HasField("mode_switch")
     # And the image bytes are kept (default retention)
     kept = await platform.pg.fetchval("SELECT count(*) FROM tasks WHERE payload_bytes IS NOT NULL")
     assert kept == len(SAMPLES)
@@ -194,6 +224,11 @@ async def test_an_injected_gpu_out_of_memory_switches_the_worker_to_cpu_and_the_
     switch = details["ocr"]["mode_switch"]
     assert (switch["from"], switch["to"]) == ("gpu", "cpu")
     assert "Out of memory error on GPU 0" in switch["reason"] and "MemoryError" in switch["reason"]
+    # And GetTask says so too: the switch, its time, and the mode the task was read in
+    shown = task.result.ocr.mode_switch
+    assert (shown.from_mode, shown.to_mode, shown.reason) == ("gpu", "cpu", switch["reason"])
+    assert shown.at.ToDatetime(tzinfo=UTC) == datetime.fromisoformat(switch["at"]) and shown.rebuild_s >= 0
+    assert task.result.ocr.mode == "cpu"
     # And the worker is in CPU mode for good, logged the switch and registered again without a GPU
     assert not worker.ocr.gpu and len(worker.ocr.switches) == 1
     assert not worker.puller.gpu

@@ -26,6 +26,13 @@ async def test_a_submitted_text_is_matched_and_its_result_comes_back(platform: P
     for hit in task.result.hits:
         assert "这里有 赌.博 和 ｃａｓｉｎｏ 的广告"[hit.start : hit.end] == hit.matched_text
     assert task.result.verdict != types_pb2.VERDICT_PASS
+    # And the result says what the worker measured and matched against: its match time, the lexicon version
+    lexicon_version = await platform.pg.fetchval("SELECT version FROM lexicon_version")
+    assert task.result.lexicon_version == lexicon_version >= 1
+    assert list(task.result.timings_ms) == ["match"] and task.result.timings_ms["match"] >= 0
+    assert task.result.processing_time_ms == task.result.timings_ms["match"]
+    assert task.result.attempt == 1 and not task.result.lines and not task.result.HasField("ocr")
+    assert all(not h.HasField("line") for h in task.result.hits)
     statuses = [h.status for h in task.history]
     assert statuses == [
         types_pb2.TASK_STATUS_PENDING,

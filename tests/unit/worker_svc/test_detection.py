@@ -1,5 +1,6 @@
 """A text's result as the worker stores it: the hits JSON holds each hit's fields as `dataclasses.asdict` gives
-them (in the matcher's order), an empty list when nothing matched, and the details JSON the match time."""
+them (in the matcher's order), an empty list when nothing matched, and the details JSON the match time and the
+lexicon version the text was matched against."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def test_the_stored_hits_and_details_are_the_matchers_own() -> None:
             LexiconEntry("casino", "gambling", 2),
             LexiconEntry("加微信", "spam", 1),
             LexiconEntry("免费领取", "spam", 1),
-        ]
+        ],
+        version=7,
     )
     for text in TEXTS[:3]:
         task = Started(uuid.uuid4(), "TEXT", 1, text, None, None, None)
@@ -30,7 +32,8 @@ def test_the_stored_hits_and_details_are_the_matchers_own() -> None:
         assert json.loads(outcome.hits_json) == expected
         assert (outcome.hits_json == "[]") == (not expected)
         details = json.loads(outcome.details_json)
-        assert list(details) == ["timings_ms"] and list(details["timings_ms"]) == ["match"]
+        assert list(details) == ["timings_ms", "lexicon_version"] and list(details["timings_ms"]) == ["match"]
+        assert details["lexicon_version"] == 7
         assert isinstance(details["timings_ms"]["match"], float) and details["timings_ms"]["match"] >= 0
     # texts with hits were in the sample, and the positions point into the original text
     first = json.loads(
