@@ -8,6 +8,7 @@ in order: an ASSIGNED opens an attempt, the RUNNING right after it and the next 
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -61,6 +62,7 @@ def new_task_message(task: NewTask, stamps: dict[datetime, timestamp_pb2.Timesta
         ],
         idempotency_key=task.idempotency_key or "",
         max_attempts=task.max_attempts or 0,
+        labels=task.labels or {},
     )
 
 
@@ -162,6 +164,12 @@ def _get(row: asyncpg.Record, column: str) -> Any:
         return None
 
 
+def _labels(value: Any) -> dict[str, str]:
+    if isinstance(value, str):  # a connection without the jsonb codec
+        value = json.loads(value)
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
 def task_message(row: asyncpg.Record, result: asyncpg.Record | None = None) -> types_pb2.Task:
     history = [
         types_pb2.StatusChange(
@@ -184,6 +192,7 @@ def task_message(row: asyncpg.Record, result: asyncpg.Record | None = None) -> t
         idempotency_key=row["idempotency_key"] or "",
         attempt_log=attempt_log(row["history"]),
         max_attempts=_get(row, "max_attempts") or 0,
+        labels=_labels(_get(row, "labels")),
     )
     if result is not None:
         task.result.CopyFrom(result_message(result))

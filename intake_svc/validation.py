@@ -7,6 +7,7 @@ gets the fingerprint of its request (`intake_svc.idempotency`).
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -29,6 +30,10 @@ MAX_URL = 2048
 MAX_TTL_S = 7 * 24 * 3600
 #: a MAC address in its longest spelling, with blanks around it
 MAX_DEVICE_ID = 64
+#: TaskSpec.labels: how many, a key's form, a value's length
+MAX_LABELS = 16
+MAX_LABEL_VALUE = 256
+_LABEL_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,62}")
 
 _IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"BM")
 
@@ -64,6 +69,7 @@ def validate_spec(
     ttl_s, requested_ttl_ms = _ttl(spec, field, settings)
     if spec.max_attempts > settings.max_attempts:  # 0: the setting
         raise InvalidInput(f"{field}.max_attempts", f"must be at most {settings.max_attempts} (the global limit)")
+    labels = _labels(spec, field)
 
     digest = None
     if key is not None:  # only a keyed task is compared with an earlier one
@@ -74,6 +80,7 @@ def validate_spec(
             spec.WhichOneof("payload") or "",
             payload.content(),
             spec.max_attempts,
+            labels,
         )
 
     return NewTask(
@@ -91,7 +98,26 @@ def validate_spec(
         trace_context=trace_context,
         fingerprint=digest,
         max_attempts=spec.max_attempts or None,
+        labels=labels,
     )
+
+
+def _labels(spec: intake_pb2.TaskSpec, field: str) -> dict[str, str] | None:
+    """The spec's labels, sorted by key (None when it has none), or InvalidInput naming the label."""
+    if not spec.labels:
+        return None
+    if len(spec.labels) > MAX_LABELS:
+        raise InvalidInput(f"{field}.labels", f"has {len(spec.labels)} labels: at most {MAX_LABELS}")
+    for key, value in spec.labels.items():
+        if not _LABEL_KEY.fullmatch(key):
+            raise InvalidInput(
+                f"{field}.labels",
+                f"key {shown(key)} must be 1 to 63 letters, digits and _ . - / (starting with a letter, digit or _)",
+            )
+        problem = text_problem(value, max_chars=MAX_LABEL_VALUE, printable=True)
+        if problem is not None:
+            raise InvalidInput(f"{field}.labels[{key}]", problem)
+    return dict(sorted(spec.labels.items()))
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ The lifecycle of one hand-out, each step fenced by the lease number (it only gro
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -82,6 +83,8 @@ class NewTask:
     fingerprint: bytes | None = None
     #: counted attempts after which it is dead-lettered (TaskSpec.max_attempts); None: the global setting
     max_attempts: int | None = None
+    #: the caller's labels (TaskSpec.labels), None when it gave none
+    labels: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,9 +188,9 @@ class TaskStore:
             WITH u AS (
                 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::text[], $6::text[],
                                      $7::text[], $8::bytea[], $9::text[], $10::timestamptz[], $11::timestamptz[],
-                                     $12::text[], $13::bytea[], $14::smallint[]) WITH ORDINALITY
+                                     $12::text[], $13::bytea[], $14::smallint[], $15::text[]) WITH ORDINALITY
                      AS u(id, device, type, priority, caller, key, text, image, url, created, expires, trace,
-                          fingerprint, max_attempts, n)
+                          fingerprint, max_attempts, labels, n)
             ), claimed AS (
                 INSERT INTO idempotency_keys (caller, device, key, task_id, created_at)
                 SELECT caller, device, key, id, created FROM u WHERE key IS NOT NULL ORDER BY n
@@ -196,9 +199,10 @@ class TaskStore:
             )
             INSERT INTO tasks (id, device, type, priority, status, caller, idempotency_key, payload_text,
                                payload_bytes, payload_url, created_at, updated_at, expires_at, enqueued_at,
-                               trace_context, fingerprint, max_attempts, history)
+                               trace_context, fingerprint, max_attempts, labels, history)
             SELECT u.id, u.device, u.type, u.priority, 'PENDING', u.caller, u.key, u.text, u.image, u.url,
                    u.created, u.created, u.expires, u.created, u.trace, u.fingerprint, u.max_attempts,
+                   u.labels::jsonb,
                    jsonb_build_array(jsonb_build_object('status', 'PENDING', 'at', u.created,
                                                         'attempt', 0, 'detail', 'accepted from ' || u.caller))
             FROM u
@@ -220,6 +224,7 @@ class TaskStore:
             [t.trace_context for t in tasks],
             [t.fingerprint for t in tasks],
             [t.max_attempts for t in tasks],
+            [None if t.labels is None else json.dumps(t.labels, ensure_ascii=False) for t in tasks],
         )
         created = {r["id"] for r in rows}
         repeated = [t for t in tasks if t.task_id not in created]

@@ -27,43 +27,47 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from sieve.v1 import types_pb2 as sieve_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15sieve/v1/intake.proto\x12\x08sieve.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14sieve/v1/types.proto\"\xfd\x01\n\x08TaskSpec\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12 \n\x04type\x18\x02 \x01(\x0e\x32\x12.sieve.v1.TaskType\x12$\n\x08priority\x18\x03 \x01(\x0e\x32\x12.sieve.v1.Priority\x12\x0e\n\x04text\x18\x04 \x01(\tH\x00\x12\x0f\n\x05image\x18\x05 \x01(\x0cH\x00\x12\x13\n\timage_url\x18\x06 \x01(\tH\x00\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\x12&\n\x03ttl\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cmax_attempts\x18\t \x01(\rB\t\n\x07payload\"1\n\rSubmitRequest\x12 \n\x04task\x18\x01 \x01(\x0b\x32\x12.sieve.v1.TaskSpec\"D\n\x0eSubmitResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.sieve.v1.Task\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x08\"7\n\x12SubmitBatchRequest\x12!\n\x05tasks\x18\x01 \x03(\x0b\x32\x12.sieve.v1.TaskSpec\"\x94\x01\n\x0fSubmitBatchItem\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.sieve.v1.Task\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x08\x12\x0c\n\x04\x63ode\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\x12.\n\x0bretry_after\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"?\n\x13SubmitBatchResponse\x12(\n\x05items\x18\x01 \x03(\x0b\x32\x19.sieve.v1.SubmitBatchItem\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"/\n\x0fGetTaskResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.sieve.v1.Task\"$\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"2\n\x12\x43\x61ncelTaskResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.sieve.v1.Task\"p\n\x0b\x44\x65viceOwner\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x0e\n\x06\x63\x61ller\x18\x02 \x01(\t\x12)\n\x05since\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x61ssigned_by\x18\x04 \x01(\t\"8\n\x13\x41ssignDeviceRequest\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x0e\n\x06\x63\x61ller\x18\x02 \x01(\t\"U\n\x14\x41ssignDeviceResponse\x12$\n\x05owner\x18\x01 \x01(\x0b\x32\x15.sieve.v1.DeviceOwner\x12\x17\n\x0fprevious_caller\x18\x02 \x01(\t\"*\n\x15GetDeviceOwnerRequest\x12\x11\n\tdevice_id\x18\x01 \x01(\t\">\n\x16GetDeviceOwnerResponse\x12$\n\x05owner\x18\x01 \x01(\x0b\x32\x15.sieve.v1.DeviceOwner2\xc5\x03\n\rIntakeService\x12;\n\x06Submit\x12\x17.sieve.v1.SubmitRequest\x1a\x18.sieve.v1.SubmitResponse\x12J\n\x0bSubmitBatch\x12\x1c.sieve.v1.SubmitBatchRequest\x1a\x1d.sieve.v1.SubmitBatchResponse\x12>\n\x07GetTask\x12\x18.sieve.v1.GetTaskRequest\x1a\x19.sieve.v1.GetTaskResponse\x12G\n\nCancelTask\x12\x1b.sieve.v1.CancelTaskRequest\x1a\x1c.sieve.v1.CancelTaskResponse\x12M\n\x0c\x41ssignDevice\x12\x1d.sieve.v1.AssignDeviceRequest\x1a\x1e.sieve.v1.AssignDeviceResponse\x12S\n\x0eGetDeviceOwner\x12\x1f.sieve.v1.GetDeviceOwnerRequest\x1a .sieve.v1.GetDeviceOwnerResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15sieve/v1/intake.proto\x12\x08sieve.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14sieve/v1/types.proto\"\xdc\x02\n\x08TaskSpec\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12 \n\x04type\x18\x02 \x01(\x0e\x32\x12.sieve.v1.TaskType\x12$\n\x08priority\x18\x03 \x01(\x0e\x32\x12.sieve.v1.Priority\x12\x0e\n\x04text\x18\x04 \x01(\tH\x00\x12\x0f\n\x05image\x18\x05 \x01(\x0cH\x00\x12\x13\n\timage_url\x18\x06 \x01(\tH\x00\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\x12&\n\x03ttl\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cmax_attempts\x18\t \x01(\r\x12.\n\x06labels\x18\n \x03(\x0b\x32\x1e.sieve.v1.TaskSpec.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\t\n\x07payload\"1\n\rSubmitRequest\x12 \n\x04task\x18\x01 \x01(\x0b\x32\x12.sieve.v1.TaskSpec\"D\n\x0eSubmitResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.sieve.v1.Task\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x08\"7\n\x12SubmitBatchRequest\x12!\n\x05tasks\x18\x01 \x03(\x0b\x32\x12.sieve.v1.TaskSpec\"\x94\x01\n\x0fSubmitBatchItem\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.sieve.v1.Task\x12\x14\n\x0c\x64\x65\x64uplicated\x18\x02 \x01(\x08\x12\x0c\n\x04\x63ode\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\x12.\n\x0bretry_after\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"?\n\x13SubmitBatchResponse\x12(\n\x05items\x18\x01 \x03(\x0b\x32\x19.sieve.v1.SubmitBatchItem\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"/\n\x0fGetTaskResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.sieve.v1.Task\"$\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"2\n\x12\x43\x61ncelTaskResponse\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.sieve.v1.Task\"p\n\x0b\x44\x65viceOwner\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x0e\n\x06\x63\x61ller\x18\x02 \x01(\t\x12)\n\x05since\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x61ssigned_by\x18\x04 \x01(\t\"8\n\x13\x41ssignDeviceRequest\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x0e\n\x06\x63\x61ller\x18\x02 \x01(\t\"U\n\x14\x41ssignDeviceResponse\x12$\n\x05owner\x18\x01 \x01(\x0b\x32\x15.sieve.v1.DeviceOwner\x12\x17\n\x0fprevious_caller\x18\x02 \x01(\t\"*\n\x15GetDeviceOwnerRequest\x12\x11\n\tdevice_id\x18\x01 \x01(\t\">\n\x16GetDeviceOwnerResponse\x12$\n\x05owner\x18\x01 \x01(\x0b\x32\x15.sieve.v1.DeviceOwner2\xc5\x03\n\rIntakeService\x12;\n\x06Submit\x12\x17.sieve.v1.SubmitRequest\x1a\x18.sieve.v1.SubmitResponse\x12J\n\x0bSubmitBatch\x12\x1c.sieve.v1.SubmitBatchRequest\x1a\x1d.sieve.v1.SubmitBatchResponse\x12>\n\x07GetTask\x12\x18.sieve.v1.GetTaskRequest\x1a\x19.sieve.v1.GetTaskResponse\x12G\n\nCancelTask\x12\x1b.sieve.v1.CancelTaskRequest\x1a\x1c.sieve.v1.CancelTaskResponse\x12M\n\x0c\x41ssignDevice\x12\x1d.sieve.v1.AssignDeviceRequest\x1a\x1e.sieve.v1.AssignDeviceResponse\x12S\n\x0eGetDeviceOwner\x12\x1f.sieve.v1.GetDeviceOwnerRequest\x1a .sieve.v1.GetDeviceOwnerResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sieve.v1.intake_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_TASKSPEC_LABELSENTRY']._loaded_options = None
+  _globals['_TASKSPEC_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_TASKSPEC']._serialized_start=123
-  _globals['_TASKSPEC']._serialized_end=376
-  _globals['_SUBMITREQUEST']._serialized_start=378
-  _globals['_SUBMITREQUEST']._serialized_end=427
-  _globals['_SUBMITRESPONSE']._serialized_start=429
-  _globals['_SUBMITRESPONSE']._serialized_end=497
-  _globals['_SUBMITBATCHREQUEST']._serialized_start=499
-  _globals['_SUBMITBATCHREQUEST']._serialized_end=554
-  _globals['_SUBMITBATCHITEM']._serialized_start=557
-  _globals['_SUBMITBATCHITEM']._serialized_end=705
-  _globals['_SUBMITBATCHRESPONSE']._serialized_start=707
-  _globals['_SUBMITBATCHRESPONSE']._serialized_end=770
-  _globals['_GETTASKREQUEST']._serialized_start=772
-  _globals['_GETTASKREQUEST']._serialized_end=805
-  _globals['_GETTASKRESPONSE']._serialized_start=807
-  _globals['_GETTASKRESPONSE']._serialized_end=854
-  _globals['_CANCELTASKREQUEST']._serialized_start=856
-  _globals['_CANCELTASKREQUEST']._serialized_end=892
-  _globals['_CANCELTASKRESPONSE']._serialized_start=894
-  _globals['_CANCELTASKRESPONSE']._serialized_end=944
-  _globals['_DEVICEOWNER']._serialized_start=946
-  _globals['_DEVICEOWNER']._serialized_end=1058
-  _globals['_ASSIGNDEVICEREQUEST']._serialized_start=1060
-  _globals['_ASSIGNDEVICEREQUEST']._serialized_end=1116
-  _globals['_ASSIGNDEVICERESPONSE']._serialized_start=1118
-  _globals['_ASSIGNDEVICERESPONSE']._serialized_end=1203
-  _globals['_GETDEVICEOWNERREQUEST']._serialized_start=1205
-  _globals['_GETDEVICEOWNERREQUEST']._serialized_end=1247
-  _globals['_GETDEVICEOWNERRESPONSE']._serialized_start=1249
-  _globals['_GETDEVICEOWNERRESPONSE']._serialized_end=1311
-  _globals['_INTAKESERVICE']._serialized_start=1314
-  _globals['_INTAKESERVICE']._serialized_end=1767
+  _globals['_TASKSPEC']._serialized_end=471
+  _globals['_TASKSPEC_LABELSENTRY']._serialized_start=415
+  _globals['_TASKSPEC_LABELSENTRY']._serialized_end=460
+  _globals['_SUBMITREQUEST']._serialized_start=473
+  _globals['_SUBMITREQUEST']._serialized_end=522
+  _globals['_SUBMITRESPONSE']._serialized_start=524
+  _globals['_SUBMITRESPONSE']._serialized_end=592
+  _globals['_SUBMITBATCHREQUEST']._serialized_start=594
+  _globals['_SUBMITBATCHREQUEST']._serialized_end=649
+  _globals['_SUBMITBATCHITEM']._serialized_start=652
+  _globals['_SUBMITBATCHITEM']._serialized_end=800
+  _globals['_SUBMITBATCHRESPONSE']._serialized_start=802
+  _globals['_SUBMITBATCHRESPONSE']._serialized_end=865
+  _globals['_GETTASKREQUEST']._serialized_start=867
+  _globals['_GETTASKREQUEST']._serialized_end=900
+  _globals['_GETTASKRESPONSE']._serialized_start=902
+  _globals['_GETTASKRESPONSE']._serialized_end=949
+  _globals['_CANCELTASKREQUEST']._serialized_start=951
+  _globals['_CANCELTASKREQUEST']._serialized_end=987
+  _globals['_CANCELTASKRESPONSE']._serialized_start=989
+  _globals['_CANCELTASKRESPONSE']._serialized_end=1039
+  _globals['_DEVICEOWNER']._serialized_start=1041
+  _globals['_DEVICEOWNER']._serialized_end=1153
+  _globals['_ASSIGNDEVICEREQUEST']._serialized_start=1155
+  _globals['_ASSIGNDEVICEREQUEST']._serialized_end=1211
+  _globals['_ASSIGNDEVICERESPONSE']._serialized_start=1213
+  _globals['_ASSIGNDEVICERESPONSE']._serialized_end=1298
+  _globals['_GETDEVICEOWNERREQUEST']._serialized_start=1300
+  _globals['_GETDEVICEOWNERREQUEST']._serialized_end=1342
+  _globals['_GETDEVICEOWNERRESPONSE']._serialized_start=1344
+  _globals['_GETDEVICEOWNERRESPONSE']._serialized_end=1406
+  _globals['_INTAKESERVICE']._serialized_start=1409
+  _globals['_INTAKESERVICE']._serialized_end=1862
 # @@protoc_insertion_point(module_scope)

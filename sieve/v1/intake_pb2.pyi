@@ -12,7 +12,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TaskSpec(_message.Message):
-    __slots__ = ("device_id", "type", "priority", "text", "image", "image_url", "idempotency_key", "ttl", "max_attempts")
+    __slots__ = ("device_id", "type", "priority", "text", "image", "image_url", "idempotency_key", "ttl", "max_attempts", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +29,7 @@ class TaskSpec(_message.Message):
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     device_id: str
     type: _types_pb2.TaskType
     priority: _types_pb2.Priority
@@ -31,7 +39,8 @@ class TaskSpec(_message.Message):
     idempotency_key: str
     ttl: _duration_pb2.Duration
     max_attempts: int
-    def __init__(self, device_id: _Optional[str] = ..., type: _Optional[_Union[_types_pb2.TaskType, str]] = ..., priority: _Optional[_Union[_types_pb2.Priority, str]] = ..., text: _Optional[str] = ..., image: _Optional[bytes] = ..., image_url: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ...) -> None: ...
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, device_id: _Optional[str] = ..., type: _Optional[_Union[_types_pb2.TaskType, str]] = ..., priority: _Optional[_Union[_types_pb2.Priority, str]] = ..., text: _Optional[str] = ..., image: _Optional[bytes] = ..., image_url: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
     __slots__ = ("task",)

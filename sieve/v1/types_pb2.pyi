@@ -211,7 +211,14 @@ class DetectionResult(_message.Message):
     def __init__(self, verdict: _Optional[_Union[Verdict, str]] = ..., hits: _Optional[_Iterable[_Union[Hit, _Mapping]]] = ..., text: _Optional[str] = ..., worker_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lines: _Optional[_Iterable[_Union[OcrLine, _Mapping]]] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., processing_time_ms: _Optional[float] = ..., lexicon_version: _Optional[int] = ..., ocr: _Optional[_Union[OcrRun, _Mapping]] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "device_id", "type", "priority", "status", "attempts", "created_at", "updated_at", "expires_at", "history", "result", "error", "idempotency_key", "attempt_log", "max_attempts")
+    __slots__ = ("task_id", "device_id", "type", "priority", "status", "attempts", "created_at", "updated_at", "expires_at", "history", "result", "error", "idempotency_key", "attempt_log", "max_attempts", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -227,6 +234,7 @@ class Task(_message.Message):
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_LOG_FIELD_NUMBER: _ClassVar[int]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     device_id: str
     type: TaskType
@@ -242,7 +250,8 @@ class Task(_message.Message):
     idempotency_key: str
     attempt_log: _containers.RepeatedCompositeFieldContainer[TaskAttempt]
     max_attempts: int
-    def __init__(self, task_id: _Optional[str] = ..., device_id: _Optional[str] = ..., type: _Optional[_Union[TaskType, str]] = ..., priority: _Optional[_Union[Priority, str]] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., attempts: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., history: _Optional[_Iterable[_Union[StatusChange, _Mapping]]] = ..., result: _Optional[_Union[DetectionResult, _Mapping]] = ..., error: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., attempt_log: _Optional[_Iterable[_Union[TaskAttempt, _Mapping]]] = ..., max_attempts: _Optional[int] = ...) -> None: ...
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, task_id: _Optional[str] = ..., device_id: _Optional[str] = ..., type: _Optional[_Union[TaskType, str]] = ..., priority: _Optional[_Union[Priority, str]] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., attempts: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., history: _Optional[_Iterable[_Union[StatusChange, _Mapping]]] = ..., result: _Optional[_Union[DetectionResult, _Mapping]] = ..., error: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., attempt_log: _Optional[_Iterable[_Union[TaskAttempt, _Mapping]]] = ..., max_attempts: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class TaskAttempt(_message.Message):
     __slots__ = ("lease", "attempt", "worker_id", "assigned_at", "started_at", "ended_at", "outcome", "detail", "counted", "retry_at")

@@ -244,6 +244,9 @@ def task_specs(draw: st.DrawFn) -> intake_pb2.TaskSpec:
     if draw(st.booleans()):
         seconds, nanos = draw(durations)
         spec.ttl.seconds, spec.ttl.nanos = seconds, nanos
+    if draw(st.booleans()):  # labels: plausible keys and nasty ones, any values, sometimes too many
+        label_keys = st.one_of(st.sampled_from(["student_id", "a", "x/y.z-1", "k" * 63, "k" * 64]), strings)
+        spec.labels.update(draw(st.dictionaries(label_keys, strings, max_size=20)))
     return spec
 
 
@@ -259,8 +262,12 @@ def plausible_specs(draw: st.DrawFn) -> intake_pb2.TaskSpec:
     )
     if draw(st.booleans()):
         spec.idempotency_key = draw(st.sampled_from(KEYS))
-    wild = draw(st.sampled_from(["none", "none", "text", "device", "key", "ttl", "image", "url"]))
-    if wild == "text":
+    if draw(st.booleans()):
+        spec.labels.update({"student_id": draw(st.sampled_from(["s-1", "s-2"]))})
+    wild = draw(st.sampled_from(["none", "none", "text", "device", "key", "ttl", "image", "url", "labels"]))
+    if wild == "labels":
+        spec.labels.update(draw(st.dictionaries(strings, strings, max_size=4)))
+    elif wild == "text":
         spec.text = draw(strings)
     elif wild == "device":
         spec.device_id = draw(macs)
@@ -823,7 +830,13 @@ def any_message(draw: st.DrawFn, descriptor: Descriptor, depth: int = 0) -> byte
     for field in descriptor.fields:
         if not draw(st.booleans()):
             continue
-        if field.type == FieldDescriptor.TYPE_MESSAGE:
+        entry = field.message_type if field.type == FieldDescriptor.TYPE_MESSAGE else None
+        if entry is not None and entry.GetOptions().map_entry:  # map<scalar, scalar>: a few nasty pairs
+            key, value = entry.fields_by_name["key"], entry.fields_by_name["value"]
+            if value.type != FieldDescriptor.TYPE_MESSAGE:
+                pairs = draw(st.dictionaries(_SCALARS[key.type], _SCALARS[value.type], max_size=3))
+                getattr(message, field.name).update(pairs)
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
             if depth >= 3:
                 continue
             count = draw(st.integers(1, 3)) if field.label == FieldDescriptor.LABEL_REPEATED else 1
