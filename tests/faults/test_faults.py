@@ -21,6 +21,7 @@ from tests.faults.harness import (
     Audit,
     Load,
     audit,
+    count_refusals,
     kill9,
     start_services,
     when_holding,
@@ -39,9 +40,9 @@ def assert_clean(a: Audit) -> None:
     assert (a.duplicates, a.lost, a.extra_rows, a.pending_left) == (0, 0, 0, 0), a
 
 
-async def run_with(c: Cluster, fault) -> Load:
+async def run_with(c: Cluster, fault, batch: int = 50, pause_s: float = 0.02) -> Load:
     load = Load(c.settings)
-    runner = asyncio.create_task(load.run())
+    runner = asyncio.create_task(load.run(batch=batch, pause_s=pause_s))
     await fault()
     await runner
     return load
@@ -124,12 +125,19 @@ async def test_a_frozen_worker_past_its_lease_has_its_late_results_refused(
 
     async def fault() -> None:
         await when_results_reach(pg, 400)
-        await when_holding(c, "worker-1")
-        os.kill(c.procs["worker-1"].pid, signal.SIGSTOP)
-        await asyncio.sleep(5)  # lease TTL is 3 s: its tasks go to worker-2
-        os.kill(c.procs["worker-1"].pid, signal.SIGCONT)
+        # a text task takes a millisecond: a freeze right after worker-1 was seen holding tasks can still find
+        # it done with them (its acks sent) and then tests nothing; it is frozen again, up to three times, until
+        # what it sent late was refused (the load runs ~25 s)
+        for _ in range(3):
+            await when_holding(c, "worker-1")
+            os.kill(c.procs["worker-1"].pid, signal.SIGSTOP)
+            await asyncio.sleep(5)  # lease TTL is 3 s: its tasks go to worker-2
+            os.kill(c.procs["worker-1"].pid, signal.SIGCONT)
+            await asyncio.sleep(2)
+            if await asyncio.to_thread(count_refusals, c.log_dir):
+                break
 
-    load = await run_with(c, fault)
+    load = await run_with(c, fault, batch=50, pause_s=0.6)
     a = await audit("SIGSTOP a worker past its lease", load, pg, own_redis, c.settings, c.log_dir)
     assert_clean(a)
     # its leases ran out and were reclaimed, and what it sent late was refused

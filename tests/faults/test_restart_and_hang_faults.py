@@ -122,21 +122,29 @@ async def test_the_only_scheduler_killed_and_restarted_under_load_settles_in_fli
         # mostly finds leases written but not yet sent (orphans, put back by the sweep: no reconnect to test).
         # The workers pause while the load goes on; what the scheduler hands them meanwhile reaches their sockets,
         # and they take it up once they go on, after the kill.
+        # (a pause that finds nothing in flight — the workers holding back, no credits out — is ended and tried
+        # again a little later, up to ten times)
         workers = [c.procs[f"worker-{i}"].pid for i in (1, 2)]
-        for pid in workers:
-            os.kill(pid, signal.SIGSTOP)
-        try:
-            for _ in range(400):
-                if len(await in_flight(own_redis, c.settings.redis_prefix)) >= 10:
-                    break
-                await asyncio.sleep(0.005)
-            await asyncio.sleep(0.05)  # the hand-outs written are sent
-            kill9(c, name)
-        finally:
+        killed = False
+        for _ in range(10):
             for pid in workers:
-                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                for _ in range(400):
+                    if len(await in_flight(own_redis, c.settings.redis_prefix)) >= 10:
+                        break
+                    await asyncio.sleep(0.005)
+                await asyncio.sleep(0.05)  # the hand-outs written are sent
+                if await in_flight(own_redis, c.settings.redis_prefix):
+                    kill9(c, name)
+                    killed = True
+                    break
+            finally:
+                for pid in workers:
+                    os.kill(pid, signal.SIGCONT)
+            await asyncio.sleep(0.5)
+        assert killed, "no work was in flight to kill the scheduler under (ten pauses of the workers)"
         flying = await in_flight(own_redis, c.settings.redis_prefix)
-        assert flying, "no work was in flight to kill the scheduler under"
         name = f"scheduler-restart-{kill}"
         address = await start_scheduler(c, name)
         # Then every task in flight when it died is final within seconds of the new one serving

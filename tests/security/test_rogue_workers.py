@@ -82,15 +82,25 @@ async def test_a_rogue_stream_without_a_worker_credential_is_refused_and_receive
         "operator credential": (stack.as_("ops"), grpc.StatusCode.PERMISSION_DENIED),
     }
     for what, (caller, code) in rogues.items():
-        async with RawPull.hello(caller, "rogue", credits=100_000, gpu=True, task_types=BOTH_TYPES) as rogue:
-            assert await rogue.refused() == code, what
-        assert rogue.received == [], what
+        # (a stream the server ends before the client's first message is written can read INTERNAL on this side,
+        # grpc/grpc#36066: such a stream is opened again, up to three times; none may receive anything)
+        for _ in range(3):
+            async with RawPull.hello(caller, "rogue", credits=100_000, gpu=True, task_types=BOTH_TYPES) as rogue:
+                seen = await rogue.refused()
+            assert rogue.received == [], what
+            if seen != grpc.StatusCode.INTERNAL:
+                break
+        assert seen == code, what
         # the tests' scripted worker, which acks whatever it gets, fares no better
-        async with ScriptedWorker(
-            caller, worker_id="rogue", gpu=True, credits=100_000, task_types=BOTH_TYPES
-        ) as scripted:
-            await eventually(lambda w=scripted: _is_set(w.error), 5, f"{what}: scripted stream not refused")
-        assert scripted.error.code() == code and scripted.received == [], what
+        for _ in range(3):
+            async with ScriptedWorker(
+                caller, worker_id="rogue", gpu=True, credits=100_000, task_types=BOTH_TYPES
+            ) as scripted:
+                await eventually(lambda w=scripted: _is_set(w.error), 5, f"{what}: scripted stream not refused")
+            assert scripted.received == [], what
+            if scripted.error.code() != grpc.StatusCode.INTERNAL:
+                break
+        assert scripted.error.code() == code, what
     # the queue keeps its tasks, untouched
     assert await stack.scheduler.queues.pending() == 6
     assert await statuses(stack, ids) == Counter({"PENDING": 6})
@@ -356,7 +366,9 @@ async def test_an_unauthenticated_gpu_rogue_with_100000_credits_beside_a_real_wo
         await attacker
     assert [t.status for t in finals] == [types_pb2.TASK_STATUS_SUCCEEDED] * 30
     assert taken == []
-    assert refusals and set(refusals) == {grpc.StatusCode.UNAUTHENTICATED}
+    # (a stream refused before its first message was written may read INTERNAL here: grpc/grpc#36066)
+    assert grpc.StatusCode.UNAUTHENTICATED in refusals
+    assert set(refusals) <= {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INTERNAL}
     assert {s.worker_id for s in stack.scheduler.board.sessions} == {"real"}
 
 
@@ -380,8 +392,12 @@ async def test_revoking_a_worker_credential_ends_its_open_stream_and_what_it_hel
             assert await s.scheduler.queues.pending() == 2
             assert not sessions_of(s, "w1")
             # and a new stream with the revoked token is refused, while other workers' streams stay open
-            async with RawPull.hello(s.as_("w1"), "w1", credits=2) as again:
-                assert await again.refused() == grpc.StatusCode.UNAUTHENTICATED
-            assert again.received == [] and len(stream.received) == 2
+            for _ in range(3):  # (INTERNAL: grpc/grpc#36066, see above)
+                async with RawPull.hello(s.as_("w1"), "w1", credits=2) as again:
+                    seen = await again.refused()
+                assert again.received == []
+                if seen != grpc.StatusCode.INTERNAL:
+                    break
+            assert seen == grpc.StatusCode.UNAUTHENTICATED and len(stream.received) == 2
             assert bystander.error is None and sessions_of(s, "w2")
         assert await statuses(s, ids) == Counter({"PENDING": 2})
