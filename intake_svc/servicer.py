@@ -22,6 +22,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from intake_svc.caller_limits import permission_denied
 from intake_svc.decisions import Accepted, Conflict, Refused
+from intake_svc.listing import NotPermitted, list_page
 from intake_svc.ownership import Owner
 from intake_svc.submission import Submitter
 from intake_svc.task_view import new_task_message, task_message
@@ -222,6 +223,22 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
             )
         assert owner is not None
         return intake_pb2.GetDeviceOwnerResponse(owner=_owner_message(owner))
+
+    # --- listing -------------------------------------------------------------------------------------
+    async def ListTasks(
+        self, request: intake_pb2.ListTasksRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> intake_pb2.ListTasksResponse:
+        async def run() -> intake_pb2.ListTasksResponse | str:
+            try:
+                return await list_page(self.tasks.pool, request, current_principal.get())
+            except NotPermitted as exc:
+                return str(exc)
+
+        outcome = await self._guard(context, run)
+        if isinstance(outcome, str):
+            await rpc.abort(context, permission_denied(outcome, "NOT_AN_OPERATOR", field="caller"))
+        assert isinstance(outcome, intake_pb2.ListTasksResponse)
+        return outcome
 
 
 def _device(raw: str) -> str:

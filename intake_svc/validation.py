@@ -109,15 +109,21 @@ def _labels(spec: intake_pb2.TaskSpec, field: str) -> dict[str, str] | None:
     if len(spec.labels) > MAX_LABELS:
         raise InvalidInput(f"{field}.labels", f"has {len(spec.labels)} labels: at most {MAX_LABELS}")
     for key, value in spec.labels.items():
-        if not _LABEL_KEY.fullmatch(key):
-            raise InvalidInput(
-                f"{field}.labels",
-                f"key {shown(key)} must be 1 to 63 letters, digits and _ . - / (starting with a letter, digit or _)",
-            )
-        problem = text_problem(value, max_chars=MAX_LABEL_VALUE, printable=True)
+        problem = label_problem(key, value, f"{field}.labels")
         if problem is not None:
-            raise InvalidInput(f"{field}.labels[{key}]", problem)
+            raise InvalidInput(*problem)
     return dict(sorted(spec.labels.items()))
+
+
+def label_problem(key: str, value: str, field: str = "task.labels") -> tuple[str, str] | None:
+    """What is wrong with one label (the field to name, and why), or None."""
+    if not _LABEL_KEY.fullmatch(key):
+        why = "must be 1 to 63 letters, digits and _ . - / (starting with a letter, digit or _)"
+        return field, f"key {shown(key)} {why}"
+    problem = text_problem(value, max_chars=MAX_LABEL_VALUE, printable=True)
+    if problem is not None:
+        return f"{field}[{key}]", problem
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,3 +145,42 @@ class GetDeviceOwnerResponse(_message.Message):
     OWNER_FIELD_NUMBER: _ClassVar[int]
     owner: DeviceOwner
     def __init__(self, owner: _Optional[_Union[DeviceOwner, _Mapping]] = ...) -> None: ...
+
+class ListTasksRequest(_message.Message):
+    __slots__ = ("device_id", "statuses", "type", "verdict", "labels", "created_after", "created_before", "page_size", "page_token", "caller")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    device_id: str
+    statuses: _containers.RepeatedScalarFieldContainer[_types_pb2.TaskStatus]
+    type: _types_pb2.TaskType
+    verdict: _types_pb2.Verdict
+    labels: _containers.ScalarMap[str, str]
+    created_after: _timestamp_pb2.Timestamp
+    created_before: _timestamp_pb2.Timestamp
+    page_size: int
+    page_token: str
+    caller: str
+    def __init__(self, device_id: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[_types_pb2.TaskStatus, str]]] = ..., type: _Optional[_Union[_types_pb2.TaskType, str]] = ..., verdict: _Optional[_Union[_types_pb2.Verdict, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., caller: _Optional[str] = ...) -> None: ...
+
+class ListTasksResponse(_message.Message):
+    __slots__ = ("tasks", "next_page_token")
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[_types_pb2.Task]
+    next_page_token: str
+    def __init__(self, tasks: _Optional[_Iterable[_Union[_types_pb2.Task, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

@@ -65,6 +65,11 @@ class IntakeServiceStub:
                 request_serializer=sieve_dot_v1_dot_intake__pb2.GetDeviceOwnerRequest.SerializeToString,
                 response_deserializer=sieve_dot_v1_dot_intake__pb2.GetDeviceOwnerResponse.FromString,
                 _registered_method=True)
+        self.ListTasks = channel.unary_unary(
+                '/sieve.v1.IntakeService/ListTasks',
+                request_serializer=sieve_dot_v1_dot_intake__pb2.ListTasksRequest.SerializeToString,
+                response_deserializer=sieve_dot_v1_dot_intake__pb2.ListTasksResponse.FromString,
+                _registered_method=True)
 
 
 class IntakeServiceServicer:
@@ -115,6 +120,13 @@ class IntakeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTasks(self, request, context):
+        """Lists the caller's tasks (an operator's: every caller's, or one's), newest first, filtered, a page at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_IntakeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -147,6 +159,11 @@ def add_IntakeServiceServicer_to_server(servicer, server):
                     servicer.GetDeviceOwner,
                     request_deserializer=sieve_dot_v1_dot_intake__pb2.GetDeviceOwnerRequest.FromString,
                     response_serializer=sieve_dot_v1_dot_intake__pb2.GetDeviceOwnerResponse.SerializeToString,
+            ),
+            'ListTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTasks,
+                    request_deserializer=sieve_dot_v1_dot_intake__pb2.ListTasksRequest.FromString,
+                    response_serializer=sieve_dot_v1_dot_intake__pb2.ListTasksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -312,6 +329,33 @@ class IntakeService:
             '/sieve.v1.IntakeService/GetDeviceOwner',
             sieve_dot_v1_dot_intake__pb2.GetDeviceOwnerRequest.SerializeToString,
             sieve_dot_v1_dot_intake__pb2.GetDeviceOwnerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sieve.v1.IntakeService/ListTasks',
+            sieve_dot_v1_dot_intake__pb2.ListTasksRequest.SerializeToString,
+            sieve_dot_v1_dot_intake__pb2.ListTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,184 @@
+"""ListTasks for the intake: a `ListTasksRequest` checked and turned into a `TaskQuery` scoped to its caller (a
+client lists its own tasks; an operator every caller's, or one's), the page token, and the reply.
+
+A page token is opaque to the caller: the last id the page reached and a digest of the request's filters and
+scope, so that a token is only good for the query it came from (another query's, or a made-up one, is
+INVALID_ARGUMENT naming `page_token`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import uuid
+from datetime import UTC, datetime
+
+import asyncpg
+from google.protobuf import timestamp_pb2
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
+
+from intake_svc.task_view import task_message
+from intake_svc.validation import MAX_LABELS, label_problem
+from sieve.db.task_listing import TaskPage, TaskQuery, list_tasks
+from sieve.enums import enum_name
+from sieve.errors import InvalidInput
+from sieve.fields import shown, text_problem
+from sieve.mac import normalize_mac
+from sieve.rpc import audit
+from sieve.rpc.auth import Principal
+from sieve.v1 import intake_pb2, types_pb2
+
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+MAX_CALLER = 200
+_TOKEN_PREFIX = b"lt1"
+
+
+class NotPermitted(Exception):
+    """A client asked for another caller's tasks."""
+
+
+def query_of(request: intake_pb2.ListTasksRequest, principal: Principal) -> TaskQuery:
+    """The request's filters, scoped to what `principal` may see; InvalidInput naming a bad field, NotPermitted
+    for a client naming another caller."""
+    after = _time(request, "created_after")
+    before = _time(request, "created_before")
+    if after is not None and before is not None and after >= before:
+        raise InvalidInput("created_before", "must be later than created_after")
+    return TaskQuery(
+        _scope(request, principal),
+        _device(request),
+        _statuses(request),
+        _enum_filter(request.type, types_pb2.TaskType, "type"),
+        _enum_filter(request.verdict, types_pb2.Verdict, "verdict"),
+        _labels(request),
+        after,
+        before,
+    )
+
+
+def _scope(request: intake_pb2.ListTasksRequest, principal: Principal) -> str | None:
+    """Whose tasks: a client's own; an operator's choice (None: every caller's)."""
+    if not request.caller:
+        return None if principal.is_operator else principal.name
+    problem = text_problem(request.caller, max_chars=MAX_CALLER, printable=True)
+    if problem is not None:
+        raise InvalidInput("caller", problem)
+    if request.caller != principal.name and not principal.is_operator:
+        raise NotPermitted(f"only operators may list another caller's tasks ({shown(request.caller)})")
+    return request.caller
+
+
+def _device(request: intake_pb2.ListTasksRequest) -> str | None:
+    if not request.device_id:
+        return None
+    try:
+        if len(request.device_id) > 64:
+            raise ValueError(request.device_id)
+        return normalize_mac(request.device_id)
+    except ValueError:
+        raise InvalidInput("device_id", f"{shown(request.device_id)} is not a MAC address") from None
+
+
+def _statuses(request: intake_pb2.ListTasksRequest) -> tuple[str, ...]:
+    statuses = []
+    for i, status in enumerate(request.statuses):
+        if status == types_pb2.TASK_STATUS_UNSPECIFIED or status not in types_pb2.TaskStatus.values():
+            raise InvalidInput(f"statuses[{i}]", f"unknown status {status}")
+        statuses.append(enum_name(types_pb2.TaskStatus, status))
+    return tuple(statuses)
+
+
+def _enum_filter(value: int, enum: EnumTypeWrapper, field: str) -> str | None:
+    """The name of an enum filter's value (None: unset), or InvalidInput naming `field`."""
+    if not value:
+        return None
+    if value not in enum.values():
+        raise InvalidInput(field, f"unknown {field} {value}")
+    return enum_name(enum, value)
+
+
+def _labels(request: intake_pb2.ListTasksRequest) -> dict[str, str]:
+    if len(request.labels) > MAX_LABELS:
+        raise InvalidInput("labels", f"has {len(request.labels)} labels: at most {MAX_LABELS}")
+    for key, value in request.labels.items():
+        problem = label_problem(key, value, "labels")
+        if problem is not None:
+            raise InvalidInput(*problem)
+    return dict(request.labels)
+
+
+def _time(request: intake_pb2.ListTasksRequest, name: str) -> datetime | None:
+    if not request.HasField(name):
+        return None
+    stamp: timestamp_pb2.Timestamp = getattr(request, name)
+    if not 0 <= stamp.seconds < 253_402_300_800 or not 0 <= stamp.nanos < 1_000_000_000:  # 0001..9999
+        raise InvalidInput(name, "is not a valid time")
+    moment = stamp.ToDatetime(tzinfo=UTC)
+    if moment.year < 1970:
+        raise InvalidInput(name, "is before 1970")
+    return moment
+
+
+def page_size_of(request: intake_pb2.ListTasksRequest) -> int:
+    if request.page_size > MAX_PAGE_SIZE:
+        raise InvalidInput("page_size", f"must be at most {MAX_PAGE_SIZE}")
+    return request.page_size or DEFAULT_PAGE_SIZE
+
+
+def _digest(query: TaskQuery) -> bytes:
+    """What a token is bound to: the query's scope and filters."""
+    text = repr(
+        (
+            query.caller,
+            query.device,
+            sorted(query.statuses),
+            query.task_type,
+            query.verdict,
+            sorted(query.labels.items()),
+            query.created_after and query.created_after.isoformat(),
+            query.created_before and query.created_before.isoformat(),
+        )
+    )
+    return hashlib.sha256(text.encode()).digest()[:12]
+
+
+def encode_token(query: TaskQuery, below: uuid.UUID) -> str:
+    return base64.urlsafe_b64encode(_TOKEN_PREFIX + below.bytes + _digest(query)).decode().rstrip("=")
+
+
+def decode_token(token: str, query: TaskQuery) -> uuid.UUID | None:
+    """The id a token says to go on below (None: no token); InvalidInput for a token of another query or none."""
+    if not token:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(token[:64] + "=" * (-len(token[:64]) % 4))
+    except (binascii.Error, ValueError):
+        raw = b""
+    if len(token) > 64 or len(raw) != 31 or not raw.startswith(_TOKEN_PREFIX) or raw[19:] != _digest(query):
+        raise InvalidInput("page_token", "is not a page token of this query (send the same filters)")
+    return uuid.UUID(bytes=raw[3:19])
+
+
+def reply_of(page: TaskPage, query: TaskQuery) -> intake_pb2.ListTasksResponse:
+    tasks = []
+    for row in page.rows:
+        task = task_message(row, page.results.get(row["id"]))
+        del task.history[:]
+        del task.attempt_log[:]
+        tasks.append(task)
+    token = encode_token(query, page.next_below) if page.next_below is not None else ""
+    return intake_pb2.ListTasksResponse(tasks=tasks, next_page_token=token)
+
+
+async def list_page(
+    pool: asyncpg.Pool, request: intake_pb2.ListTasksRequest, principal: Principal
+) -> intake_pb2.ListTasksResponse:
+    """One page of ListTasks for `principal`."""
+    query = query_of(request, principal)
+    size = page_size_of(request)
+    below = decode_token(request.page_token, query)
+    if query.caller != principal.name:  # an operator reading other callers' tasks
+        audit.cross_tenant(query.caller or "*", "task list")
+    return reply_of(await list_tasks(pool, query, size, below), query)
