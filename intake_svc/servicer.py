@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import asyncpg
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
+from google.rpc import status_pb2
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -24,10 +25,12 @@ from intake_svc.caller_limits import permission_denied
 from intake_svc.decisions import Accepted, Conflict, Refused
 from intake_svc.listing import NotPermitted, list_page
 from intake_svc.ownership import Owner
+from intake_svc.reports import ReportConflict, report_message, validate_report
 from intake_svc.submission import Submitter
 from intake_svc.task_view import new_task_message, task_message
 from intake_svc.validation import parse_task_id, validate_batch, validate_spec
 from sieve import rpc
+from sieve.db.reports import ReportStore
 from sieve.db.tasks import TaskStore
 from sieve.enums import enum_value
 from sieve.errors import InvalidInput, RedisNotReady
@@ -62,6 +65,7 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
         self.queues = queues
         self.settings = settings
         self.submitter = Submitter(tasks, queues, settings)
+        self.reports = ReportStore(tasks.pool)
 
     async def _guard(self, context: grpc.aio.ServicerContext[Any, Any], call: Callable[[], Awaitable[T]]) -> T:
         try:
@@ -238,6 +242,32 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
         if isinstance(outcome, str):
             await rpc.abort(context, permission_denied(outcome, "NOT_AN_OPERATOR", field="caller"))
         assert isinstance(outcome, intake_pb2.ListTasksResponse)
+        return outcome
+
+    # --- reports of the devices' own detections ------------------------------------------------------
+    async def ReportDetection(
+        self, request: intake_pb2.ReportDetectionRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> intake_pb2.ReportDetectionResponse:
+        async def run() -> intake_pb2.ReportDetectionResponse | status_pb2.Status:
+            principal = current_principal.get()
+            report = validate_report(request, principal.name, self.settings)
+            if self.submitter.limits.claims_devices(principal):
+                owners = await self.submitter.ownership.owners([report.device], principal.name)
+                if owners[report.device] != principal.name:
+                    return permission_denied(
+                        f"device {report.device} belongs to another caller", "DEVICE_NOT_OWNED", device=report.device
+                    )
+            stored = await self.reports.store(report)
+            if not stored.same_request:
+                return ReportConflict(report.report_id).status()
+            return intake_pb2.ReportDetectionResponse(
+                report=report_message(stored.row), deduplicated=not stored.created
+            )
+
+        outcome = await self._guard(context, run)
+        if isinstance(outcome, status_pb2.Status):
+            await rpc.abort(context, outcome)
+        assert isinstance(outcome, intake_pb2.ReportDetectionResponse)
         return outcome
 
 

@@ -30,7 +30,7 @@ from sieve.settings import Settings, SettingsError
 
 log = logging.getLogger("sieve.db.migrate")
 
-#: service -> table -> privileges: what each service's SQL does (sieve/db/tasks.py, payloads.py, audit.py,
+#: service -> table -> privileges: what each service's SQL does (sieve/db/tasks.py, payloads.py, audit.py, reports.py,
 #: intake_svc/ownership.py, worker_svc/lexicon.py). Nothing updates or deletes audit_events; only the intake
 #: deletes tasks (a task it recorded but could not queue, with its idempotency key); the lexicon trigger bumps
 #: lexicon_version as the worker that seeds the lexicon. Partition maintenance and retention (sieve/db/retention.py:
@@ -44,6 +44,7 @@ SERVICE_GRANTS: dict[str, dict[str, tuple[str, ...]]] = {
         "results": ("SELECT",),
         "device_owners": ("SELECT", "INSERT", "UPDATE"),
         "audit_events": ("INSERT",),
+        "device_reports": ("SELECT", "INSERT"),
     },
     "scheduler": {
         "schema_migrations": ("SELECT",),

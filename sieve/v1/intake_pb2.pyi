@@ -184,3 +184,73 @@ class ListTasksResponse(_message.Message):
     tasks: _containers.RepeatedCompositeFieldContainer[_types_pb2.Task]
     next_page_token: str
     def __init__(self, tasks: _Optional[_Iterable[_Union[_types_pb2.Task, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ReportDetectionRequest(_message.Message):
+    __slots__ = ("device_id", "report_id", "detected_at", "text", "image_url", "image_ref", "verdict", "hits", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORT_ID_FIELD_NUMBER: _ClassVar[int]
+    DETECTED_AT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_URL_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_REF_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    device_id: str
+    report_id: str
+    detected_at: _timestamp_pb2.Timestamp
+    text: str
+    image_url: str
+    image_ref: str
+    verdict: _types_pb2.Verdict
+    hits: _containers.RepeatedCompositeFieldContainer[_types_pb2.Hit]
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, device_id: _Optional[str] = ..., report_id: _Optional[str] = ..., detected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., text: _Optional[str] = ..., image_url: _Optional[str] = ..., image_ref: _Optional[str] = ..., verdict: _Optional[_Union[_types_pb2.Verdict, str]] = ..., hits: _Optional[_Iterable[_Union[_types_pb2.Hit, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class DetectionReport(_message.Message):
+    __slots__ = ("report_id", "device_id", "caller", "detected_at", "received_at", "text", "image_url", "image_ref", "verdict", "hits", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    REPORT_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    DETECTED_AT_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_AT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_URL_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_REF_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    report_id: str
+    device_id: str
+    caller: str
+    detected_at: _timestamp_pb2.Timestamp
+    received_at: _timestamp_pb2.Timestamp
+    text: str
+    image_url: str
+    image_ref: str
+    verdict: _types_pb2.Verdict
+    hits: _containers.RepeatedCompositeFieldContainer[_types_pb2.Hit]
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, report_id: _Optional[str] = ..., device_id: _Optional[str] = ..., caller: _Optional[str] = ..., detected_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., received_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., text: _Optional[str] = ..., image_url: _Optional[str] = ..., image_ref: _Optional[str] = ..., verdict: _Optional[_Union[_types_pb2.Verdict, str]] = ..., hits: _Optional[_Iterable[_Union[_types_pb2.Hit, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ReportDetectionResponse(_message.Message):
+    __slots__ = ("report", "deduplicated")
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    DEDUPLICATED_FIELD_NUMBER: _ClassVar[int]
+    report: DetectionReport
+    deduplicated: bool
+    def __init__(self, report: _Optional[_Union[DetectionReport, _Mapping]] = ..., deduplicated: _Optional[bool] = ...) -> None: ...

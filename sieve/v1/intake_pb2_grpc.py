@@ -70,6 +70,11 @@ class IntakeServiceStub:
                 request_serializer=sieve_dot_v1_dot_intake__pb2.ListTasksRequest.SerializeToString,
                 response_deserializer=sieve_dot_v1_dot_intake__pb2.ListTasksResponse.FromString,
                 _registered_method=True)
+        self.ReportDetection = channel.unary_unary(
+                '/sieve.v1.IntakeService/ReportDetection',
+                request_serializer=sieve_dot_v1_dot_intake__pb2.ReportDetectionRequest.SerializeToString,
+                response_deserializer=sieve_dot_v1_dot_intake__pb2.ReportDetectionResponse.FromString,
+                _registered_method=True)
 
 
 class IntakeServiceServicer:
@@ -127,6 +132,14 @@ class IntakeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportDetection(self, request, context):
+        """A device reports a detection it made itself; stored before the answer (synchronously), answered with the
+        stored record. The same report again (same caller, device and report_id) answers the first one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_IntakeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -164,6 +177,11 @@ def add_IntakeServiceServicer_to_server(servicer, server):
                     servicer.ListTasks,
                     request_deserializer=sieve_dot_v1_dot_intake__pb2.ListTasksRequest.FromString,
                     response_serializer=sieve_dot_v1_dot_intake__pb2.ListTasksResponse.SerializeToString,
+            ),
+            'ReportDetection': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportDetection,
+                    request_deserializer=sieve_dot_v1_dot_intake__pb2.ReportDetectionRequest.FromString,
+                    response_serializer=sieve_dot_v1_dot_intake__pb2.ReportDetectionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -356,6 +374,33 @@ class IntakeService:
             '/sieve.v1.IntakeService/ListTasks',
             sieve_dot_v1_dot_intake__pb2.ListTasksRequest.SerializeToString,
             sieve_dot_v1_dot_intake__pb2.ListTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportDetection(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sieve.v1.IntakeService/ReportDetection',
+            sieve_dot_v1_dot_intake__pb2.ReportDetectionRequest.SerializeToString,
+            sieve_dot_v1_dot_intake__pb2.ReportDetectionResponse.FromString,
             options,
             channel_credentials,
             insecure,

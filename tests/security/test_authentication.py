@@ -49,6 +49,7 @@ EXPECTED_ROLES = {
     "/sieve.v1.IntakeService/GetTask": {CLIENT, OPERATOR},
     "/sieve.v1.IntakeService/CancelTask": {CLIENT, OPERATOR},
     "/sieve.v1.IntakeService/ListTasks": {CLIENT, OPERATOR},
+    "/sieve.v1.IntakeService/ReportDetection": {CLIENT, OPERATOR},
     "/sieve.v1.SchedulerService/Pull": {WORKER},
     "/sieve.v1.SchedulerService/GetWatermark": {OPERATOR},
     "/sieve.v1.SchedulerService/ListDeadLetters": {OPERATOR},
