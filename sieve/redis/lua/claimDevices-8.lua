@@ -91,6 +91,7 @@ local g = {pending = pendingKey, serving = servingKey, leases = leasesKey, lease
 
 local STEP = 0.01 -- the least time between two claims of one call (ms)
 local ctx = rankContext(base, now, maxWait, hint, classesText, callerWeightsText)
+ctx.empty = {} -- schedule sets found empty in this call (rankNext): nothing enters one but a device served here
 -- what each capped caller group may still give in this call (rankNext passes over a group at 0)
 local groupLeft = nil
 if #groupCaps > 0 then
@@ -143,6 +144,8 @@ while choice.mac ~= "" and not claimedOnce[choice.mac] and total < want and clai
   if groupLeft and groupLeft[choice.group] then groupLeft[choice.group] = groupLeft[choice.group] - #taken end
   -- (a newcomer's first taste does not count: named again in this call, it takes its batch)
   if not tasted then claimedOnce[mac] = true end
+  -- a device served with tasks left is back in a schedule set, maybe one found empty before
+  if device.rescheduled then ctx.empty = {} end
   -- under starvation (or when the device could not be claimed) it sits out the next choice: service spreads
   if choice.starving or code ~= CODE.OK then skip = mac else skip = "" end
   local step = #taken * msPerTask

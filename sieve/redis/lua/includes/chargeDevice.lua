@@ -9,7 +9,7 @@
   charged now: their cost goes into meta "debt_ms", added at its next serve — a device whose first batch of dear
   tasks went out by count pays for it, instead of keeping the head start.
 
-  chargeServe(meta_key, taken, at, previous) -> ms
+  chargeServe(meta_key, taken, at, previous, wall_ms, has_lead, debt_ms) -> ms
   The device is served at `at` and takes `taken` tasks. Without a known cost its next wait starts at `at` (by
   count: every serve restarts the wait) and the tasks count as uncharged. With one it starts at
   max(previous, at - LAG_MS) + taken x wall_ms + its debt, where `previous` is where its last serve put it: each
@@ -17,7 +17,9 @@
   tasks cost, and one that fell behind keeps at most LAG_MS of credit; at most MAX_LEAD_MS after `at`. Its wait
   never starts before its oldest task's enqueue either (scheduleDevice), so a device back from a quiet time gets
   no credit for it. Sets last_served_ms and keeps the lead over `at` in meta "lead_ms" for a release that comes
-  later (releaseDevice); returns the new last_served_ms.
+  later (releaseDevice); returns the new last_served_ms. `wall_ms`, `has_lead` and `debt_ms` are the meta's
+  wall_ms, whether it holds a lead_ms, and its debt_ms, as the caller read them in the same step (popDevice reads
+  the meta once).
 
   costQuantum(wall, want) -> want (below): how many tasks such a device takes in one serve.
 ]]
@@ -52,15 +54,15 @@ local function noteCost(metaKey, wall, acked)
   end
 end
 
-local function chargeServe(metaKey, taken, at, previous)
+local function chargeServe(metaKey, taken, at, previous, wall, hasLead, debt)
   if taken == 0 then return at end
-  local m = redis.call("HMGET", metaKey, "wall_ms", "debt_ms")
-  local wall, debt = tonumber(m[1] or "0"), tonumber(m[2] or "0")
+  wall = tonumber(wall or "0") or 0
   if wall <= 0 then
-    redis.call("HDEL", metaKey, "lead_ms")
+    if hasLead then redis.call("HDEL", metaKey, "lead_ms") end
     redis.call("HINCRBY", metaKey, "uncharged", taken)
     return at
   end
+  debt = tonumber(debt or "0") or 0
   local start = previous
   if start < at - LAG_MS then start = at - LAG_MS end
   local served = start + taken * wall + debt

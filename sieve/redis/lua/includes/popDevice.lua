@@ -34,7 +34,7 @@ local function popDevice(device, lockKey, g, a)
     return CODE.LOCK_HELD, {}, {}, 0
   end
   local m = redis.call("HMGET", device.meta, "state", "class", "last_served_ms", "win_start_ms", "win_count",
-    "wall_ms", "backlog")
+    "wall_ms", "backlog", "lead_ms", "debt_ms")
   if m[1] ~= "ready" then
     if not a.release then redis.call("DEL", lockKey) end
     if redis.call("EXISTS", device.meta) == 0 then
@@ -47,6 +47,7 @@ local function popDevice(device, lockKey, g, a)
   local class = tonumber(m[2] or "0")
   local previous = tonumber(m[3] or "0")
   unscheduleDevice(device, class)
+  device.unscheduled = true -- out of its schedule set and its group's ready set (scheduleDevice need not)
   if a.release then
     redis.call("HSET", device.meta, "class", 0, "last_served_ms", now - a.carriedWait)
   else
@@ -122,8 +123,9 @@ local function popDevice(device, lockKey, g, a)
   if #taken > 0 then
     redis.call("ZADD", g.leases, unpack(leaseArgs))
     redis.call("HSET", g.leaseData, unpack(dataArgs))
-    countOutstanding(device.meta, #taken)
-    chargeServe(device.meta, #taken, now - a.carriedWait, previous) -- fair by cost: by what its tasks cost
+    device.outstanding = countOutstanding(device.meta, #taken) > 0
+    -- fair by cost: by what its tasks cost
+    chargeServe(device.meta, #taken, now - a.carriedWait, previous, m[6], m[8] ~= false and m[8] ~= nil, m[9])
   end
 
   local removed = #taken + #expired

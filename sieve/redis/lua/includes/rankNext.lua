@@ -16,7 +16,9 @@
   is spent (ctx.groupLeft: group -> tasks it may still give; claimDevices with several shards), the callers sets
   then read ctx.groupHeads deep.
 
-  ctx: now, maxWait, hint (ms), classes ({prio, weight} of each schedule set), callerWeights, base (hash tag).
+  ctx: now, maxWait, hint (ms), classes ({prio, weight} of each schedule set), callerWeights, base (hash tag);
+  optional empty: a table of schedule sets found empty, not read again (claimDevices keeps it for one call and
+  clears it whenever a device it served is scheduled again: one-task devices leave their sets, nothing enters).
   choice: mac ("" when no device is schedulable), group, cweight, weight (the device's), wait (its wait, ms),
   runner (the best score of another device of its tier and caller, or -1), starving (another device of its
   caller waited the hint or longer), longest (the longest wait seen among the caller's devices, or -1).
@@ -25,10 +27,15 @@ local function rankDevicesOf(ctx, group, skip)
   local now, maxWait = ctx.now, ctx.maxWait
   local best, bestTier, bestScore, bestSince, bestWait, bestWeight = "", -1, -1, 0, 0, 0
   local waits, candidates = {}, {}
+  local empty = ctx.empty
   for _, class in ipairs(ctx.classes) do
     local prio, weight = class[1], class[2]
     local key = ctx.base .. ":sched:" .. prio .. ":" .. weight .. ":" .. group
-    local heads = redis.call("ZRANGE", key, 0, 2, "WITHSCORES")
+    local heads = {}
+    if not (empty and empty[key]) then
+      heads = redis.call("ZRANGE", key, 0, 2, "WITHSCORES")
+      if empty and #heads == 0 then empty[key] = true end
+    end
     local considered = 0
     for j = 1, #heads, 2 do
       local mac = heads[j]

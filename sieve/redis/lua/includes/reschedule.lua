@@ -5,6 +5,6 @@
 --@requires scheduleDevice
 local function reschedule(device, now, devicesKey)
   local became = scheduleDevice(device, now)
-  if became == "idle" then redis.call("SREM", devicesKey, device.mac) end
+  if became == "idle" then redis.call("SREM", devicesKey, device.mac) else device.rescheduled = true end
   return became
 end

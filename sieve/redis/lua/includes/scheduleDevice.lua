@@ -14,8 +14,10 @@ local function scheduleDevice(device, now)
   local previous = tonumber(m[1] or "0")
   if previous > 0 then redis.call("ZREM", device.schedules[previous], mac) end
   if best == 0 then
-    redis.call("ZREM", device.groupReady, mac)
-    if tonumber(redis.call("HGET", device.meta, "outstanding") or "0") > 0 then
+    -- (popDevice, which just took the device out of its sets and handed tasks out, says so: device.unscheduled,
+    -- device.outstanding)
+    if not device.unscheduled then redis.call("ZREM", device.groupReady, mac) end
+    if device.outstanding or tonumber(redis.call("HGET", device.meta, "outstanding") or "0") > 0 then
       redis.call("HSET", device.meta, "state", "idle", "class", 0, "backlog", 0)
       redis.call("HDEL", device.meta, "oldest_ms")
     else
