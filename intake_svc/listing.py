@@ -19,7 +19,7 @@ from google.protobuf import timestamp_pb2
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from intake_svc.task_view import task_message
-from intake_svc.validation import MAX_LABELS, label_problem
+from intake_svc.validation import checked_labels
 from sieve.db.task_listing import TaskPage, TaskQuery, list_tasks
 from sieve.enums import enum_name
 from sieve.errors import InvalidInput
@@ -52,7 +52,7 @@ def query_of(request: intake_pb2.ListTasksRequest, principal: Principal) -> Task
         _statuses(request),
         _enum_filter(request.type, types_pb2.TaskType, "type"),
         _enum_filter(request.verdict, types_pb2.Verdict, "verdict"),
-        _labels(request),
+        checked_labels(request.labels, "labels") or {},
         after,
         before,
     )
@@ -97,16 +97,6 @@ def _enum_filter(value: int, enum: EnumTypeWrapper, field: str) -> str | None:
     if value not in enum.values():
         raise InvalidInput(field, f"unknown {field} {value}")
     return enum_name(enum, value)
-
-
-def _labels(request: intake_pb2.ListTasksRequest) -> dict[str, str]:
-    if len(request.labels) > MAX_LABELS:
-        raise InvalidInput("labels", f"has {len(request.labels)} labels: at most {MAX_LABELS}")
-    for key, value in request.labels.items():
-        problem = label_problem(key, value, "labels")
-        if problem is not None:
-            raise InvalidInput(*problem)
-    return dict(request.labels)
 
 
 def _time(request: intake_pb2.ListTasksRequest, name: str) -> datetime | None:

@@ -18,7 +18,7 @@ import asyncpg
 from google.protobuf import timestamp_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
-from intake_svc.validation import MAX_LABELS, MAX_URL, label_problem
+from intake_svc.validation import MAX_URL, checked_labels
 from sieve.db.reports import NewReport
 from sieve.enums import enum_name, enum_value
 from sieve.errors import InvalidInput
@@ -84,7 +84,7 @@ def validate_report(
         raise InvalidInput("hits", f"has {len(hits)} hits: at most {MAX_HITS}")
     if (verdict == "PASS") != (not hits):
         raise InvalidInput("hits", "a PASS has no hits; a REVIEW or BLOCK has at least one")
-    labels = _labels(request)
+    labels = checked_labels(request.labels, "labels")
     fingerprint = hashlib.sha256(
         json.dumps(
             [detected_at.isoformat(), subject, content, verdict, hits, sorted((labels or {}).items())],
@@ -164,18 +164,6 @@ def _hit(hit: types_pb2.Hit, field: str, text: str | None) -> dict[str, Any]:
         "end": hit.end,
         "matched_text": hit.matched_text,
     }
-
-
-def _labels(request: intake_pb2.ReportDetectionRequest) -> dict[str, str] | None:
-    if not request.labels:
-        return None
-    if len(request.labels) > MAX_LABELS:
-        raise InvalidInput("labels", f"has {len(request.labels)} labels: at most {MAX_LABELS}")
-    for key, value in request.labels.items():
-        problem = label_problem(key, value, "labels")
-        if problem is not None:
-            raise InvalidInput(*problem)
-    return dict(sorted(request.labels.items()))
 
 
 def _stamp(value: datetime) -> timestamp_pb2.Timestamp:

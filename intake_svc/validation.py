@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
@@ -104,18 +105,24 @@ def validate_spec(
 
 def _labels(spec: intake_pb2.TaskSpec, field: str) -> dict[str, str] | None:
     """The spec's labels, sorted by key (None when it has none), or InvalidInput naming the label."""
-    if not spec.labels:
+    return checked_labels(spec.labels, f"{field}.labels")
+
+
+def checked_labels(labels: Mapping[str, str], field: str) -> dict[str, str] | None:
+    """Labels (of a task, a report, a filter) sorted by key, None when there are none; InvalidInput naming `field`
+    (or `field[key]` for a bad value) when there are too many or one breaks the rules."""
+    if not labels:
         return None
-    if len(spec.labels) > MAX_LABELS:
-        raise InvalidInput(f"{field}.labels", f"has {len(spec.labels)} labels: at most {MAX_LABELS}")
-    for key, value in spec.labels.items():
-        problem = label_problem(key, value, f"{field}.labels")
+    if len(labels) > MAX_LABELS:
+        raise InvalidInput(field, f"has {len(labels)} labels: at most {MAX_LABELS}")
+    for key, value in labels.items():
+        problem = _label_problem(key, value, field)
         if problem is not None:
             raise InvalidInput(*problem)
-    return dict(sorted(spec.labels.items()))
+    return dict(sorted(labels.items()))
 
 
-def label_problem(key: str, value: str, field: str = "task.labels") -> tuple[str, str] | None:
+def _label_problem(key: str, value: str, field: str) -> tuple[str, str] | None:
     """What is wrong with one label (the field to name, and why), or None."""
     if not _LABEL_KEY.fullmatch(key):
         why = "must be 1 to 63 letters, digits and _ . - / (starting with a letter, digit or _)"

@@ -1,5 +1,6 @@
-"""Retention of the record: finished tasks, their results, image bytes and idempotency keys are deleted once
-they are older than `SIEVE_RETENTION_DAYS`, by dropping whole day partitions (migration 0008).
+"""Retention of the record: finished tasks, their results, image bytes, idempotency keys and device reports are
+deleted once they are older than `SIEVE_RETENTION_DAYS`, by dropping whole day partitions (migration 0008); device
+reports (not partitioned) by their received_at, in batches.
 
 `tasks` and `results` are range-partitioned by task id, one partition per UTC day (`tasks_pYYYYMMDD`,
 `results_pYYYYMMDD`, bounds `uuid7_floor` of the day's first millisecond: task ids are UUIDv7, sieve/ids.py),
@@ -85,6 +86,8 @@ class RetentionReport:
     purged_default: int = 0
     #: idempotency keys deleted
     purged_keys: int = 0
+    #: device reports (ReportDetection) deleted
+    purged_reports: int = 0
     #: False when another process held the retention lock (nothing was done)
     ran: bool = True
 
@@ -150,18 +153,20 @@ class Retention:
                 if self.retention_days > 0:
                     await self._drop_old_days(conn, now, report)
                     await self._purge_default(conn, now, report)
+                    await self._purge_reports(conn, now, report)
             finally:
                 await conn.execute("SELECT pg_advisory_unlock($1)", self._lock_key)
-        if report.created or report.dropped or report.purged_default or report.moved:
+        if report.created or report.dropped or report.purged_default or report.moved or report.purged_reports:
             log.info(
                 "retention: made %s, dropped %s, kept %s, moved %d, deleted %d from the default partition, "
-                "%d idempotency keys",
+                "%d idempotency keys, %d device reports",
                 [str(d) for d in report.created],
                 [str(d) for d in report.dropped],
                 [str(d) for d in report.kept],
                 report.moved,
                 report.purged_default,
                 report.purged_keys,
+                report.purged_reports,
             )
         return report
 
@@ -319,6 +324,29 @@ class Retention:
             if row["seen"] < self.batch:
                 return
             last = row["last"]
+
+    async def _purge_reports(self, conn: _Connection, now: datetime, report: RetentionReport) -> None:
+        """Deletes device reports received before the cutoff, oldest first, in batches (their received_at index)."""
+        cutoff = now - timedelta(days=self.retention_days)
+        while True:
+            deleted: int = await conn.fetchval(
+                """
+                WITH chosen AS (
+                    SELECT caller, device, report_id FROM device_reports WHERE received_at < $1
+                    ORDER BY received_at LIMIT $2
+                ), gone AS (
+                    DELETE FROM device_reports r USING chosen c
+                    WHERE (r.caller, r.device, r.report_id) = (c.caller, c.device, c.report_id)
+                    RETURNING 1
+                )
+                SELECT count(*) FROM gone
+                """,
+                cutoff,
+                self.batch,
+            )
+            report.purged_reports += deleted
+            if deleted < self.batch:
+                return
 
     async def _purge_keys(self, conn: _Connection, lo: uuid.UUID, hi: uuid.UUID) -> int:
         """Deletes the idempotency keys of tasks in [lo, hi) that no longer exist, in batches walking the

@@ -494,3 +494,25 @@ async def test_through_the_platform_no_device_state_is_left_once_tasks_finish(
             if ":meta:" in k or ":q:" in k or ":lock:" in k
         ]
         assert left == []
+
+
+# --- device reports -----------------------------------------------------------------------------------------------
+async def test_device_reports_older_than_retention_are_deleted_in_batches_and_newer_ones_kept(
+    pg: asyncpg.Pool, retention_settings: Settings
+) -> None:
+    # Given 25 reports received 4 days ago and 3 received today (retention 3 days)
+    now = datetime.now(UTC)
+    rows = [(f"r-{n}", now - timedelta(days=4, minutes=n)) for n in range(25)] + [
+        (f"new-{n}", now - timedelta(minutes=n)) for n in range(3)
+    ]
+    await pg.executemany(
+        "INSERT INTO device_reports (caller, device, report_id, detected_at, received_at, subject, content, verdict,"
+        " hits, fingerprint) VALUES ('c', 'AA:BB:CC:00:00:01', $1, $2, $2, 'text', 'x', 'PASS', '[]', '\\x00')",
+        rows,
+    )
+    # When the retention runs, in batches of 10
+    report = await Retention(pg, retention_settings, batch=10).run(now=now)
+    # Then the old ones are gone and today's stay
+    assert report.purged_reports == 25
+    left = await pg.fetch("SELECT report_id FROM device_reports ORDER BY report_id")
+    assert [r["report_id"] for r in left] == ["new-0", "new-1", "new-2"]
