@@ -15,15 +15,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
-from google.protobuf import timestamp_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
-from intake_svc.validation import MAX_URL, checked_labels
+from intake_svc.result_view import timestamp
+from intake_svc.validation import MAX_URL, checked_labels, parse_device, parse_time
 from sieve.db.reports import NewReport
 from sieve.enums import enum_name, enum_value
 from sieve.errors import InvalidInput
 from sieve.fields import shown, text_problem
-from sieve.mac import normalize_mac
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, types_pb2
 
@@ -65,12 +64,7 @@ def validate_report(
 ) -> NewReport:
     """The request as it is stored, or InvalidInput naming the field."""
     now = now or datetime.now(UTC)
-    if len(request.device_id) > 64:
-        raise InvalidInput("device_id", f"{shown(request.device_id)} is not a MAC address (too long)")
-    try:
-        device = normalize_mac(request.device_id)
-    except ValueError:
-        raise InvalidInput("device_id", f"{shown(request.device_id)} is not a MAC address") from None
+    device = parse_device(request.device_id)
     if not request.report_id:
         raise InvalidInput("report_id", "is empty")
     problem = text_problem(request.report_id, max_chars=MAX_REPORT_ID, printable=True)
@@ -99,10 +93,7 @@ def validate_report(
 def _detected_at(request: intake_pb2.ReportDetectionRequest, now: datetime) -> datetime:
     if not request.HasField("detected_at"):
         raise InvalidInput("detected_at", "is required")
-    stamp = request.detected_at
-    if not 0 <= stamp.seconds < 253_402_300_800 or not 0 <= stamp.nanos < 1_000_000_000:
-        raise InvalidInput("detected_at", "is not a valid time")
-    moment = stamp.ToDatetime(tzinfo=UTC)
+    moment = parse_time(request.detected_at, "detected_at")
     if moment < EARLIEST:
         raise InvalidInput("detected_at", f"is before {EARLIEST:%Y-%m-%d}")
     if moment > now + CLOCK_SKEW:
@@ -166,20 +157,14 @@ def _hit(hit: types_pb2.Hit, field: str, text: str | None) -> dict[str, Any]:
     }
 
 
-def _stamp(value: datetime) -> timestamp_pb2.Timestamp:
-    ts = timestamp_pb2.Timestamp()
-    ts.FromDatetime(value)
-    return ts
-
-
 def report_message(row: asyncpg.Record) -> intake_pb2.DetectionReport:
     """A stored report as the API shows it."""
     report = intake_pb2.DetectionReport(
         report_id=row["report_id"],
         device_id=row["device"],
         caller=row["caller"],
-        detected_at=_stamp(row["detected_at"]),
-        received_at=_stamp(row["received_at"]),
+        detected_at=timestamp(row["detected_at"]),
+        received_at=timestamp(row["received_at"]),
         verdict=enum_value(types_pb2.Verdict, types_pb2.Verdict.Value("VERDICT_" + row["verdict"])),
         hits=[types_pb2.Hit(**h) for h in _json(row["hits"]) or []],
         labels=_json(row["labels"]) or {},

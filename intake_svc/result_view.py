@@ -26,16 +26,25 @@ from sieve.v1 import types_pb2
 TOTAL = "total"
 
 
-def _stamp(value: datetime | str | None) -> timestamp_pb2.Timestamp | None:
+def timestamp(value: datetime) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromDatetime(value)
+    return ts
+
+
+def timestamp_of(value: datetime | str | None) -> timestamp_pb2.Timestamp | None:
+    """A stored time (a datetime, or ISO text as the JSON columns hold it) as a Timestamp; None stays None."""
     if value is None:
         return None
+    return timestamp(datetime.fromisoformat(value) if isinstance(value, str) else value)
+
+
+def _lenient_stamp(value: Any) -> timestamp_pb2.Timestamp | None:
+    """`timestamp_of` for what a worker wrote into details: a value of another shape reads as None."""
     try:
-        moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+        return timestamp_of(value) if isinstance(value, datetime | str) else None
     except ValueError:
         return None
-    ts = timestamp_pb2.Timestamp()
-    ts.FromDatetime(moment)
-    return ts
 
 
 def _verdict(name: str) -> types_pb2.Verdict:
@@ -111,7 +120,7 @@ def _ocr_run(raw: Mapping[str, Any]) -> types_pb2.OcrRun:
                 from_mode=str(switch.get("from", "")),
                 to_mode=str(switch.get("to", "")),
                 reason=str(switch.get("reason", "")),
-                at=_stamp(switch.get("at")),
+                at=_lenient_stamp(switch.get("at")),
                 rebuild_s=float(switch["rebuild_s"]) if isinstance(switch.get("rebuild_s"), int | float) else 0.0,
             )
         )
@@ -133,7 +142,7 @@ def result_message(result: asyncpg.Record | Mapping[str, Any]) -> types_pb2.Dete
         hits=[_hit(h) for h in hits],
         text=result["text"],
         worker_id=result["worker_id"],
-        created_at=_stamp(result["created_at"]),
+        created_at=timestamp_of(result["created_at"]),
         attempt=_uint(result.get("attempt")),
         lexicon_version=-1,
     )

@@ -28,13 +28,12 @@ from intake_svc.ownership import Owner
 from intake_svc.reports import ReportConflict, report_message, validate_report
 from intake_svc.submission import Submitter
 from intake_svc.task_view import new_task_message, task_message
-from intake_svc.validation import parse_task_id, validate_batch, validate_spec
+from intake_svc.validation import parse_device, parse_task_id, validate_batch, validate_spec
 from sieve import rpc
 from sieve.db.reports import ReportStore
 from sieve.db.tasks import TaskStore
 from sieve.enums import enum_value
 from sieve.errors import InvalidInput, RedisNotReady
-from sieve.mac import normalize_mac
 from sieve.redis.queue_store import QueueStore
 from sieve.rpc import audit
 from sieve.rpc.auth import Principal, current_principal
@@ -202,7 +201,7 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
         self, request: intake_pb2.AssignDeviceRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> intake_pb2.AssignDeviceResponse:
         async def run() -> intake_pb2.AssignDeviceResponse:
-            device = _device(request.device_id)
+            device = parse_device(request.device_id)
             caller = request.caller.strip()
             if not caller or len(caller) > 128 or not caller.isprintable() or set("/:,") & set(caller):
                 raise InvalidInput("caller", "must be a credential name (1..128 printable characters, none of / : ,)")
@@ -218,7 +217,7 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
         self, request: intake_pb2.GetDeviceOwnerRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> intake_pb2.GetDeviceOwnerResponse:
         async def run() -> Owner | None:
-            return await self.submitter.ownership.owner(_device(request.device_id))
+            return await self.submitter.ownership.owner(parse_device(request.device_id))
 
         owner = await self._guard(context, run)
         if owner is None:
@@ -269,15 +268,6 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
             await rpc.abort(context, outcome)
         assert isinstance(outcome, intake_pb2.ReportDetectionResponse)
         return outcome
-
-
-def _device(raw: str) -> str:
-    try:
-        if len(raw) > 64:
-            raise ValueError(raw)
-        return normalize_mac(raw)
-    except ValueError:
-        raise InvalidInput("device_id", f"{raw[:40]!r} is not a MAC address") from None
 
 
 def _owner_message(owner: Owner) -> intake_pb2.DeviceOwner:

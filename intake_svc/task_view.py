@@ -15,22 +15,10 @@ from typing import Any
 import asyncpg
 from google.protobuf import timestamp_pb2
 
-from intake_svc.result_view import result_message
+from intake_svc.result_view import result_message, timestamp, timestamp_of
 from sieve.db.tasks import NewTask, status_value, type_value
 from sieve.enums import enum_value
 from sieve.v1 import types_pb2
-
-
-def _ts(value: datetime | str | None) -> timestamp_pb2.Timestamp | None:
-    if value is None:
-        return None
-    return _stamp(datetime.fromisoformat(value) if isinstance(value, str) else value)
-
-
-def _stamp(value: datetime) -> timestamp_pb2.Timestamp:
-    ts = timestamp_pb2.Timestamp()
-    ts.FromDatetime(value)
-    return ts
 
 
 def _status(name: str) -> types_pb2.TaskStatus:
@@ -43,8 +31,8 @@ def new_task_message(task: NewTask, stamps: dict[datetime, timestamp_pb2.Timesta
     `stamps` caches converted times across one batch, whose tasks share their creation (and mostly their
     expiry) time."""
     stamps = {} if stamps is None else stamps
-    created = stamps.get(task.created_at) or stamps.setdefault(task.created_at, _stamp(task.created_at))
-    expires = stamps.get(task.expires_at) or stamps.setdefault(task.expires_at, _stamp(task.expires_at))
+    created = stamps.get(task.created_at) or stamps.setdefault(task.created_at, timestamp(task.created_at))
+    expires = stamps.get(task.expires_at) or stamps.setdefault(task.expires_at, timestamp(task.expires_at))
     return types_pb2.Task(
         task_id=str(task.task_id),
         device_id=task.device,
@@ -69,8 +57,8 @@ def new_task_message(task: NewTask, stamps: dict[datetime, timestamp_pb2.Timesta
 _FINAL = ("SUCCEEDED", "FAILED", "EXPIRED", "CANCELLED", "DEAD_LETTERED")
 
 
-def _set_ts(target: timestamp_pb2.Timestamp, value: datetime | str | None) -> None:
-    ts = _ts(value)
+def _settimestamp_of(target: timestamp_pb2.Timestamp, value: datetime | str | None) -> None:
+    ts = timestamp_of(value)
     if ts is not None:
         target.CopyFrom(ts)
 
@@ -113,7 +101,7 @@ class _AttemptLog:
             a = self.attempts[self._opened(lease, h)]
             a.attempt = int(h.get("attempt") or a.attempt)
             a.worker_id = str(h.get("worker") or h.get("detail") or a.worker_id)
-            _set_ts(a.assigned_at if status == "ASSIGNED" else a.started_at, h.get("at"))
+            _settimestamp_of(a.assigned_at if status == "ASSIGNED" else a.started_at, h.get("at"))
         elif status == "PENDING" and "counted" in h:  # a put-back
             i = self._opened(lease, h)
             if h.get("worker") and not self.attempts[i].worker_id:
@@ -121,7 +109,7 @@ class _AttemptLog:
             if i not in self.ended:
                 self._close(i, "PENDING", h)
                 self.attempts[i].counted = bool(h.get("counted"))
-                _set_ts(self.attempts[i].retry_at, h.get("retry_at"))
+                _settimestamp_of(self.attempts[i].retry_at, h.get("retry_at"))
         elif status in _FINAL and lease in self.by_lease:
             self._close(self._opened(lease, h), status, h)
 
@@ -133,9 +121,9 @@ class _AttemptLog:
                 types_pb2.TaskAttempt(attempt=int(h.get("attempt") or 0), worker_id=str(h.get("detail") or ""))
             )
             self.legacy = len(self.attempts) - 1
-            _set_ts(self.attempts[self.legacy].assigned_at, h.get("at"))
+            _settimestamp_of(self.attempts[self.legacy].assigned_at, h.get("at"))
         elif status == "RUNNING" and self.previous == "ASSIGNED" and self.legacy is not None:
-            _set_ts(self.attempts[self.legacy].started_at, h.get("at"))
+            _settimestamp_of(self.attempts[self.legacy].started_at, h.get("at"))
         elif status in _FINAL and self.legacy is not None:
             self._close(self.legacy, status, h)
 
@@ -153,7 +141,7 @@ class _AttemptLog:
         self.ended.add(i)
         a = self.attempts[i]
         a.outcome = _status(status)
-        _set_ts(a.ended_at, h.get("at"))
+        _settimestamp_of(a.ended_at, h.get("at"))
         a.detail = str(h.get("detail") or "")
 
 
@@ -173,7 +161,10 @@ def _labels(value: Any) -> dict[str, str]:
 def task_message(row: asyncpg.Record, result: asyncpg.Record | None = None) -> types_pb2.Task:
     history = [
         types_pb2.StatusChange(
-            status=_status(h["status"]), at=_ts(h["at"]), attempt=h.get("attempt", 0), detail=h.get("detail") or ""
+            status=_status(h["status"]),
+            at=timestamp_of(h["at"]),
+            attempt=h.get("attempt", 0),
+            detail=h.get("detail") or "",
         )
         for h in row["history"]
     ]
@@ -184,9 +175,9 @@ def task_message(row: asyncpg.Record, result: asyncpg.Record | None = None) -> t
         priority=row["priority"],
         status=_status(row["status"]),
         attempts=row["attempts"],
-        created_at=_ts(row["created_at"]),
-        updated_at=_ts(row["updated_at"]),
-        expires_at=_ts(row["expires_at"]),
+        created_at=timestamp_of(row["created_at"]),
+        updated_at=timestamp_of(row["updated_at"]),
+        expires_at=timestamp_of(row["expires_at"]),
         history=history,
         error=row["error"] or "",
         idempotency_key=row["idempotency_key"] or "",

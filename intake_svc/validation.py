@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
+from google.protobuf import timestamp_pb2
+
 from intake_svc.idempotency import fingerprint
 from sieve.db.tasks import NewTask
 from sieve.errors import InvalidInput
@@ -149,12 +151,24 @@ class _Payload:
 
 
 def _device(spec: intake_pb2.TaskSpec, field: str) -> str:
-    if len(spec.device_id) > MAX_DEVICE_ID:
-        raise InvalidInput(f"{field}.device_id", f"{shown(spec.device_id)} is not a MAC address (too long)")
+    return parse_device(spec.device_id, f"{field}.device_id")
+
+
+def parse_device(raw: str, field: str = "device_id") -> str:
+    """A device id (a MAC address in any usual spelling) normalised, or InvalidInput naming `field`."""
+    if len(raw) > MAX_DEVICE_ID:
+        raise InvalidInput(field, f"{shown(raw)} is not a MAC address (too long)")
     try:
-        return normalize_mac(spec.device_id)
+        return normalize_mac(raw)
     except ValueError:
-        raise InvalidInput(f"{field}.device_id", f"{shown(spec.device_id)} is not a MAC address") from None
+        raise InvalidInput(field, f"{shown(raw)} is not a MAC address") from None
+
+
+def parse_time(stamp: timestamp_pb2.Timestamp, field: str) -> datetime:
+    """A request's timestamp as an aware datetime (years 1970 to 9999), or InvalidInput naming `field`."""
+    if not 0 <= stamp.seconds < 253_402_300_800 or not 0 <= stamp.nanos < 1_000_000_000:
+        raise InvalidInput(field, "is not a valid time")
+    return stamp.ToDatetime(tzinfo=UTC)
 
 
 def _payload(spec: intake_pb2.TaskSpec, field: str, settings: Settings) -> _Payload:
