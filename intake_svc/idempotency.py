@@ -3,10 +3,10 @@
 A Submit with an idempotency key (scoped per caller and device) creates one task; repeating it returns that
 task with `deduplicated: true`. "Repeating" means the same request: the task row stores a SHA-256
 `fingerprint` of what the caller asked for — type, priority, the payload (which of text / image / image_url,
-and its content), the requested TTL and attempts, the labels — and a later Submit with the same key but another
-fingerprint changes nothing and is answered ALREADY_EXISTS naming the first task (`Conflict`), in the message and
-in an ErrorInfo detail (reason IDEMPOTENCY_KEY_REUSED, metadata task_id and field). In a SubmitBatch that item
-carries the code ALREADY_EXISTS and the message; the batch itself answers OK.
+and its content), the requested TTL and attempts, the labels, the callback_url — and a later Submit with the same
+key but another fingerprint changes nothing and is answered ALREADY_EXISTS naming the first task (`Conflict`), in
+the message and in an ErrorInfo detail (reason IDEMPOTENCY_KEY_REUSED, metadata task_id and field). In a
+SubmitBatch that item carries the code ALREADY_EXISTS and the message; the batch itself answers OK.
 
 Only keyed tasks are fingerprinted (a hash of at most the 10 MiB image limit); tasks without a key cost
 nothing. Rows written before the fingerprint existed (NULL) match any request, as they did then.
@@ -37,10 +37,12 @@ def fingerprint(
     payload: bytes,
     max_attempts: int = 0,
     labels: Mapping[str, str] | None = None,
+    callback_url: str = "",
 ) -> bytes:
     """SHA-256 of a request's task: type, effective priority, requested TTL (0: the default), requested attempts
     (0: the default), payload kind ("text", "image" or "image_url") and payload bytes, then its labels in key
-    order when it has any (a request without labels hashes as it did before labels existed). Every part has a
+    order when it has any and its callback_url when it names one (a request without them hashes as it did before
+    they existed). Every part has a
     fixed size or a length prefix, so no two different requests share an encoding."""
     digest = hashlib.sha256()
     digest.update(b"sieve-task-v1")
@@ -54,6 +56,9 @@ def fingerprint(
         for key in sorted(labels):
             for part in (key.encode(), labels[key].encode()):
                 digest.update(struct.pack(">I", len(part)) + part)
+    if callback_url:
+        url = callback_url.encode()
+        digest.update(b"callback" + struct.pack(">I", len(url)) + url)
     return digest.digest()
 
 
@@ -68,8 +73,8 @@ class Conflict:
     def message(self) -> str:
         return (
             f"idempotency_key {shown(self.key)} was used for task {self.task_id} with a different request "
-            "(type, priority, payload, ttl, max_attempts or labels): nothing was changed; send the same request to get "
-            "that task, or use a new key"
+            "(type, priority, payload, ttl, max_attempts, labels or callback_url): nothing was changed; send the "
+            "same request to get that task, or use a new key"
         )
 
     def status(self, field: str) -> status_pb2.Status:

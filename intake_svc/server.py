@@ -36,7 +36,13 @@ class IntakeApp:
             register=self._register,
             interceptors=[RejectionCounter()],
             audit=AuditLog(tasks.pool),
+            before_stop=self._stop_watching,
+            background=[self.servicer.watch.run],
         )
+
+    async def _stop_watching(self) -> None:
+        """WatchTask streams end first (UNAVAILABLE: resume elsewhere), so that they do not hold the stop."""
+        self.servicer.watch.close()
 
     def _register(self, server: grpc.aio.Server) -> None:
         intake_pb2_grpc.add_IntakeServiceServicer_to_server(self.servicer, server)

@@ -1,4 +1,5 @@
-"""The IntakeService RPCs: Submit, SubmitBatch, GetTask, CancelTask; for operators AssignDevice, GetDeviceOwner.
+"""The IntakeService RPCs: Submit, SubmitBatch, GetTask, CancelTask, ListTasks, ReportDetection, WatchTask; for
+operators AssignDevice, GetDeviceOwner.
 
 Only this module turns Sieve's errors into gRPC statuses: InvalidInput -> INVALID_ARGUMENT naming the
 field, a limit -> RESOURCE_EXHAUSTED with RetryInfo, what the caller may not do (a priority it is not
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -26,21 +27,28 @@ from intake_svc.decisions import Accepted, Conflict, Refused
 from intake_svc.listing import NotPermitted, list_page
 from intake_svc.ownership import Owner
 from intake_svc.reports import ReportConflict, report_message, validate_report
+from intake_svc.stats import get_stats
 from intake_svc.submission import Submitter
 from intake_svc.task_view import new_task_message, task_message
 from intake_svc.validation import parse_device, parse_task_id, validate_batch, validate_spec
+from intake_svc.watch import CursorExpired, ShuttingDown, TooManyStreams, UnknownTasks, WatchHub, parse_request
+from intake_svc.watch import NotPermitted as WatchNotPermitted
 from sieve import rpc
+from sieve.db.callbacks import CallbackStore
 from sieve.db.reports import ReportStore
+from sieve.db.task_changes import TaskChangeStore
 from sieve.db.tasks import TaskStore
 from sieve.enums import enum_value
 from sieve.errors import InvalidInput, RedisNotReady
 from sieve.redis.queue_store import QueueStore
 from sieve.rpc import audit
-from sieve.rpc.auth import Principal, current_principal
+from sieve.rpc.auth import Principal, current_credential_valid, current_principal
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 
 log = logging.getLogger("sieve.intake")
+#: how long a caller refused a further WatchTask stream is told to wait
+WATCH_RETRY_AFTER_S = 5.0
 T = TypeVar("T")
 
 # a connection PostgreSQL terminated can surface as InternalClientError on its next use: transient too
@@ -65,6 +73,9 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
         self.settings = settings
         self.submitter = Submitter(tasks, queues, settings)
         self.reports = ReportStore(tasks.pool)
+        self.callbacks = CallbackStore(tasks.pool)
+        #: the WatchTask streams (their change signal is a background loop of the intake: `watch.run`)
+        self.watch = WatchHub(TaskChangeStore(tasks.pool), settings)
 
     async def _guard(self, context: grpc.aio.ServicerContext[Any, Any], call: Callable[[], Awaitable[T]]) -> T:
         try:
@@ -86,7 +97,9 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
         if found is None or not principal.owns(found[0]["caller"]):
             return None
         audit.cross_tenant(found[0]["caller"], f"task {task_id}")  # an operator reading another caller's task
-        return task_message(*found)
+        row, result = found
+        deliveries = await self.callbacks.of_task(row["id"]) if row["callback_url"] else []
+        return task_message(row, result, deliveries)
 
     # --- Submit --------------------------------------------------------------------------------------
     async def Submit(
@@ -243,6 +256,22 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
         assert isinstance(outcome, intake_pb2.ListTasksResponse)
         return outcome
 
+    # --- statistics ----------------------------------------------------------------------------------
+    async def GetStats(
+        self, request: intake_pb2.GetStatsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> intake_pb2.GetStatsResponse:
+        async def run() -> intake_pb2.GetStatsResponse | str:
+            try:
+                return await get_stats(self.tasks.pool, request, current_principal.get())
+            except NotPermitted as exc:
+                return str(exc)
+
+        outcome = await self._guard(context, run)
+        if isinstance(outcome, str):
+            await rpc.abort(context, permission_denied(outcome, "NOT_AN_OPERATOR", field="caller"))
+        assert isinstance(outcome, intake_pb2.GetStatsResponse)
+        return outcome
+
     # --- reports of the devices' own detections ------------------------------------------------------
     async def ReportDetection(
         self, request: intake_pb2.ReportDetectionRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -268,6 +297,48 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
             await rpc.abort(context, outcome)
         assert isinstance(outcome, intake_pb2.ReportDetectionResponse)
         return outcome
+
+    # --- watching ------------------------------------------------------------------------------------
+    async def WatchTask(
+        self, request: intake_pb2.WatchTaskRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[intake_pb2.WatchTaskResponse]:
+        principal = current_principal.get()
+        still_valid = current_credential_valid.get()
+        try:
+            watch = parse_request(request, principal)
+        except InvalidInput as exc:
+            await rpc.abort(context, rpc.invalid_argument(exc.field, exc.description))
+        except WatchNotPermitted as exc:
+            await rpc.abort(context, permission_denied(str(exc), "NOT_AN_OPERATOR", field="caller"))
+        refusal: status_pb2.Status | None = None
+        try:
+            with self.watch.slot(principal.name):
+                async for response in self.watch.stream(watch):
+                    if not still_valid():
+                        refusal = rpc.plain_status(grpc.StatusCode.UNAUTHENTICATED, "the credential was revoked")
+                        break
+                    yield response
+        except TooManyStreams as exc:
+            refusal = rpc.resource_exhausted(str(exc), WATCH_RETRY_AFTER_S)
+        except CursorExpired:
+            refusal = rpc.plain_status(
+                grpc.StatusCode.OUT_OF_RANGE,
+                "cursor: older than the changes kept (SIEVE_WATCH_HISTORY_S); read the tasks' state with ListTasks "
+                "and watch from now",
+            )
+        except UnknownTasks as exc:
+            refusal = rpc.plain_status(grpc.StatusCode.NOT_FOUND, str(exc))
+        except ShuttingDown:
+            refusal = rpc.plain_status(
+                grpc.StatusCode.UNAVAILABLE, "intake stopping: resume from the last cursor (on another replica)"
+            )
+        except _UNAVAILABLE as exc:
+            log.warning("WatchTask: dependency unavailable: %s", exc)
+            refusal = rpc.plain_status(
+                grpc.StatusCode.UNAVAILABLE, f"storage unavailable, resume from the last cursor: {type(exc).__name__}"
+            )
+        if refusal is not None:
+            await rpc.abort(context, refusal)
 
 
 def _owner_message(owner: Owner) -> intake_pb2.DeviceOwner:

@@ -1,4 +1,4 @@
-"""Turns task and result rows from PostgreSQL into `sieve.v1.Task` messages.
+"""Turns task, result and callback delivery rows from PostgreSQL into `sieve.v1.Task` messages.
 
 `attempt_log` reads a task's attempts off its history (sieve/db/tasks.py): entries about a hand-out carry its
 lease number, so ASSIGNED, RUNNING and how it ended (SUCCEEDED / FAILED, put back PENDING with the reason,
@@ -9,6 +9,7 @@ in order: an ASSIGNED opens an attempt, the RUNNING right after it and the next 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -51,6 +52,7 @@ def new_task_message(task: NewTask, stamps: dict[datetime, timestamp_pb2.Timesta
         idempotency_key=task.idempotency_key or "",
         max_attempts=task.max_attempts or 0,
         labels=task.labels or {},
+        callback_url=task.callback_url or "",
     )
 
 
@@ -158,7 +160,9 @@ def _labels(value: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
 
 
-def task_message(row: asyncpg.Record, result: asyncpg.Record | None = None) -> types_pb2.Task:
+def task_message(
+    row: asyncpg.Record, result: asyncpg.Record | None = None, deliveries: Sequence[asyncpg.Record] = ()
+) -> types_pb2.Task:
     history = [
         types_pb2.StatusChange(
             status=_status(h["status"]),
@@ -184,7 +188,35 @@ def task_message(row: asyncpg.Record, result: asyncpg.Record | None = None) -> t
         attempt_log=attempt_log(row["history"]),
         max_attempts=_get(row, "max_attempts") or 0,
         labels=_labels(_get(row, "labels")),
+        callback_url=_get(row, "callback_url") or "",
+        deliveries=[delivery_message(d) for d in deliveries],
     )
     if result is not None:
         task.result.CopyFrom(result_message(result))
     return task
+
+
+_DELIVERY_STATES = {
+    "PENDING": types_pb2.CallbackDelivery.STATE_PENDING,
+    "DELIVERED": types_pb2.CallbackDelivery.STATE_DELIVERED,
+    "GAVE_UP": types_pb2.CallbackDelivery.STATE_GAVE_UP,
+}
+
+
+def delivery_message(row: asyncpg.Record) -> types_pb2.CallbackDelivery:
+    """A callback_deliveries row (sieve/db/callbacks.py) as the API shows it."""
+    message = types_pb2.CallbackDelivery(
+        url=row["url"],
+        state=_DELIVERY_STATES.get(row["state"], types_pb2.CallbackDelivery.STATE_UNSPECIFIED),
+        status=_status(row["status"]),
+        attempts=row["attempts"],
+        last_http_status=row["last_http_status"] or 0,
+        last_error=row["last_error"] or "",
+        created_at=timestamp_of(row["created_at"]),
+        delivery_id=f"{row['task_id']}/{row['seq']}",
+    )
+    if row["state"] == "PENDING":
+        message.next_attempt_at.CopyFrom(timestamp(row["next_at"]))
+    if row["delivered_at"] is not None:
+        message.delivered_at.CopyFrom(timestamp(row["delivered_at"]))
+    return message

@@ -58,7 +58,8 @@ def validate_spec(
 ) -> NewTask:
     """Turns one TaskSpec into a NewTask, or raises InvalidInput naming `field`.<name>.
 
-    The checks run in a fixed order (device, type, priority, payload, idempotency key, ttl, max_attempts), so
+    The checks run in a fixed order (device, type, priority, payload, idempotency key, ttl, max_attempts, labels,
+    callback_url), so
     that a spec with several problems is always refused for the same one."""
     now = now or datetime.now(UTC)
     device = _device(spec, field)
@@ -73,6 +74,7 @@ def validate_spec(
     if spec.max_attempts > settings.max_attempts:  # 0: the setting
         raise InvalidInput(f"{field}.max_attempts", f"must be at most {settings.max_attempts} (the global limit)")
     labels = _labels(spec, field)
+    callback_url = _callback_url(spec, field, caller, settings)
 
     digest = None
     if key is not None:  # only a keyed task is compared with an earlier one
@@ -84,6 +86,7 @@ def validate_spec(
             payload.content(),
             spec.max_attempts,
             labels,
+            spec.callback_url,
         )
 
     return NewTask(
@@ -102,6 +105,7 @@ def validate_spec(
         fingerprint=digest,
         max_attempts=spec.max_attempts or None,
         labels=labels,
+        callback_url=callback_url,
     )
 
 
@@ -214,21 +218,55 @@ def _image(spec: intake_pb2.TaskSpec, field: str, settings: Settings) -> bytes:
 
 
 def _image_url(spec: intake_pb2.TaskSpec, field: str, settings: Settings) -> str:
+    return checked_url(spec.image_url, f"{field}.image_url", settings)
+
+
+def checked_url(url: str, field: str, settings: Settings) -> str:
+    """An outbound http(s) URL (an image to fetch, a callback to POST to) the policy may let through, or
+    InvalidInput naming `field`."""
     try:
-        parts = urlsplit(spec.image_url)
+        parts = urlsplit(url)
         host = parts.hostname
         parts.port  # noqa: B018  (raises for a bad port)
     except ValueError:  # e.g. an unclosed "[" or a bad port
         parts, host = None, None
-    if parts is None or parts.scheme not in ("http", "https") or not host or len(spec.image_url) > MAX_URL:
-        raise InvalidInput(f"{field}.image_url", "must be an http(s) URL of at most 2048 characters")
+    if parts is None or parts.scheme not in ("http", "https") or not host or len(url) > MAX_URL:
+        raise InvalidInput(field, "must be an http(s) URL of at most 2048 characters")
     # an IP-literal host (any spelling) outside public space, or a host off a names-only allow-list;
-    # no DNS here: the worker checks every address again when it connects (sieve/outbound/policy.py)
+    # no DNS here: the fetcher checks every address again when it connects (sieve/outbound/policy.py)
     try:
         OutboundPolicy.from_settings(settings).check_without_dns(host)
     except DestinationRefused as exc:
-        raise InvalidInput(f"{field}.image_url", exc.reason) from None
-    return spec.image_url
+        raise InvalidInput(field, exc.reason) from None
+    return url
+
+
+def _callback_url(spec: intake_pb2.TaskSpec, field: str, caller: str, settings: Settings) -> str | None:
+    """Where the task's completion is POSTed: its own callback_url (one printable line, a URL the outbound policy
+    may reach, of a caller that has a signing secret) or the caller's default; None: nowhere."""
+    config = settings.callbacks
+    if not spec.callback_url:
+        return config.default_url(caller)
+    problem = text_problem(spec.callback_url, max_chars=MAX_URL, printable=True)
+    if problem is not None:
+        raise InvalidInput(f"{field}.callback_url", problem)
+    if userinfo_in(spec.callback_url):
+        raise InvalidInput(f"{field}.callback_url", "must not carry a user name or password")
+    url = checked_url(spec.callback_url, f"{field}.callback_url", settings)
+    if config.secret(caller) is None:
+        raise InvalidInput(
+            f"{field}.callback_url",
+            f"caller {shown(caller)} has no callback secret to sign with (SIEVE_CALLBACK_SECRETS)",
+        )
+    return url
+
+
+def userinfo_in(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        return parts.username is not None or parts.password is not None
+    except ValueError:
+        return False
 
 
 def _idempotency_key(spec: intake_pb2.TaskSpec, field: str) -> str | None:

@@ -13,6 +13,7 @@ import contextlib
 import grpc
 
 from scheduler_svc.board import Board
+from scheduler_svc.callbacks import CallbackNotifier
 from scheduler_svc.dispatcher import Dispatcher
 from scheduler_svc.housekeeping import Housekeeping
 from scheduler_svc.metrics import SchedulerCollector
@@ -21,6 +22,7 @@ from scheduler_svc.servicer import SchedulerServicer
 from scheduler_svc.streams import PullStreams
 from sieve import rpc
 from sieve.db.audit import AuditLog
+from sieve.jobs import Jobs
 from sieve.redis.queue_store import QueueStore
 from sieve.settings import Settings
 from sieve.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -31,9 +33,11 @@ SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].ful
 class SchedulerApp:
     """One scheduler replica: the `Board` of its workers' sessions, the `Dispatcher` that hands out work, the
     `SchedulerServicer` (the RPCs) and the `PullStreams` protocol, `Housekeeping` (the periodic tick), the
-    `Rebuilder` that refills an empty Redis from PostgreSQL, and its `metrics`. `service` serves them (the dispatch
-    loop, the wake-up listener and housekeeping run as its background loops), `before_serving` rebuilds Redis when
-    it lost its memory, `drain` is the orderly stop (see the module)."""
+    `Rebuilder` that refills an empty Redis from PostgreSQL, the `CallbackNotifier` of completion callbacks, and its
+    `metrics`. `service` serves them (the dispatch
+    loop, the wake-up listener and the replica's sign of life run as its background loops, housekeeping's chores as
+    its periodic `jobs`), `before_serving` rebuilds Redis when it lost its memory, `drain` is the orderly stop (see
+    the module)."""
 
     def __init__(
         self,
@@ -47,6 +51,7 @@ class SchedulerApp:
         rebuilder: Rebuilder,
         metrics: SchedulerCollector,
         audit: AuditLog,
+        notifier: CallbackNotifier,
     ) -> None:
         self.settings = settings
         self.queues = queues
@@ -56,15 +61,21 @@ class SchedulerApp:
         self.servicer = servicer
         self.streams = streams
         self.rebuilder = rebuilder
+        #: completion callbacks from the outbox (scheduler_svc/callbacks.py)
+        self.notifier = notifier
         #: the replica's scrape-time metrics (registered by `main`: a process may build more than one replica)
         self.metrics = metrics
+        #: the replica's periodic jobs (scheduler_svc/housekeeping.py), served by JobsService
+        self.jobs = Jobs(replica=housekeeping.replica)
+        housekeeping.register_jobs(self.jobs)
         self.service = rpc.Service(
             name="sieve-scheduler",
             service_names=[SERVICE_NAME],
             register=self._register,
             before_stop=self.drain,
-            background=[dispatcher.run, dispatcher.listen_for_work, housekeeping.run],
+            background=[dispatcher.run, dispatcher.listen_for_work, housekeeping.run, notifier.run],
             audit=audit,
+            jobs=self.jobs,
         )
 
     def _register(self, server: grpc.aio.Server) -> None:

@@ -1,5 +1,13 @@
 """The periodic tick, off the hot path: resume devices whose backoff ended, take back leases that ran out, renew
-leases of tasks live workers still hold, free devices whose dispatcher died, and publish the watermark.
+leases of tasks live workers still hold, free devices whose dispatcher died; and the replica's other chores.
+
+The chores are periodic jobs of the replica (sieve/jobs.py, registered by `register_jobs`; ListJobs / RunJob show
+and run them): `housekeeping` (the tick, every `housekeeping_interval_s`), `expired-sweep` (PENDING tasks past
+their TTL, every `ttl_sweep_interval_s`), `watermark` (the record for autoscalers, every `watermark_interval_s`),
+`reconcile` (scheduler_svc/reconcile.py: a pass when this replica gets the turn, tried every `Reconciler.poll_s`)
+and `retention` (sieve/db/retention.py, every `retention_check_interval_s`, when `retention_in_scheduler`). Each
+runs in a loop of its own, so a failing one (logged and counted) neither stops nor delays the others; the tick's
+steps keep their order within it.
 
 Housekeeping sees the rest of its replica only through narrow parts: the stores it sweeps (`HousekeepingStores`),
 the board of sessions, the one take-back path (`Returns`), and `ReplicaHooks` — wake the dispatch loop, tell routing
@@ -28,10 +36,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+
+import asyncpg
 
 from scheduler_svc.board import Board
 from scheduler_svc.lifecycle import Returned, Returns
@@ -41,6 +52,7 @@ from sieve.backoff import compute_backoff
 from sieve.db.retention import Retention
 from sieve.db.tasks import TaskStore
 from sieve.enums import enum_label
+from sieve.jobs import Jobs
 from sieve.redis.queue_store import QueueStore, now_ms
 from sieve.redis.scheduler_state import SchedulerState
 from sieve.redis.shard_leases import ShardLeases
@@ -86,8 +98,8 @@ class ReplicaHooks:
 
 
 class Housekeeping:
-    """Owns the replica's periodic chores (see the module): the tick, the replica's sign of life, and the
-    reconciliation loop; counts what it took back."""
+    """Owns the replica's periodic chores (see the module): the tick and the other jobs it registers, and the
+    replica's sign of life (`run`); counts what it took back."""
 
     def __init__(self, stores: HousekeepingStores, board: Board, returns: Returns, hooks: ReplicaHooks) -> None:
         self.queues = stores.queues
@@ -99,21 +111,19 @@ class Housekeeping:
         self.hooks = hooks
         self.settings = stores.queues.settings
         self.lease_reclaims = 0
-        self._last_watermark = 0.0
-        self._last_ttl_sweep = 0.0
         self._missing_since: dict[Session, float] = {}
         self.expired_swept = 0
         #: PostgreSQL's open tasks against Redis, in a loop of its own (a pass may take longer than a tick)
         self.reconciler = Reconciler(self.queues, self.tasks)
         self.replica = hooks.replica
-        #: when the tick loop began, that is when this replica started serving: a dead replica's workers can
-        #: re-announce their leases here only from then on (None before)
+        #: when `run` began, that is when this replica started serving (its jobs start with it): a dead replica's
+        #: workers can re-announce their leases here only from then on (None before)
         self._serving_since: float | None = None
         #: hand-outs taken back for running past their execution timeout, by task type name
         self.execution_timeouts: dict[str, int] = {}
         #: leases of dead scheduler replicas put back
         self.orphans_put_back = 0
-        #: partitions ahead and old days dropped (sieve/db/retention.py), every retention_check_interval_s
+        #: partitions ahead and old days dropped (sieve/db/retention.py): the `retention` job
         self.retention = Retention(self.tasks.pool, self.settings)
         #: the shards this replica sweeps (all of them with one shard)
         self.shard_leases = ShardLeases(
@@ -124,23 +134,74 @@ class Housekeeping:
             int(self.settings.shard_lease_ttl_s * 1000),
         )
 
+    def register_jobs(self, jobs: Jobs) -> None:
+        """The replica's periodic jobs (see the module), in the order ListJobs shows them."""
+        s = self.settings
+        jobs.register(
+            "housekeeping",
+            s.housekeeping_interval_s,
+            self.tick,
+            "the tick: rebuild Redis if it lost its memory, resume backed-off devices and promote delayed tasks, "
+            "renew live leases, take back expired and timed-out ones and dead replicas' orphans, free abandoned "
+            "devices, end sessions of workers gone from the registry",
+        )
+        jobs.register(
+            "expired-sweep",
+            s.ttl_sweep_interval_s,
+            self._sweep_expired_job,
+            "PENDING tasks past their TTL leave their queues and become EXPIRED",
+        )
+        jobs.register(
+            "watermark",
+            s.watermark_interval_s,
+            self.hooks.publish_watermark,
+            "publishes the watermark record for autoscalers (pending, active devices, live workers) with its TTL",
+        )
+        jobs.register(
+            "reconcile",
+            self.reconciler.poll_s,
+            self.reconciler.take_turn,
+            "when this replica gets the reconciliation turn (one pass per interval among the replicas): every "
+            "open task of PostgreSQL is found in Redis or queued again",
+        )
+        if s.retention_in_scheduler:
+            jobs.register(
+                "retention",
+                s.retention_check_interval_s,
+                self._retention_job,
+                "makes the day partitions ahead and drops or deletes what is past SIEVE_RETENTION_DAYS",
+                jitter=0.1,
+            )
+
     async def run(self) -> None:
+        """This replica's sign of life (and its shard leases, several shards) from when it starts serving, until
+        cancelled; the periodic chores are jobs (`register_jobs`)."""
         self._serving_since = time.monotonic()
-        reconciling = asyncio.create_task(self.reconciler.run(), name="reconcile")
-        alive = asyncio.create_task(self._say_alive(), name="scheduler-alive")
+        await self._say_alive()
+
+    async def _sweep_expired_job(self) -> str:
+        return f"{await self.sweep_expired()} queued tasks expired"
+
+    async def _retention_job(self) -> str:
+        """One retention run (one process at a time: another one's run is not waited for)."""
         try:
-            while True:
-                try:
-                    await self.tick()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("housekeeping tick failed")
-                await asyncio.sleep(self.settings.housekeeping_interval_s)
-        finally:
-            reconciling.cancel()
-            alive.cancel()
-            self.retention.stop()
+            report = await self.retention.run()
+        except asyncpg.InsufficientPrivilegeError as exc:
+            raise PermissionError(
+                f"retention needs the schema owner's rights ({exc}): run `python -m sieve.db.retention` with the "
+                "owner role, or set SIEVE_RETENTION_IN_SCHEDULER=false"
+            ) from exc
+        if not report.ran:
+            return "another process holds the retention lock"
+        purged = ", ".join(
+            f"{getattr(report, f.name)} {f.name.removeprefix('purged_')}"
+            for f in dataclasses.fields(report)
+            if f.name.startswith("purged_")
+        )
+        return (
+            f"made {len(report.created)} day partitions, dropped {len(report.dropped)} days, kept "
+            f"{len(report.kept)}, moved {report.moved} rows; deleted: {purged}"
+        )
 
     async def _say_alive(self) -> None:
         """Keeps this replica's entry in Keys.schedulers fresh, and its shard leases (several shards); removes the
@@ -197,14 +258,6 @@ class Housekeeping:
             await self.board.signer.refresh()
         await self.free_abandoned_devices(now)
         await self.check_workers()
-        if time.monotonic() - self._last_ttl_sweep >= self.settings.ttl_sweep_interval_s:
-            self._last_ttl_sweep = time.monotonic()
-            await self.sweep_expired()
-        if time.monotonic() - self._last_watermark >= self.settings.watermark_interval_s:
-            self._last_watermark = time.monotonic()
-            await self.hooks.publish_watermark()
-        if self.settings.retention_in_scheduler:
-            self.retention.start_if_due()
 
     async def reclaim_expired_leases(self, now: float) -> int:
         """Leases nobody renewed (their worker or scheduler died) go back to their device queues."""

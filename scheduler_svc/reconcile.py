@@ -42,7 +42,6 @@ is stale without PostgreSQL's help, and fencing keeps the result single).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -116,17 +115,20 @@ class Reconciler:
     def grace_s(self) -> float:
         return self.settings.reconcile_grace_s or self.settings.lease_ttl_s
 
-    async def run(self) -> None:
-        """Tries for the turn a few times per interval (at least every second) and makes a pass when it gets it."""
-        poll_s = min(1.0, self.interval_s / 4)
-        while True:
-            try:
-                await self.maybe_pass()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("reconciliation pass failed")
-            await asyncio.sleep(poll_s)
+    @property
+    def poll_s(self) -> float:
+        """How often a replica tries for the turn: a few times per interval, at least every second."""
+        return min(1.0, self.interval_s / 4)
+
+    async def take_turn(self) -> str:
+        """The replica's `reconcile` job (scheduler_svc/housekeeping.py), every `poll_s`: a pass when this replica
+        gets the turn; what it did."""
+        report = await self.maybe_pass()
+        if report is None:
+            return "not this replica's turn: a pass started within the interval"
+        found = ", ".join(f"{n} {kind}" for kind, n in sorted(report.found.items()) if n) or "nothing wrong"
+        stopped = f"; stopped early: {report.stopped}" if report.stopped else ""
+        return f"pass: {report.checked} open tasks checked in {report.pages} pages, {found}{stopped}"
 
     async def maybe_pass(self) -> PassReport | None:
         """A pass, if no pass (by any replica) started within the last interval; None otherwise. The turn key

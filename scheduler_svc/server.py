@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from scheduler_svc.app import SERVICE_NAME, SchedulerApp
 from scheduler_svc.board import Board
+from scheduler_svc.callbacks import CallbackNotifier
 from scheduler_svc.cost import CostMeter
 from scheduler_svc.dead_letters import DeadLetters
 from scheduler_svc.dispatcher import Dispatcher
@@ -21,6 +22,7 @@ from scheduler_svc.streams import PullStreams
 from scheduler_svc.watermark import Watermark
 from sieve import rpc
 from sieve.db.audit import AuditLog
+from sieve.db.callbacks import CallbackStore
 from sieve.db.tasks import TaskStore
 from sieve.observe.logs import setup_logging
 from sieve.observe.metrics import REGISTRY, start_metrics_server
@@ -69,8 +71,19 @@ async def build(settings: Settings, stores: Stores) -> SchedulerApp:
         queues=queues,
         tasks=tasks,
     )
+    notifier = CallbackNotifier(CallbackStore(stores.pool), settings)
     return SchedulerApp(
-        settings, queues, board, dispatcher, housekeeping, servicer, streams, rebuilder, collector, AuditLog(tasks.pool)
+        settings,
+        queues,
+        board,
+        dispatcher,
+        housekeeping,
+        servicer,
+        streams,
+        rebuilder,
+        collector,
+        AuditLog(tasks.pool),
+        notifier,
     )
 
 

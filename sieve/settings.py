@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any, get_type_hints
 from urllib.parse import urlsplit
 
+from sieve.callback_config import CallbackConfig, CallbackConfigError
 from sieve.caller_policy import PolicyError, parse_policies
 from sieve.credentials import AuthError, parse_credentials
 from sieve.errors import SettingsError
@@ -129,6 +130,34 @@ class Settings:
     #: (AssignDevice) from PostgreSQL at least this often.
     device_owner_refresh_s: float = 1.0
 
+    # --- telling callers: WatchTask and completion callbacks (README "Watching tasks", "Callbacks") ----------
+    #: WatchTask streams one caller may have open at once, and all callers together on one intake replica.
+    watch_max_streams_per_caller: int = 16
+    watch_max_streams: int = 1000
+    #: A watcher reads the change feed on each NOTIFY of a change and at least this often (should one be missed).
+    watch_poll_interval_s: float = 1.0
+    #: Changes kept for WatchTask cursors (older ones are deleted by retention; a cursor before them is
+    #: OUT_OF_RANGE).
+    watch_history_s: float = 86400.0
+    #: Per caller, where its tasks' completion is POSTed when a task names no callback_url: whitespace-separated
+    #: "caller=https://..." entries ("*=..." for every caller without its own).
+    callback_default_urls: str = ""
+    #: Per caller, the HMAC-SHA256 key its callbacks are signed with: whitespace-separated "caller=secret"
+    #: entries ("*=..." for every caller without its own). A task may name a callback_url only when its caller
+    #: has one. Keep it in a secret store.
+    callback_secrets: str = ""
+    #: A callback is retried (exponential backoff from base to max, jittered; Retry-After honoured up to max)
+    #: until the receiver answers 2xx or this long after the task became final, then it is GAVE_UP.
+    callback_retry_period_s: float = 86400.0
+    callback_backoff_base_s: float = 1.0
+    callback_backoff_max_s: float = 600.0
+    #: Time limit of one callback POST (connect and answer).
+    callback_timeout_s: float = 10.0
+    #: Callback POSTs one scheduler replica has in flight at once.
+    callback_concurrency: int = 32
+    #: The scheduler looks for due callbacks on each NOTIFY of a change and at least this often.
+    callback_poll_interval_s: float = 1.0
+
     # --- scheduling -------------------------------------------------------------------------------
     #: Aging: score = min(wait, aging_max_wait_s) x weight.
     aging_max_wait_s: float = 600.0
@@ -236,6 +265,9 @@ class Settings:
     result_flush_rows: int = 500
     #: Where the worker serves gRPC health checks (port 0 picks a free one).
     worker_health_addr: str = "127.0.0.1:0"
+    #: A worker looks at the lexicon's version row this often and reloads it when it moved (its lexicon-check job;
+    #: a change is also noticed at once by LISTEN sieve_lexicon).
+    lexicon_check_interval_s: float = 5.0
     #: Tests only: "cpu=10,memory=20,gpu_memory=0" fixes the worker's resource readings.
     fixed_resources: str = ""
     #: Allows the test-only hooks (fixed_resources, ocr_fault): without it a service with either set refuses to start.
@@ -295,6 +327,10 @@ class Settings:
                 "SIEVE_RECONCILE_INTERVAL_S and SIEVE_RECONCILE_GRACE_S must be 0 (derived from "
                 "SIEVE_LEASE_TTL_S) or more"
             )
+        if not 0 < self.lexicon_check_interval_s < float("inf") or not 0 <= self.ocr_health_interval_s < float("inf"):
+            raise SettingsError(
+                "SIEVE_LEXICON_CHECK_INTERVAL_S must be more than 0 and SIEVE_OCR_HEALTH_INTERVAL_S 0 (off) or more"
+            )
         if self.reconcile_page_rows < 1 or self.reconcile_fence_step < 1:
             raise SettingsError("SIEVE_RECONCILE_PAGE_ROWS and SIEVE_RECONCILE_FENCE_STEP must be at least 1")
         self._validate_execution()
@@ -305,6 +341,8 @@ class Settings:
                 "SIEVE_RETENTION_DAYS must be at least 0, SIEVE_RETENTION_AHEAD_DAYS at least 1 "
                 "and SIEVE_RETENTION_CHECK_INTERVAL_S positive"
             )
+        if self.stats_retention_days < 0:
+            raise SettingsError("SIEVE_STATS_RETENTION_DAYS must be at least 0")
         self.cost_fair_types  # noqa: B018  (parses and validates)
         if self.no_gpu_strategy not in ("defer", "cpu", "dead_letter"):
             raise SettingsError("SIEVE_NO_GPU_STRATEGY must be defer, cpu or dead_letter")
@@ -312,6 +350,34 @@ class Settings:
         self.platform_processes  # noqa: B018  (parses and validates)
         self._validate_redis_cluster()
         self._validate_security()
+        self._validate_notifications()
+
+    def _validate_notifications(self) -> None:
+        """WatchTask's bounds and the callback settings (sieve/callback_config.py)."""
+        if self.watch_max_streams_per_caller < 1 or self.watch_max_streams < 1:
+            raise SettingsError("SIEVE_WATCH_MAX_STREAMS_PER_CALLER and SIEVE_WATCH_MAX_STREAMS must be at least 1")
+        if self.watch_poll_interval_s <= 0 or self.watch_history_s <= 0:
+            raise SettingsError("SIEVE_WATCH_POLL_INTERVAL_S and SIEVE_WATCH_HISTORY_S must be positive")
+        if not 0 < self.callback_backoff_base_s <= self.callback_backoff_max_s:
+            raise SettingsError(
+                "SIEVE_CALLBACK_BACKOFF_BASE_S must be positive and at most SIEVE_CALLBACK_BACKOFF_MAX_S"
+            )
+        if self.callback_retry_period_s <= 0 or self.callback_timeout_s <= 0 or self.callback_poll_interval_s <= 0:
+            raise SettingsError(
+                "SIEVE_CALLBACK_RETRY_PERIOD_S, SIEVE_CALLBACK_TIMEOUT_S and SIEVE_CALLBACK_POLL_INTERVAL_S must be "
+                "positive"
+            )
+        if self.callback_concurrency < 1:
+            raise SettingsError("SIEVE_CALLBACK_CONCURRENCY must be at least 1")
+        self.callbacks  # noqa: B018  (parses and validates)
+
+    @property
+    def callbacks(self) -> CallbackConfig:
+        """Each caller's default callback URL and signing secret (parsed once per value)."""
+        try:
+            return CallbackConfig.parse(self.callback_default_urls, self.callback_secrets)
+        except CallbackConfigError as exc:
+            raise SettingsError(str(exc)) from None
 
     def _validate_redis_cluster(self) -> None:
         """A cluster is reached over TCP (redis:// or rediss://) and has database 0 only."""
@@ -449,6 +515,9 @@ class Settings:
     ocr_det_max_side_px: int = 960
     #: Recognised lines under this confidence (0..1) are dropped.
     ocr_min_line_confidence: float = 0.5
+    #: An OCR worker's engine reads a small built-in image of known text this often, first one interval after
+    #: start (its ocr-health job: a failure is counted, shown by ListJobs and logged); 0 turns the probe off.
+    ocr_health_interval_s: float = 300.0
     #: image_url tasks: time limit of one whole fetch (connect, redirects, body).
     ocr_fetch_timeout_s: float = 10.0
     #: image_url tasks: redirects followed (each to http or https only).
@@ -469,6 +538,9 @@ class Settings:
     retention_ahead_days: int = 2
     #: How often the scheduler's housekeeping runs the retention job (partitions ahead, old days dropped).
     retention_check_interval_s: float = 3600.0
+    #: GetStats' rollups (migration 0015) are deleted by the retention job once their hour is this many days old;
+    #: 0 keeps them. They outlive the tasks they count (SIEVE_RETENTION_DAYS).
+    stats_retention_days: int = 90
     #: The scheduler runs the retention job itself; false where services may not change the schema (then
     #: `python -m sieve.db.retention` runs as the schema owner, e.g. the k8s CronJob).
     retention_in_scheduler: bool = True

@@ -2,9 +2,10 @@
 
 Start-up: the lexicon from PostgreSQL, the OCR engine when the worker takes OCR_IMAGE tasks (its mode decides
 `gpu_available` and the default concurrency), then the group-commit writers, the lexicon watch, registry
-registration and heartbeats, and the Pull stream to the scheduler. When OCR falls back from GPU to CPU mode,
-the worker stops announcing a GPU and registers its resources again. Drain (SIGTERM): no new credits,
-in-flight tasks finish and are acked, the stream closes.
+registration and heartbeats, the periodic jobs (sieve/jobs.py: `lexicon-check`, and `ocr-health` on an OCR worker,
+worker_svc/ocr/health.py; JobsService on the worker's health server shows and runs them), and the Pull stream to
+the scheduler. When OCR falls back from GPU to CPU mode, the worker stops announcing a GPU and registers its
+resources again. Drain (SIGTERM): no new credits, in-flight tasks finish and are acked, the stream closes.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import asyncpg
 
 from sieve import rpc
 from sieve.db.tasks import TaskStore, type_value
+from sieve.jobs import Jobs
 from sieve.settings import Settings
 from worker_svc.lexicon import Lexicon
 from worker_svc.pressure import Pressure
@@ -42,8 +44,9 @@ class WorkerApp:
     `BatchRunner` and its group commits, the `Puller` (slots, credits, the Pull stream), the `RegistryClient`
     (registration, heartbeats); `start` brings them up, `drain` lets in-flight work finish, `close` stops all.
 
-    Its `service` has no RPCs of its own: the worker serves gRPC health only, and the server's drain step
-    (`before_stop`) is the worker's `drain`."""
+    Its `service` has no RPCs of its own: the worker serves gRPC health and its periodic `jobs` (JobsService) only,
+    and the server's drain step (`before_stop`) is the worker's `drain`. The worker starts and stops its jobs
+    itself, with its other loops (the server's second start of them does nothing)."""
 
     def __init__(self, settings: Settings, pool: asyncpg.Pool) -> None:
         self.settings = settings
@@ -76,9 +79,32 @@ class WorkerApp:
         self.stop_event = asyncio.Event()
         self._background: list[asyncio.Task[None]] = []
         self._pulling: asyncio.Task[None] | None = None
+        self.jobs = Jobs(replica=self.worker_id)
+        self._register_jobs()
         self.service = rpc.Service(
-            name="sieve-worker", service_names=[], register=lambda server: None, before_stop=self.drain
+            name="sieve-worker", service_names=[], register=lambda server: None, before_stop=self.drain, jobs=self.jobs
         )
+
+    def _register_jobs(self) -> None:
+        settings = self.settings
+        self.jobs.register(
+            "lexicon-check",
+            settings.lexicon_check_interval_s,
+            self.lexicon.check,
+            "reloads the lexicon when its version row in PostgreSQL moved (also run on each NOTIFY sieve_lexicon)",
+            jitter=0.1,
+        )
+        if self.ocr is not None and settings.ocr_health_interval_s > 0:
+            ocr = self.ocr
+            self.jobs.register(
+                "ocr-health",
+                settings.ocr_health_interval_s,
+                lambda: _probe(ocr),
+                "the OCR engine reads a small built-in image of known text, on its own thread, like a task",
+                first_run_s=settings.ocr_health_interval_s,
+                jitter=0.1,
+                timeout_s=settings.ocr_timeout_s,
+            )
 
     async def start(self) -> None:
         await self.lexicon.start()
@@ -88,8 +114,9 @@ class WorkerApp:
             asyncio.create_task(c)
             for c in (
                 *(writer.run() for writer in self.runner.writers),
-                self.lexicon.watch(),
+                self.lexicon.watch(changed=lambda: self.jobs.trigger("lexicon-check")),
                 self.registry.run(self.stop_event),
+                self.jobs.run(),
             )
         ]
         self._pulling = asyncio.create_task(self.puller.run(self.stop_event))
@@ -128,6 +155,12 @@ class WorkerApp:
                 await task
         if self.ocr is not None:
             await self.ocr.close()
+
+
+async def _probe(ocr: OcrRuntime) -> str:
+    from worker_svc.ocr.health import probe
+
+    return await probe(ocr)
 
 
 def _ocr_runtime(settings: Settings) -> OcrRuntime:

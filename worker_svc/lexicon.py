@@ -1,7 +1,9 @@
 """The worker's lexicon: loaded from PostgreSQL into a Matcher, reloaded when the table changes.
 
-The first start with an empty table loads the shipped default lexicon file. Changes are noticed by
-LISTEN on `sieve_lexicon` (the table's trigger notifies) and, as a fallback, by polling the version row.
+The first start with an empty table loads the shipped default lexicon file. A change is noticed at once by
+LISTEN on `sieve_lexicon` (the table's trigger notifies: `watch`) and, as a fallback, by `check`, which looks at the
+version row and reloads when it moved: the worker's `lexicon-check` job, every `lexicon_check_interval_s`, and
+run as soon as possible on each notification (worker_svc/app.py).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import zlib
+from collections.abc import Callable
 
 import asyncpg
 
@@ -17,6 +20,7 @@ from sieve.settings import Settings
 from worker_svc.text import LexiconEntry, Matcher, load_lexicon_file
 
 log = logging.getLogger("sieve.worker.lexicon")
+#: how often the LISTEN connection is looked at, and the wait before opening it again after an error
 POLL_S = 5.0
 
 
@@ -39,7 +43,7 @@ async def seed_default_lexicon(pool: asyncpg.Pool, settings: Settings) -> int:
 
 class Lexicon:
     """Holds the current Matcher built from the lexicon in PostgreSQL; `start` loads it (seeding the default
-    lexicon into an empty table), `watch` keeps it fresh."""
+    lexicon into an empty table), `check` and `watch` keep it fresh."""
 
     def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
         self.pool = pool
@@ -47,6 +51,7 @@ class Lexicon:
         self.matcher = Matcher(())
         self.version = -1
         self._changed = asyncio.Event()
+        self._checking = asyncio.Lock()
 
     async def load(self) -> None:
         async with self.pool.acquire() as conn:
@@ -60,20 +65,35 @@ class Lexicon:
         await seed_default_lexicon(self.pool, self.settings)
         await self.load()
 
-    async def watch(self) -> None:
-        """Reloads on NOTIFY sieve_lexicon, and whenever the version row moved (polled)."""
+    async def check(self) -> str:
+        """Reloads the lexicon when its version row moved (one check at a time); what it found."""
+        async with self._checking:
+            version = await self.pool.fetchval("SELECT version FROM lexicon_version")
+            if version == self.version:
+                return f"version {version} is loaded"
+            await self.load()
+            return f"version {self.version} loaded: {self.matcher.size} words"
+
+    async def watch(self, changed: Callable[[], None] | None = None) -> None:
+        """Listens for NOTIFY sieve_lexicon; on each notification, and once each time it starts listening (what
+        changed meanwhile), calls `changed` (the worker: its lexicon-check job, as soon as possible) or, without
+        one, `check`. Until cancelled; a lost connection is opened again after POLL_S."""
         conn: asyncpg.Connection | None = None
         while True:
             try:
                 if conn is None or conn.is_closed():
                     conn = await asyncpg.connect(self.settings.database_url)
                     await conn.add_listener("sieve_lexicon", lambda *_: self._changed.set())
+                    self._changed.set()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), timeout=POLL_S)
+                if not self._changed.is_set():
+                    continue
                 self._changed.clear()
-                version = await self.pool.fetchval("SELECT version FROM lexicon_version")
-                if version != self.version:
-                    await self.load()
+                if changed is not None:
+                    changed()
+                else:
+                    await self.check()
             except asyncio.CancelledError:
                 if conn is not None:
                     await conn.close()

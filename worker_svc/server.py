@@ -1,8 +1,8 @@
 """The worker process: `build` starts a `WorkerApp` (worker_svc/app.py), `main` runs it until SIGTERM.
 
-`python -m worker_svc` calls `run`. A worker serves gRPC health only (on worker_health_addr); its work goes
-over the Pull stream it opens to the scheduler. SIGTERM: no new credits, in-flight tasks finish and are acked,
-the stream closes, then the process exits.
+`python -m worker_svc` calls `run`. A worker serves gRPC health and its periodic jobs (JobsService) only (on
+worker_health_addr); its work goes over the Pull stream it opens to the scheduler. SIGTERM: no new credits,
+in-flight tasks finish and are acked, the stream closes, then the process exits.
 """
 
 from __future__ import annotations

@@ -31,11 +31,12 @@ from sieve.settings import Settings, SettingsError
 log = logging.getLogger("sieve.db.migrate")
 
 #: service -> table -> privileges: what each service's SQL does (sieve/db/tasks.py, payloads.py, audit.py, reports.py,
-#: intake_svc/ownership.py, worker_svc/lexicon.py). Nothing updates or deletes audit_events; only the intake
-#: deletes tasks (a task it recorded but could not queue, with its idempotency key); the lexicon trigger bumps
-#: lexicon_version as the worker that seeds the lexicon. Partition maintenance and retention (sieve/db/retention.py:
-#: CREATE / DROP of day partitions) are the owner's: `python -m sieve.db.retention` with the owner role.
-#: A table or sequence listed here that this schema does not have (yet) is skipped with a warning.
+#: task_changes.py, callbacks.py, intake_svc/ownership.py, worker_svc/lexicon.py). task_changes and callback_deliveries
+#: are written by triggers running as the schema owner (migration 0014): no service inserts. Nothing updates or deletes
+#: audit_events; only the intake deletes tasks (a task it recorded but could not queue, with its idempotency key); the
+#: lexicon trigger bumps lexicon_version as the worker that seeds the lexicon. Partition maintenance and retention
+#: (sieve/db/retention.py: CREATE / DROP of day partitions) are the owner's: `python -m sieve.db.retention` with the
+#: owner role. A table or sequence listed here that this schema does not have (yet) is skipped with a warning.
 SERVICE_GRANTS: dict[str, dict[str, tuple[str, ...]]] = {
     "intake": {
         "schema_migrations": ("SELECT",),
@@ -45,11 +46,19 @@ SERVICE_GRANTS: dict[str, dict[str, tuple[str, ...]]] = {
         "device_owners": ("SELECT", "INSERT", "UPDATE"),
         "audit_events": ("INSERT",),
         "device_reports": ("SELECT", "INSERT"),
+        "task_changes": ("SELECT",),
+        "task_changes_purged": ("SELECT",),
+        "callback_deliveries": ("SELECT",),
+        # written by triggers running as the schema owner (migration 0015); GetStats reads them
+        "task_stats": ("SELECT",),
+        "task_stats_words": ("SELECT",),
     },
     "scheduler": {
         "schema_migrations": ("SELECT",),
         "tasks": ("SELECT", "UPDATE"),
+        "results": ("SELECT",),
         "audit_events": ("SELECT", "INSERT"),
+        "callback_deliveries": ("SELECT", "UPDATE"),
     },
     "worker": {
         "schema_migrations": ("SELECT",),

@@ -16,6 +16,7 @@ time-ordered; a day whose partition was not made in time). One `Retention.run`:
    is kept and looked at again on the next run;
 3. deletes, in batches, the final rows of the DEFAULT partitions unchanged for `retention_days`, and the
    idempotency keys of every task deleted.
+4. deletes, in batches, GetStats' rollup rows of hours older than `stats_retention_days` (migration 0015).
 
 A day's partitions are made as tables of their own and attached (the parents locked SHARE UPDATE EXCLUSIVE: reads
 and writes go on; the DEFAULT partitions are locked while checked for rows of that day). A drop holds ACCESS
@@ -23,8 +24,8 @@ EXCLUSIVE locks on `tasks` and `results` for milliseconds (its re-check of open 
 lock_timeout of 0.5 s keeps it from queueing every query behind a long one: it waits for the next run instead.
 The check that a day is settled is a plain read (no lock); the drop's re-check sees a task opened again since, not
 one opened and finished again within that moment. Only one process runs it at a time per schema (an advisory
-lock), so every scheduler replica may call it. The scheduler's housekeeping calls it every
-`retention_check_interval_s`; where services run without the right to change the schema,
+lock), so every scheduler replica may call it. The scheduler's `retention` job (scheduler_svc/housekeeping.py)
+runs it every `retention_check_interval_s`; where services run without the right to change the schema,
 `python -m sieve.db.retention` does the same as the schema's owner (a cron job).
 """
 
@@ -88,6 +89,12 @@ class RetentionReport:
     purged_keys: int = 0
     #: device reports (ReportDetection) deleted
     purged_reports: int = 0
+    #: GetStats' rollup rows (task_stats, task_stats_words) deleted
+    purged_stats: int = 0
+    #: WatchTask's change feed rows (task_changes) deleted
+    purged_changes: int = 0
+    #: finished callback deliveries deleted
+    purged_deliveries: int = 0
     #: False when another process held the retention lock (nothing was done)
     ran: bool = True
 
@@ -100,43 +107,12 @@ class Retention:
     ) -> None:
         self.pool = pool
         self.retention_days = settings.retention_days
+        self.stats_retention_days = settings.stats_retention_days
+        self.watch_history_s = settings.watch_history_s
         self.ahead_days = settings.retention_ahead_days
         self.batch = batch
         self.lock_timeout_ms = int(lock_timeout_s * 1000)
-        self.check_interval_s = settings.retention_check_interval_s
         self._lock_key = zlib.crc32(f"sieve-retention:{settings.database_schema}".encode())
-        self._background: asyncio.Task[None] | None = None
-        self._last_start: float | None = None
-
-    # --- in the scheduler's housekeeping --------------------------------------------------------------
-    def start_if_due(self) -> None:
-        """Starts a run in the background when `retention_check_interval_s` has passed since the last one began
-        (at once the first time) and none is running: a tick never waits for it."""
-        now = asyncio.get_running_loop().time()
-        if self._background is not None and not self._background.done():
-            return
-        if self._last_start is not None and now - self._last_start < self.check_interval_s:
-            return
-        self._last_start = now
-        self._background = asyncio.create_task(self._run_logged(), name="retention")
-
-    def stop(self) -> None:
-        if self._background is not None:
-            self._background.cancel()
-
-    async def _run_logged(self) -> None:
-        try:
-            await self.run()
-        except asyncio.CancelledError:
-            raise
-        except asyncpg.InsufficientPrivilegeError as exc:
-            log.warning(
-                "retention needs the schema owner's rights (%s): run `python -m sieve.db.retention` with "
-                "the owner role",
-                exc,
-            )
-        except Exception:
-            log.exception("retention run failed")
 
     # --- the whole job ------------------------------------------------------------------------------
     async def run(self, now: datetime | None = None) -> RetentionReport:
@@ -154,6 +130,10 @@ class Retention:
                     await self._drop_old_days(conn, now, report)
                     await self._purge_default(conn, now, report)
                     await self._purge_reports(conn, now, report)
+                    await self._purge_deliveries(conn, now, report)
+                await self._purge_changes(conn, now, report)
+                if self.stats_retention_days > 0:
+                    await self._purge_stats(conn, now, report)
             finally:
                 await conn.execute("SELECT pg_advisory_unlock($1)", self._lock_key)
         if report.created or report.dropped or report.purged_default or report.moved or report.purged_reports:
@@ -347,6 +327,80 @@ class Retention:
             report.purged_reports += deleted
             if deleted < self.batch:
                 return
+
+    async def _purge_changes(self, conn: _Connection, now: datetime, report: RetentionReport) -> None:
+        """Deletes WatchTask's changes older than watch_history_s, oldest transaction first, in batches (the xid
+        index), and records the newest transaction deleted: a cursor that had not seen all of it is OUT_OF_RANGE."""
+        cutoff = now - timedelta(seconds=self.watch_history_s)
+        while True:
+            row = await conn.fetchrow(
+                """
+                WITH oldest AS (
+                    SELECT ctid FROM task_changes ORDER BY xid LIMIT $2
+                ), gone AS (
+                    DELETE FROM task_changes c USING oldest o WHERE c.ctid = o.ctid AND c.logged_at < $1
+                    RETURNING c.xid
+                ), mark AS (
+                    UPDATE task_changes_purged SET up_to = greatest(up_to, (SELECT max(xid) FROM gone))
+                    WHERE EXISTS (SELECT 1 FROM gone)
+                )
+                SELECT count(*) AS deleted FROM gone
+                """,
+                cutoff,
+                self.batch,
+            )
+            assert row is not None
+            report.purged_changes += row["deleted"]
+            if row["deleted"] < self.batch:
+                return
+
+    async def _purge_deliveries(self, conn: _Connection, now: datetime, report: RetentionReport) -> None:
+        """Deletes callback deliveries made before the cutoff that are DELIVERED or GAVE_UP, in batches."""
+        cutoff = now - timedelta(days=self.retention_days)
+        while True:
+            deleted: int = await conn.fetchval(
+                """
+                WITH chosen AS (
+                    SELECT task_id, seq FROM callback_deliveries
+                    WHERE created_at < $1 AND state IN ('DELIVERED', 'GAVE_UP')
+                    ORDER BY created_at LIMIT $2
+                ), gone AS (
+                    DELETE FROM callback_deliveries d USING chosen c
+                    WHERE (d.task_id, d.seq) = (c.task_id, c.seq)
+                    RETURNING 1
+                )
+                SELECT count(*) FROM gone
+                """,
+                cutoff,
+                self.batch,
+            )
+            report.purged_deliveries += deleted
+            if deleted < self.batch:
+                return
+
+    async def _purge_stats(self, conn: _Connection, now: datetime, report: RetentionReport) -> None:
+        """Deletes GetStats' rollup rows of hours older than `stats_retention_days`, oldest first, in batches (their
+        hour indexes; migration 0015). They are kept apart from the tasks they count: rollups outlive them."""
+        cutoff = now - timedelta(days=self.stats_retention_days)
+        for table in ("task_stats", "task_stats_words"):
+            while True:
+                deleted: int = await conn.fetchval(
+                    f"""
+                    WITH gone AS (
+                        DELETE FROM {table} WHERE ctid = ANY(ARRAY(
+                            SELECT ctid FROM {table} WHERE hour < $1 ORDER BY hour LIMIT $2))
+                        RETURNING 1
+                    )
+                    SELECT count(*) FROM gone
+                    """,
+                    cutoff,
+                    self.batch,
+                )
+                report.purged_stats += deleted
+                if deleted < self.batch:
+                    break
+        if report.purged_stats:
+            log.info("retention: deleted %d statistics rows of hours before %s", report.purged_stats, cutoff)
 
     async def _purge_keys(self, conn: _Connection, lo: uuid.UUID, hi: uuid.UUID) -> int:
         """Deletes the idempotency keys of tasks in [lo, hi) that no longer exist, in batches walking the

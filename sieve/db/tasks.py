@@ -85,6 +85,8 @@ class NewTask:
     max_attempts: int | None = None
     #: the caller's labels (TaskSpec.labels), None when it gave none
     labels: dict[str, str] | None = None
+    #: where its completion is POSTed (TaskSpec.callback_url or the caller's default), None: nowhere
+    callback_url: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,9 +190,10 @@ class TaskStore:
             WITH u AS (
                 SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::text[], $6::text[],
                                      $7::text[], $8::bytea[], $9::text[], $10::timestamptz[], $11::timestamptz[],
-                                     $12::text[], $13::bytea[], $14::smallint[], $15::text[]) WITH ORDINALITY
+                                     $12::text[], $13::bytea[], $14::smallint[], $15::text[], $16::text[])
+                     WITH ORDINALITY
                      AS u(id, device, type, priority, caller, key, text, image, url, created, expires, trace,
-                          fingerprint, max_attempts, labels, n)
+                          fingerprint, max_attempts, labels, callback_url, n)
             ), claimed AS (
                 INSERT INTO idempotency_keys (caller, device, key, task_id, created_at)
                 SELECT caller, device, key, id, created FROM u WHERE key IS NOT NULL ORDER BY n
@@ -199,10 +202,10 @@ class TaskStore:
             )
             INSERT INTO tasks (id, device, type, priority, status, caller, idempotency_key, payload_text,
                                payload_bytes, payload_url, created_at, updated_at, expires_at, enqueued_at,
-                               trace_context, fingerprint, max_attempts, labels, history)
+                               trace_context, fingerprint, max_attempts, labels, callback_url, history)
             SELECT u.id, u.device, u.type, u.priority, 'PENDING', u.caller, u.key, u.text, u.image, u.url,
                    u.created, u.created, u.expires, u.created, u.trace, u.fingerprint, u.max_attempts,
-                   u.labels::jsonb,
+                   u.labels::jsonb, u.callback_url,
                    jsonb_build_array(jsonb_build_object('status', 'PENDING', 'at', u.created,
                                                         'attempt', 0, 'detail', 'accepted from ' || u.caller))
             FROM u
@@ -225,6 +228,7 @@ class TaskStore:
             [t.fingerprint for t in tasks],
             [t.max_attempts for t in tasks],
             [None if t.labels is None else json.dumps(t.labels, ensure_ascii=False) for t in tasks],
+            [t.callback_url for t in tasks],
         )
         created = {r["id"] for r in rows}
         repeated = [t for t in tasks if t.task_id not in created]

@@ -58,6 +58,21 @@ RPC_SECONDS = Histogram(
     registry=REGISTRY,
 )
 
+# --- every service: periodic jobs (sieve/jobs.py) ------------------------------------------------------
+JOB_RUNS = Counter(
+    "sieve_job_runs",
+    "Runs of a periodic job (scheduled and on demand), by job and outcome (ok, error)",
+    ["job", "outcome"],
+    registry=REGISTRY,
+)
+JOB_SECONDS = Histogram(
+    "sieve_job_seconds",
+    "Time one run of a periodic job took, by job",
+    ["job"],
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+
 # --- intake ------------------------------------------------------------------------------------------
 SUBMITTED = Counter(
     "sieve_submitted_tasks",
@@ -75,6 +90,18 @@ REJECTIONS = Counter(
 )
 
 # --- scheduler ---------------------------------------------------------------------------------------
+CALLBACK_ATTEMPTS = Counter(
+    "sieve_callback_attempts",
+    "Completion callback POSTs made (scheduler_svc/callbacks.py), by outcome: delivered (a 2xx), failed",
+    ["outcome"],
+    registry=REGISTRY,
+)
+CALLBACK_DELAY_SECONDS = Histogram(
+    "sieve_callback_delay_seconds",
+    "From a task becoming final to its callback's 2xx",
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
 DISPATCH_BATCH_SIZE = Histogram(
     "sieve_dispatch_batch_size",
     "Tasks in one assignment batch sent to a worker",

@@ -64,21 +64,28 @@ _CHUNK = 64 * 1024
 class FetchError(Exception):
     """An outbound request that gave nothing usable; the message is safe to show to the caller."""
 
-    def __init__(self, message: str, *, transient: bool, status: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, transient: bool, status: int | None = None, retry_after: str | None = None
+    ) -> None:
         super().__init__(message)
         #: trying again later may help (timeouts, connection errors, 5xx, 408, 429)
         self.transient = transient
         #: the HTTP status when the server answered with an error
         self.status = status
+        #: that answer's Retry-After header, if it had one
+        self.retry_after = retry_after
 
 
 def refused(reason: str) -> FetchError:
     return FetchError(f"fetch refused: {reason}", transient=False)
 
 
-def status_failure(status: int) -> FetchError:
+def status_failure(status: int, retry_after: str | None = None) -> FetchError:
     return FetchError(
-        f"fetch failed (HTTP {status})", status=status, transient=status >= 500 or status in TRANSIENT_STATUSES
+        f"fetch failed (HTTP {status})",
+        status=status,
+        transient=status >= 500 or status in TRANSIENT_STATUSES,
+        retry_after=retry_after,
     )
 
 
@@ -276,7 +283,7 @@ class SafeHttpClient:
                     url = next_url
                     continue
                 if not 200 <= response.status < 300:
-                    raise _log_failure(host, status_failure(response.status))
+                    raise _log_failure(host, status_failure(response.status, response.headers.get("Retry-After")))
                 if response.content_length is not None and response.content_length > self.max_bytes:
                     raise _log_failure(host, refused(f"body is larger than {self.max_bytes} bytes"))
                 return response.status, response.headers, await self._read(response, host), url

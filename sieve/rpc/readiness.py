@@ -267,6 +267,8 @@ class Readiness:
         self._eviction = EvictionCheck(settings)
         self._check_redis: Redis | None = None
         self._running: rpc.RunningServer | None = None
+        #: the service `front` handed to the server (its JobsService serves the built service's jobs once built)
+        self._front: rpc.Service | None = None
         self._loop: asyncio.Task[None] | None = None
         self._stopping = False
         self._background_started = False
@@ -276,8 +278,9 @@ class Readiness:
     # --- the server shape -------------------------------------------------------------------------
     def front(self) -> rpc.Service:
         """The service to hand to `rpc.create_server(..., serving=False)`: the guard, the forwarding
-        interceptors and audit sink, and a drain that first stops this loop."""
-        return rpc.Service(
+        interceptors and audit sink, and a drain that first stops this loop. Its periodic jobs become the built
+        service's once it is built (ListJobs answers before that too: no jobs yet)."""
+        self._front = rpc.Service(
             name=self.name,
             service_names=self.service_names,
             register=lambda server: server.add_generic_rpc_handlers((self._routes,)),
@@ -285,6 +288,7 @@ class Readiness:
             audit=self._sink,
             before_stop=self._before_stop,
         )
+        return self._front
 
     def attach(self, running: rpc.RunningServer) -> None:
         """Starts the loop on a server created from `front()`."""
@@ -395,15 +399,17 @@ class Readiness:
         self._routes.handlers = capture.handlers
         self._interceptors.chain = tuple(built.service.interceptors)
         self._sink.target = built.service.audit
+        if self._front is not None:
+            self._front.jobs = built.service.jobs
         self.built = built
 
     def _start_background(self) -> None:
-        """The built service's loops, once, after its first start-up step (the scheduler dispatches only
-        from a rebuilt Redis)."""
+        """The built service's loops and periodic jobs, once, after its first start-up step (the scheduler
+        dispatches only from a rebuilt Redis)."""
         if self._background_started or self.built is None or self._running is None:
             return
         self._background_started = True
-        for loop in self.built.service.background:
+        for loop in self.built.service.loops():
             self._running.tasks.append(asyncio.create_task(loop(), name=f"{self.name}-bg"))
 
     async def _connect(self) -> None:

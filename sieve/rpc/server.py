@@ -1,8 +1,10 @@
 """The server shape every service shares: build, start, serve until SIGTERM, stop in order.
 
 Every service's `server.py` calls `create_server` with its servicers and `serve` to run until SIGTERM:
-health checking (stock HealthServicer) is always on, reflection when `SIEVE_GRPC_REFLECTION` is; every call
-passes `auth.AuthInterceptor` (credentials and roles); TLS (or mTLS) when certificates are configured.
+health checking (stock HealthServicer) is always on, reflection when `SIEVE_GRPC_REFLECTION` is, and so is
+JobsService (sieve/rpc/jobs.py: ListJobs / RunJob over the service's periodic `jobs`, sieve/jobs.py, which run
+with its background loops); every call passes `auth.AuthInterceptor` (credentials and roles); TLS (or mTLS)
+when certificates are configured.
 Shutdown is ordered: health NOT_SERVING, the service's own `before_stop` (stop taking work, drain),
 `server.stop(grace)`, then the background loops.
 """
@@ -21,14 +23,17 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from sieve.jobs import Jobs
 from sieve.observe import telemetry
 from sieve.observe.rpc_metrics import RpcMetricsInterceptor
 from sieve.rpc import auth
 from sieve.rpc import reflection as method_reflection
 from sieve.rpc.audit import AuditInterceptor, AuditSink, LogSink
 from sieve.rpc.channel import channel_options, server_credentials
+from sieve.rpc.jobs import JOBS_SERVICE_NAME, JobsServicer
 from sieve.rpc.malformed import MalformedRequests
 from sieve.settings import Settings
+from sieve.v1 import jobs_pb2_grpc
 
 log = logging.getLogger("sieve.rpc")
 
@@ -51,6 +56,12 @@ class Service:
     before_stop: Callable[[], Awaitable[None]] | None = None
     #: background loops started with the server and cancelled at shutdown (after before_stop)
     background: list[Callable[[], Coroutine[Any, Any, None]]] = field(default_factory=list)
+    #: the service's periodic jobs (sieve/jobs.py): run with the background loops, shown and run by JobsService
+    jobs: Jobs = field(default_factory=Jobs)
+
+    def loops(self) -> list[Callable[[], Coroutine[Any, Any, None]]]:
+        """What runs beside the RPCs: the background loops, then the periodic jobs."""
+        return [*self.background, self.jobs.run]
 
 
 @dataclass
@@ -87,7 +98,9 @@ async def create_server(service: Service, address: str, settings: Settings, *, s
     """Builds and starts a server for `service` on `address` (port 0 picks one); returns it with its port.
     Health says SERVING at once, or NOT_SERVING with `serving=False` (sieve.rpc.readiness flips it later)."""
     authenticator = auth.load_authenticator(settings.auth_tokens, settings.auth_tokens_file)
-    if service.service_names:  # a health-only server (a worker's) has no RPC that needs a credential
+    # a server with no service of its own (a worker's: health and JobsService) may start without credentials; then
+    # it refuses every JobsService call (no credential matches), unless anonymous callers are allowed
+    if service.service_names:
         auth.require_credentials(authenticator, settings.allow_anonymous, service.name)
     guard = auth.AuthInterceptor(
         authenticator, allow_anonymous=settings.allow_anonymous, reflection=settings.grpc_reflection
@@ -107,12 +120,15 @@ async def create_server(service: Service, address: str, settings: Settings, *, s
     # no SO_REUSEPORT: a second server on a taken port must fail to bind, not silently share its connections
     server = grpc.aio.server(interceptors=interceptors, options=[*channel_options(settings), ("grpc.so_reuseport", 0)])
     service.register(server)
+    # every server answers for its periodic jobs (the service's, read per call: readiness swaps in the built ones)
+    jobs_pb2_grpc.add_JobsServiceServicer_to_server(JobsServicer(service.name, lambda: service.jobs), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if settings.grpc_reflection:
         method_reflection.enable_server_reflection(
             [
                 *service.service_names,
+                JOBS_SERVICE_NAME,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 reflection.SERVICE_NAME,
             ],
@@ -125,7 +141,7 @@ async def create_server(service: Service, address: str, settings: Settings, *, s
     await server.start()
     running = RunningServer(server, port, health_servicer, service)
     await running.set_serving(serving)
-    running.tasks = [asyncio.create_task(loop(), name=f"{service.name}-bg") for loop in service.background]
+    running.tasks = [asyncio.create_task(loop(), name=f"{service.name}-bg") for loop in service.loops()]
     log.info("%s listening on port %d", service.name, port)
     return running
 

@@ -75,6 +75,16 @@ class IntakeServiceStub:
                 request_serializer=sieve_dot_v1_dot_intake__pb2.ReportDetectionRequest.SerializeToString,
                 response_deserializer=sieve_dot_v1_dot_intake__pb2.ReportDetectionResponse.FromString,
                 _registered_method=True)
+        self.GetStats = channel.unary_unary(
+                '/sieve.v1.IntakeService/GetStats',
+                request_serializer=sieve_dot_v1_dot_intake__pb2.GetStatsRequest.SerializeToString,
+                response_deserializer=sieve_dot_v1_dot_intake__pb2.GetStatsResponse.FromString,
+                _registered_method=True)
+        self.WatchTask = channel.unary_stream(
+                '/sieve.v1.IntakeService/WatchTask',
+                request_serializer=sieve_dot_v1_dot_intake__pb2.WatchTaskRequest.SerializeToString,
+                response_deserializer=sieve_dot_v1_dot_intake__pb2.WatchTaskResponse.FromString,
+                _registered_method=True)
 
 
 class IntakeServiceServicer:
@@ -140,6 +150,26 @@ class IntakeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStats(self, request, context):
+        """Statistics of the caller's tasks (an operator's: every caller's, or one's) by period, type and verdict, from
+        rollups kept as results are stored: counts by final status, device reports, processing-time percentiles, the
+        top words and categories hit, and the queue now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchTask(self, request, context):
+        """Streams the status changes of the given tasks, or of all the caller's tasks (an operator's: every caller's,
+        or one's), optionally of one device or label: first those after `cursor`, then each as it is recorded. Every
+        change carries a cursor; a stream resumed from it misses no change (it may repeat one: `sequence` tells).
+        RESOURCE_EXHAUSTED when the caller already has SIEVE_WATCH_MAX_STREAMS_PER_CALLER streams open;
+        OUT_OF_RANGE when the cursor is older than the changes kept (SIEVE_WATCH_HISTORY_S).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_IntakeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -182,6 +212,16 @@ def add_IntakeServiceServicer_to_server(servicer, server):
                     servicer.ReportDetection,
                     request_deserializer=sieve_dot_v1_dot_intake__pb2.ReportDetectionRequest.FromString,
                     response_serializer=sieve_dot_v1_dot_intake__pb2.ReportDetectionResponse.SerializeToString,
+            ),
+            'GetStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStats,
+                    request_deserializer=sieve_dot_v1_dot_intake__pb2.GetStatsRequest.FromString,
+                    response_serializer=sieve_dot_v1_dot_intake__pb2.GetStatsResponse.SerializeToString,
+            ),
+            'WatchTask': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchTask,
+                    request_deserializer=sieve_dot_v1_dot_intake__pb2.WatchTaskRequest.FromString,
+                    response_serializer=sieve_dot_v1_dot_intake__pb2.WatchTaskResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -401,6 +441,60 @@ class IntakeService:
             '/sieve.v1.IntakeService/ReportDetection',
             sieve_dot_v1_dot_intake__pb2.ReportDetectionRequest.SerializeToString,
             sieve_dot_v1_dot_intake__pb2.ReportDetectionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sieve.v1.IntakeService/GetStats',
+            sieve_dot_v1_dot_intake__pb2.GetStatsRequest.SerializeToString,
+            sieve_dot_v1_dot_intake__pb2.GetStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sieve.v1.IntakeService/WatchTask',
+            sieve_dot_v1_dot_intake__pb2.WatchTaskRequest.SerializeToString,
+            sieve_dot_v1_dot_intake__pb2.WatchTaskResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -211,7 +211,7 @@ class DetectionResult(_message.Message):
     def __init__(self, verdict: _Optional[_Union[Verdict, str]] = ..., hits: _Optional[_Iterable[_Union[Hit, _Mapping]]] = ..., text: _Optional[str] = ..., worker_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lines: _Optional[_Iterable[_Union[OcrLine, _Mapping]]] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., processing_time_ms: _Optional[float] = ..., lexicon_version: _Optional[int] = ..., ocr: _Optional[_Union[OcrRun, _Mapping]] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "device_id", "type", "priority", "status", "attempts", "created_at", "updated_at", "expires_at", "history", "result", "error", "idempotency_key", "attempt_log", "max_attempts", "labels")
+    __slots__ = ("task_id", "device_id", "type", "priority", "status", "attempts", "created_at", "updated_at", "expires_at", "history", "result", "error", "idempotency_key", "attempt_log", "max_attempts", "labels", "callback_url", "deliveries")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +235,8 @@ class Task(_message.Message):
     ATTEMPT_LOG_FIELD_NUMBER: _ClassVar[int]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    CALLBACK_URL_FIELD_NUMBER: _ClassVar[int]
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     device_id: str
     type: TaskType
@@ -251,7 +253,43 @@ class Task(_message.Message):
     attempt_log: _containers.RepeatedCompositeFieldContainer[TaskAttempt]
     max_attempts: int
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, task_id: _Optional[str] = ..., device_id: _Optional[str] = ..., type: _Optional[_Union[TaskType, str]] = ..., priority: _Optional[_Union[Priority, str]] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., attempts: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., history: _Optional[_Iterable[_Union[StatusChange, _Mapping]]] = ..., result: _Optional[_Union[DetectionResult, _Mapping]] = ..., error: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., attempt_log: _Optional[_Iterable[_Union[TaskAttempt, _Mapping]]] = ..., max_attempts: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    callback_url: str
+    deliveries: _containers.RepeatedCompositeFieldContainer[CallbackDelivery]
+    def __init__(self, task_id: _Optional[str] = ..., device_id: _Optional[str] = ..., type: _Optional[_Union[TaskType, str]] = ..., priority: _Optional[_Union[Priority, str]] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., attempts: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., history: _Optional[_Iterable[_Union[StatusChange, _Mapping]]] = ..., result: _Optional[_Union[DetectionResult, _Mapping]] = ..., error: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., attempt_log: _Optional[_Iterable[_Union[TaskAttempt, _Mapping]]] = ..., max_attempts: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., callback_url: _Optional[str] = ..., deliveries: _Optional[_Iterable[_Union[CallbackDelivery, _Mapping]]] = ...) -> None: ...
+
+class CallbackDelivery(_message.Message):
+    __slots__ = ("url", "state", "status", "attempts", "last_http_status", "last_error", "created_at", "next_attempt_at", "delivered_at", "delivery_id")
+    class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        STATE_UNSPECIFIED: _ClassVar[CallbackDelivery.State]
+        STATE_PENDING: _ClassVar[CallbackDelivery.State]
+        STATE_DELIVERED: _ClassVar[CallbackDelivery.State]
+        STATE_GAVE_UP: _ClassVar[CallbackDelivery.State]
+    STATE_UNSPECIFIED: CallbackDelivery.State
+    STATE_PENDING: CallbackDelivery.State
+    STATE_DELIVERED: CallbackDelivery.State
+    STATE_GAVE_UP: CallbackDelivery.State
+    URL_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_HTTP_STATUS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ATTEMPT_AT_FIELD_NUMBER: _ClassVar[int]
+    DELIVERED_AT_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_ID_FIELD_NUMBER: _ClassVar[int]
+    url: str
+    state: CallbackDelivery.State
+    status: TaskStatus
+    attempts: int
+    last_http_status: int
+    last_error: str
+    created_at: _timestamp_pb2.Timestamp
+    next_attempt_at: _timestamp_pb2.Timestamp
+    delivered_at: _timestamp_pb2.Timestamp
+    delivery_id: str
+    def __init__(self, url: _Optional[str] = ..., state: _Optional[_Union[CallbackDelivery.State, str]] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., attempts: _Optional[int] = ..., last_http_status: _Optional[int] = ..., last_error: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., next_attempt_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., delivered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., delivery_id: _Optional[str] = ...) -> None: ...
 
 class TaskAttempt(_message.Message):
     __slots__ = ("lease", "attempt", "worker_id", "assigned_at", "started_at", "ended_at", "outcome", "detail", "counted", "retry_at")

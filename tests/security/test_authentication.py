@@ -32,7 +32,7 @@ from sieve import rpc
 from sieve.rpc.auth import METHOD_ROLES, AuthError, hash_token, new_token
 from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
-from sieve.v1 import intake_pb2, registry_pb2, scheduler_pb2
+from sieve.v1 import intake_pb2, jobs_pb2, registry_pb2, scheduler_pb2
 from tests.security.auth_stack import Credentials, SecureStack, eventually, secure_stack, text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +41,8 @@ SERVICES = {
     "sieve.v1.IntakeService": intake_pb2.DESCRIPTOR.services_by_name["IntakeService"],
     "sieve.v1.SchedulerService": scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"],
     "sieve.v1.RegistryService": registry_pb2.DESCRIPTOR.services_by_name["RegistryService"],
+    # every server serves it (its periodic jobs); the stack's hosts name the scheduler's
+    "sieve.v1.JobsService": jobs_pb2.DESCRIPTOR.services_by_name["JobsService"],
 }
 #: the roles the issue gives each RPC (client RPCs are open to operators too)
 EXPECTED_ROLES = {
@@ -50,6 +52,8 @@ EXPECTED_ROLES = {
     "/sieve.v1.IntakeService/CancelTask": {CLIENT, OPERATOR},
     "/sieve.v1.IntakeService/ListTasks": {CLIENT, OPERATOR},
     "/sieve.v1.IntakeService/ReportDetection": {CLIENT, OPERATOR},
+    "/sieve.v1.IntakeService/GetStats": {CLIENT, OPERATOR},
+    "/sieve.v1.IntakeService/WatchTask": {CLIENT, OPERATOR},
     "/sieve.v1.SchedulerService/Pull": {WORKER},
     "/sieve.v1.SchedulerService/GetWatermark": {OPERATOR},
     "/sieve.v1.SchedulerService/ListDeadLetters": {OPERATOR},
@@ -59,6 +63,8 @@ EXPECTED_ROLES = {
     "/sieve.v1.RegistryService/Register": {WORKER},
     "/sieve.v1.RegistryService/Heartbeat": {WORKER},
     "/sieve.v1.RegistryService/ListWorkers": {OPERATOR},
+    "/sieve.v1.JobsService/ListJobs": {OPERATOR},
+    "/sieve.v1.JobsService/RunJob": {OPERATOR},
 }
 #: a worker or client holding one of these would reach beyond its own work
 OPERATOR_ONLY = [m for m, roles in EXPECTED_ROLES.items() if roles == {OPERATOR}]

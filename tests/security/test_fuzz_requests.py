@@ -24,6 +24,7 @@ call to that loop. The number of examples run per RPC is printed at the end of e
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import math
 import os
@@ -514,6 +515,27 @@ class Caller:
 
         return self.run(call())
 
+    def server_stream(self, method: str, data: bytes, read_for_s: float) -> tuple[grpc.StatusCode, str]:
+        """Reads a server stream for at most `read_for_s`; one still open then (a valid watch) counts as OK."""
+
+        async def call() -> tuple[grpc.StatusCode, str]:
+            rpc = self.channel.unary_stream(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+            stream = rpc(data, timeout=CALL_TIMEOUT_S)
+
+            async def read_all() -> None:
+                async for _ in stream:
+                    pass
+
+            try:
+                await asyncio.wait_for(read_all(), read_for_s)
+            except TimeoutError:
+                return grpc.StatusCode.OK, ""  # wait_for cancelled the stream: it was still serving
+            except grpc.aio.AioRpcError as exc:
+                return exc.code(), exc.details() or ""
+            return await stream.code(), await stream.details() or ""
+
+        return self.run(call())
+
     def stream(self, method: str, messages: list[bytes], linger_s: float = 0.0) -> tuple[grpc.StatusCode, str]:
         async def call() -> tuple[grpc.StatusCode, str]:
             rpc = self.channel.stream_stream(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
@@ -666,6 +688,7 @@ async def stack(settings: Settings, redis: Redis, pg: asyncpg.Pool) -> AsyncIter
         "sieve.v1.IntakeService": f"127.0.0.1:{intake.port}",
         "sieve.v1.SchedulerService": settings.scheduler_addr,
         "sieve.v1.RegistryService": settings.registry_addr,
+        "sieve.v1.JobsService": settings.scheduler_addr,  # every server serves it; the scheduler has jobs
     }
     try:
         yield Stack(settings, addresses, QueueStore(redis, settings), pg, redis)
@@ -885,6 +908,41 @@ async def test_every_unary_method_answers_any_message_and_random_bytes_cleanly(s
     report("any message", sorted({m.rsplit("/", 1)[-1] for m in methods}))
     await asyncio.sleep(0.3)
     await assert_consistent(stack)
+
+
+async def test_watch_task_answers_any_message_and_random_bytes_cleanly(stack: Stack) -> None:
+    """WatchTask (server streaming): messages built from its request's descriptor, made-up cursors, random bytes.
+    Each stream ends with a clean status, or is still serving (a valid watch) when the client goes."""
+    loop = asyncio.get_running_loop()
+    channel = stack.channel("sieve.v1.IntakeService")
+    caller = Caller(loop, channel)
+    watch = INTAKE + "WatchTask"
+    cursors = st.one_of(
+        st.text(max_size=40),
+        st.builds(
+            lambda a, b, c, d: base64.urlsafe_b64encode(f"w1;{a}:{b}:;{a}:{c}:;{d}".encode()).decode(),
+            st.integers(-5, 2**64),
+            st.integers(-5, 2**64),
+            st.integers(-5, 2**64),
+            st.integers(-5, 2**64),
+        ),
+    )
+    cases = st.one_of(
+        any_message(_input_type(watch)),
+        st.builds(lambda c: intake_pb2.WatchTaskRequest(cursor=c).SerializeToString(), cursors),
+        st.binary(max_size=200),
+    )
+
+    @fuzz(cases, examples=max(20, EXAMPLES // 5))
+    def run(data: bytes) -> None:
+        code, details = caller.server_stream(watch, data, read_for_s=0.15)
+        check("WatchTask", code, details)
+
+    try:
+        await drive(run)
+    finally:
+        await channel.close()
+    report("watch", ["WatchTask"])
 
 
 async def test_a_nack_reason_postgresql_cannot_store_leaves_nothing_half_written(stack: Stack) -> None:

@@ -18,6 +18,7 @@ from registry_svc.server import build as build_registry
 from scheduler_svc.server import SchedulerApp
 from scheduler_svc.server import build as build_scheduler
 from sieve import rpc
+from sieve.rpc.jobs import JOBS_SERVICE_NAME
 from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 
@@ -38,10 +39,13 @@ class InProcessServers:
 
     @property
     def hosts(self) -> dict[str, str]:
-        """Full name of every gRPC service a server here hosts -> that server's address."""
+        """Full name of every gRPC service a server here hosts -> that server's address (JobsService, which every
+        server hosts: the scheduler's, whose jobs there are)."""
         hosts: dict[str, str] = {}
         for server in self.servers:
             hosts.update(dict.fromkeys(server.service.service_names, f"127.0.0.1:{server.port}"))
+            if server.service is self.scheduler.service:
+                hosts[JOBS_SERVICE_NAME] = f"127.0.0.1:{server.port}"
         return hosts
 
     async def stop(self) -> None:

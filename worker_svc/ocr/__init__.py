@@ -13,7 +13,8 @@ Modules, each owning one thing:
 - `fetch`    — image_url payloads over http(s), with time, size and redirect limits;
 - `runtime`  — the worker's OCR state: current engine and mode, executors, the GPU -> CPU fallback;
 - `lines`    — joined text of the recognised lines, and hits mapped back to (line, offsets in it);
-- `pipeline` — one task from payload to `Outcome` (`run_ocr`).
+- `pipeline` — one task from payload to `Outcome` (`run_ocr`);
+- `health`   — the engine's health probe (the worker's `ocr-health` job): a built-in image of known text, read.
 
 Importing this package imports nothing else: PaddlePaddle, OpenCV and aiohttp (the `ocr` extra) are
 loaded only by a worker that takes OCR_IMAGE tasks.
