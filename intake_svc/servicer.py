@@ -31,7 +31,15 @@ from intake_svc.stats import get_stats
 from intake_svc.submission import Submitter
 from intake_svc.task_view import new_task_message, task_message
 from intake_svc.validation import parse_device, parse_task_id, validate_batch, validate_spec
-from intake_svc.watch import CursorExpired, ShuttingDown, TooManyStreams, UnknownTasks, WatchHub, parse_request
+from intake_svc.watch import (
+    CursorExpired,
+    Revoked,
+    ShuttingDown,
+    TooManyStreams,
+    UnknownTasks,
+    WatchHub,
+    parse_request,
+)
 from intake_svc.watch import NotPermitted as WatchNotPermitted
 from sieve import rpc
 from sieve.db.callbacks import CallbackStore
@@ -313,11 +321,10 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
         refusal: status_pb2.Status | None = None
         try:
             with self.watch.slot(principal.name):
-                async for response in self.watch.stream(watch):
-                    if not still_valid():
-                        refusal = rpc.plain_status(grpc.StatusCode.UNAUTHENTICATED, "the credential was revoked")
-                        break
+                async for response in self.watch.stream(watch, still_valid):
                     yield response
+        except Revoked:
+            refusal = rpc.plain_status(grpc.StatusCode.UNAUTHENTICATED, "the credential was revoked")
         except TooManyStreams as exc:
             refusal = rpc.resource_exhausted(str(exc), WATCH_RETRY_AFTER_S)
         except CursorExpired:

@@ -15,7 +15,7 @@ import base64
 import binascii
 import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 from intake_svc.result_view import timestamp_of
@@ -55,6 +55,10 @@ class UnknownTasks(Exception):
 
     def __init__(self, task_ids: list[str]) -> None:
         super().__init__(f"no task {', '.join(task_ids[:5])}{' ...' if len(task_ids) > 5 else ''}")
+
+
+class Revoked(Exception):
+    """The credential the stream was opened with is no longer valid."""
 
 
 class ShuttingDown(Exception):
@@ -181,8 +185,11 @@ class WatchHub:
             if self.open_streams[caller] <= 0:
                 del self.open_streams[caller]
 
-    async def stream(self, watch: WatchRequest) -> AsyncIterator[intake_pb2.WatchTaskResponse]:
-        """The responses of one stream, until the client goes or the intake stops (ShuttingDown)."""
+    async def stream(
+        self, watch: WatchRequest, still_valid: Callable[[], bool] = lambda: True
+    ) -> AsyncIterator[intake_pb2.WatchTaskResponse]:
+        """The responses of one stream, until the client goes, the intake stops (ShuttingDown) or the caller's
+        credential stops being valid (Revoked: looked at on every read, idle or not)."""
         generation = self.signal.generation
         if watch.position is None and watch.initial_state:
             current, position = await self.store.current(watch.scope.task_ids, watch.scope.caller)
@@ -198,6 +205,8 @@ class WatchHub:
             if xmin_of(position.seen) <= await self.store.purged_up_to():
                 raise CursorExpired
         while not self.closing:
+            if not still_valid():
+                raise Revoked
             page = await self.store.read(watch.scope, position, PAGE)
             if page.changes:
                 yield intake_pb2.WatchTaskResponse(
@@ -216,6 +225,7 @@ class WatchHub:
 __all__ = [
     "CursorExpired",
     "NotPermitted",
+    "Revoked",
     "ShuttingDown",
     "TooManyStreams",
     "UnknownTasks",

@@ -53,7 +53,7 @@ class CallbackNotifier:
         self.config = settings.callbacks
         self.signal = signal or ChangeSignal(settings.database_url, settings.database_schema)
         self.client: SafeHttpClient | None = None
-        self._in_flight: set[asyncio.Task[None]] = set()
+        self._in_flight: dict[asyncio.Task[None], DueDelivery] = {}
         self._slot_free = asyncio.Event()
         self.delivered = 0
         self.failed_attempts = 0
@@ -113,12 +113,12 @@ class CallbackNotifier:
         bodies = await self._bodies(due)
         for delivery in due:
             task = asyncio.create_task(self._attempt(delivery, bodies[(delivery.task_id, delivery.seq)]))
-            self._in_flight.add(task)
+            self._in_flight[task] = delivery
             task.add_done_callback(self._finished)
         return len(due)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
-        self._in_flight.discard(task)
+        self._in_flight.pop(task, None)
         self._slot_free.set()
 
     async def _bodies(self, due: list[DueDelivery]) -> dict[tuple[uuid.UUID, int], bytes]:
@@ -186,11 +186,22 @@ class CallbackNotifier:
         return AttemptOutcome(delivery.task_id, delivery.seq, "PENDING", http_status, error, next_at)
 
     async def close(self) -> None:
-        for task in list(self._in_flight):
+        """Stops: attempts in flight are cancelled and their deliveries made due again at once (not after their
+        lease), for this or another replica to try."""
+        interrupted = list(self._in_flight.items())
+        for task, _ in interrupted:
             task.cancel()
-        for task in list(self._in_flight):
+        for task, _ in interrupted:
             with contextlib.suppress(BaseException):
                 await task
+        if interrupted:
+            now = datetime.now(UTC)
+            release = [
+                AttemptOutcome(d.task_id, d.seq, "PENDING", None, "interrupted: the scheduler stopped", now)
+                for _, d in interrupted
+            ]
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.store.record(release), 2.0)
         await self.signal.close()
         if self.client is not None:
             await self.client.close()

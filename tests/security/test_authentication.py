@@ -32,7 +32,7 @@ from sieve import rpc
 from sieve.rpc.auth import METHOD_ROLES, AuthError, hash_token, new_token
 from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
-from sieve.v1 import intake_pb2, jobs_pb2, registry_pb2, scheduler_pb2
+from sieve.v1 import intake_pb2, intake_pb2_grpc, jobs_pb2, registry_pb2, scheduler_pb2
 from tests.security.auth_stack import Credentials, SecureStack, eventually, secure_stack, text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -410,6 +410,12 @@ async def test_the_credentials_file_is_reloaded_without_a_restart(
         address = s.addresses["intake"]
         get = "/sieve.v1.IntakeService/GetTask"
         assert await call(address, get, bearer(revoked)) not in REFUSED
+        # (a WatchTask stream opened with the token, idle: no change of alice's tasks comes)
+        channel = grpc.aio.insecure_channel(address)
+        watch = intake_pb2_grpc.IntakeServiceStub(channel).WatchTask(
+            intake_pb2.WatchTaskRequest(), metadata=bearer(revoked)
+        )
+        await asyncio.sleep(0.3)
         # When alice's token is removed and a new one added (the file written in place)
         fresh = Credentials()
         added = fresh.add("alice", CLIENT)
@@ -423,6 +429,11 @@ async def test_the_credentials_file_is_reloaded_without_a_restart(
 
         await eventually(revoked_refused, timeout_s=3, what="a removed token still works")
         assert time.monotonic() - started < 3
+        # and the idle stream it opened ends, UNAUTHENTICATED, within the watchers' poll interval
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await asyncio.wait_for(watch.read(), settings.watch_poll_interval_s + 3)
+        assert ended.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        await channel.close()
         assert await call(address, get, bearer(added)) not in REFUSED
         # every server of the stack reads the file, not just one
         registry = s.addresses["registry"]

@@ -15,7 +15,7 @@
 -- lease), POSTs, and records the outcome. A delivery is never lost to a restart: it is a row until it is
 -- DELIVERED or GAVE_UP.
 --
--- The trigger functions run as the schema owner (SECURITY DEFINER, search_path fixed to this schema), so the
+-- The trigger functions run as the schema owner (SECURITY DEFINER, search_path this schema then pg_temp), so the
 -- services' roles need no privilege to write either table by hand. One NOTIFY sieve_task_changes per statement
 -- (payload: the schema) wakes the watchers and the notifier at once; polling backs it up.
 
@@ -66,7 +66,7 @@ CREATE INDEX callback_deliveries_due ON callback_deliveries (next_at) WHERE stat
 CREATE INDEX callback_deliveries_created ON callback_deliveries (created_at);
 
 CREATE FUNCTION task_changes_inserted() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     INSERT INTO task_changes (task_id, caller, device, seq, status, at, attempt, detail)
     SELECT n.id, n.caller, n.device, e.seq, e.h->>'status', (e.h->>'at')::timestamptz,
@@ -82,7 +82,7 @@ BEGIN
 END $$;
 
 CREATE FUNCTION task_changes_updated() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     changed boolean;
 BEGIN
@@ -119,3 +119,11 @@ CREATE TRIGGER task_changes_inserted AFTER INSERT ON tasks
 CREATE TRIGGER task_changes_updated AFTER UPDATE ON tasks
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION task_changes_updated();
+
+-- run as the owner, they find only this schema's tables: pg_temp last, so no session's temporary table can stand in
+DO $pin$
+BEGIN
+    EXECUTE format('ALTER FUNCTION task_changes_inserted() SET search_path = %I, pg_temp', current_schema());
+    EXECUTE format('ALTER FUNCTION task_changes_updated() SET search_path = %I, pg_temp', current_schema());
+END
+$pin$;

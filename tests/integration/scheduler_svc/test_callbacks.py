@@ -7,13 +7,20 @@ naming the field and change nothing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import grpc
 import pytest
+from aiohttp import web
 from redis.asyncio import Redis
 
+from scheduler_svc.callbacks import CallbackNotifier
+from sieve.db.callbacks import CallbackStore
+from sieve.db.tasks import NewTask, TaskStore
+from sieve.ids import uuid7
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, types_pb2
 from tests.support.platform import Platform, platform_with, wait_final
@@ -170,3 +177,54 @@ async def test_the_same_idempotent_submit_with_another_callback_url_is_a_conflic
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await p.intake.Submit(intake_pb2.SubmitRequest(task=other))
         assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+
+
+async def test_a_scheduler_stopping_mid_post_makes_the_delivery_due_again_at_once(
+    settings: Settings, pg: asyncpg.Pool
+) -> None:
+    # Given a receiver that never answers, and a final task whose delivery a notifier is POSTing to it
+    hanging = asyncio.Event()
+
+    async def hook(request: web.Request) -> web.Response:
+        hanging.set()
+        await asyncio.sleep(60)
+        return web.Response(status=200)
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    runner = web.AppRunner(app, shutdown_timeout=0.2)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/hook"  # type: ignore[union-attr]
+    try:
+        store = TaskStore(pg)
+        now = datetime.now(UTC)
+        task = NewTask(
+            uuid7(),
+            "AA:BB:CC:37:00:01",
+            types_pb2.TASK_TYPE_TEXT,
+            3,
+            "anonymous",
+            now,
+            now + timedelta(hours=1),
+            text="x",
+            callback_url=url,
+        )
+        await store.insert([task])
+        await store.transition([task.task_id], "CANCELLED", "cancelled")
+        notifier = CallbackNotifier(CallbackStore(pg), settings.replace(**LOOPBACK, callback_timeout_s=30))
+        running = asyncio.create_task(notifier.run())
+        await asyncio.wait_for(hanging.wait(), 10)
+        leased = await pg.fetchval("SELECT next_at - now() FROM callback_deliveries")
+        assert leased.total_seconds() > 30  # claimed: leased for the POST's limit and the margin
+        # When the notifier stops (the scheduler shutting down)
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+        # Then the delivery is due again now, its attempt said to be interrupted
+        row = await pg.fetchrow("SELECT state, attempts, last_error, next_at - now() AS due FROM callback_deliveries")
+        assert row["state"] == "PENDING" and row["attempts"] == 1
+        assert row["due"].total_seconds() <= 0 and "interrupted" in row["last_error"]
+    finally:
+        await runner.cleanup()
