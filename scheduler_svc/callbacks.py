@@ -98,7 +98,8 @@ class CallbackNotifier:
         if len(self._in_flight) >= self.settings.callback_concurrency:
             self._slot_free.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._slot_free.wait(), wait_s)
+                async with asyncio.timeout(wait_s):  # not wait_for: see ChangeSignal.wait
+                    await self._slot_free.wait()
             return seen
         return await self.signal.wait(seen, wait_s)
 

@@ -228,8 +228,10 @@ class Jobs:
         while True:
             if delay > 0 and not job.wake.is_set():
                 job.status.next_run_at = _now() + timedelta(seconds=delay)
+                # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancel that comes as the event is set
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(job.wake.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await job.wake.wait()
             job.wake.clear()
             job.status.next_run_at = None
             # never two runs at once: a run started on demand meanwhile is waited for, then this one starts

@@ -86,7 +86,8 @@ class Lexicon:
                     await conn.add_listener("sieve_lexicon", lambda *_: self._changed.set())
                     self._changed.set()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), timeout=POLL_S)
+                    async with asyncio.timeout(POLL_S):  # not wait_for: in 3.11 it can swallow a cancel
+                        await self._changed.wait()
                 if not self._changed.is_set():
                     continue
                 self._changed.clear()

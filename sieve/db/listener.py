@@ -54,8 +54,10 @@ class ChangeSignal:
     async def wait(self, after: int, timeout_s: float) -> int:
         """Waits until a wake-up later than `after` or for `timeout_s`; returns the generation then."""
         if self._generation <= after:
+            # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancel that comes as the event is set
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await self._changed.wait()
         return self._generation
 
     def wake_all(self) -> None:
