@@ -4,8 +4,10 @@
 Every scheduler replica runs one; they share the outbox through `FOR UPDATE SKIP LOCKED` claims, so each due
 delivery is attempted by one replica at a time, and a replica that dies mid-attempt leaves it due again when its
 lease (the POST's time limit plus a margin) runs out: at least once, never lost. The notifier wakes on each
-NOTIFY of a task change (sieve/db/listener.py) and at least every SIEVE_CALLBACK_POLL_INTERVAL_S, and sleeps until
-the next retry is due when nothing else is.
+NOTIFY sieve_callbacks (a delivery was added; sieve/db/listener.py) and at least every
+SIEVE_CALLBACK_POLL_INTERVAL_S, and sleeps until the next retry is due when nothing else is. A claim takes as many
+due deliveries as there are free slots, with what their bodies need of their tasks, in one statement; outcomes are
+recorded in batches (one UPDATE for what finished within a few milliseconds).
 
 One attempt: the body (fixed at the first attempt, the same bytes every time), `X-Sieve-Timestamp` (Unix seconds),
 `X-Sieve-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>.<body>" with the caller's secret>`, `X-Sieve-Delivery`
@@ -29,7 +31,7 @@ from email.utils import parsedate_to_datetime
 
 from sieve.callback_config import signature
 from sieve.db.callbacks import AttemptOutcome, CallbackStore, DueDelivery, body_of
-from sieve.db.listener import ChangeSignal
+from sieve.db.listener import CALLBACKS, ChangeSignal
 from sieve.observe.metrics import CALLBACK_ATTEMPTS, CALLBACK_DELAY_SECONDS
 from sieve.outbound.client import FetchError, SafeHttpClient
 from sieve.outbound.policy import OutboundPolicy
@@ -39,6 +41,8 @@ log = logging.getLogger("sieve.scheduler.callbacks")
 
 #: how much longer than one POST's time limit a claim holds a delivery
 LEASE_MARGIN_S = 30.0
+#: how long finished attempts are gathered before their outcomes are recorded (one UPDATE for all)
+RECORD_GATHER_S = 0.005
 #: largest body read back from a receiver (it is not used: only its status matters)
 MAX_ANSWER_BYTES = 64 * 1024
 USER_AGENT = "sieve-callbacks/1"
@@ -51,10 +55,12 @@ class CallbackNotifier:
         self.store = store
         self.settings = settings
         self.config = settings.callbacks
-        self.signal = signal or ChangeSignal(settings.database_url, settings.database_schema)
+        self.signal = signal or ChangeSignal(settings.database_url, settings.database_schema, CALLBACKS)
         self.client: SafeHttpClient | None = None
         self._in_flight: dict[asyncio.Task[None], DueDelivery] = {}
         self._slot_free = asyncio.Event()
+        self._outcomes: list[AttemptOutcome] = []
+        self._outcome_ready = asyncio.Event()
         self.delivered = 0
         self.failed_attempts = 0
 
@@ -74,6 +80,7 @@ class CallbackNotifier:
         everything meanwhile)."""
         self.signal.start()
         seen = self.signal.generation
+        recorder = asyncio.create_task(self._record_outcomes(), name="sieve-callback-outcomes")
         try:
             while True:
                 try:
@@ -91,6 +98,9 @@ class CallbackNotifier:
                     wait_s = self.settings.callback_poll_interval_s
                 seen = await self._idle(seen, wait_s)
         finally:
+            recorder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await recorder
             await self.close()
 
     async def _idle(self, seen: int, wait_s: float) -> int:
@@ -127,9 +137,7 @@ class CallbackNotifier:
         bodies: dict[tuple[uuid.UUID, int], bytes] = {(d.task_id, d.seq): d.body for d in due if d.body is not None}
         fresh = [d for d in due if d.body is None]
         if fresh:
-            subjects = await self.store.subjects([d.task_id for d in fresh])
-            made = [(d.task_id, d.seq, body_of(d, subjects.get(d.task_id))) for d in fresh]
-            bodies.update(await self.store.fix_bodies(made))
+            bodies.update(await self.store.fix_bodies([(d.task_id, d.seq, body_of(d)) for d in fresh]))
         return bodies
 
     async def _attempt(self, delivery: DueDelivery, body: bytes) -> None:
@@ -138,10 +146,29 @@ class CallbackNotifier:
         except Exception as exc:  # never leave a claimed delivery unrecorded for a bug's sake: it is retried
             log.exception("callback %s: unexpected failure", delivery.delivery_id)
             outcome = self._retry(delivery, None, f"internal error: {type(exc).__name__}", None)
-        with contextlib.suppress(Exception):
-            await self.store.record([outcome])
+        self._outcomes.append(outcome)
+        self._outcome_ready.set()
+
+    async def _record_outcomes(self) -> None:
+        """Records finished attempts in batches: what finished within RECORD_GATHER_S of the first, one UPDATE. An
+        outcome that cannot be recorded is kept and tried again (its delivery is leased meanwhile)."""
+        while True:
+            await self._outcome_ready.wait()
+            await asyncio.sleep(RECORD_GATHER_S)
+            self._outcome_ready.clear()
+            await self._flush()
+
+    async def _flush(self) -> None:
+        batch, self._outcomes = self._outcomes, []
+        if not batch:
             return
-        log.warning("callback %s: outcome not recorded; it is tried again after its lease", delivery.delivery_id)
+        try:
+            await self.store.record(batch)
+        except Exception as exc:
+            log.warning("callbacks: %d outcomes not recorded (%s); trying again", len(batch), exc)
+            self._outcomes[:0] = batch
+            await asyncio.sleep(self.settings.callback_poll_interval_s)
+            self._outcome_ready.set()
 
     async def _send(self, delivery: DueDelivery, body: bytes) -> AttemptOutcome:
         secret = self.config.secret(delivery.caller)
@@ -195,14 +222,16 @@ class CallbackNotifier:
         for task, _ in interrupted:
             with contextlib.suppress(BaseException):
                 await task
-        if interrupted:
-            now = datetime.now(UTC)
-            release = [
-                AttemptOutcome(d.task_id, d.seq, "PENDING", None, "interrupted: the scheduler stopped", now)
-                for _, d in interrupted
-            ]
+        now = datetime.now(UTC)
+        self._outcomes += [
+            AttemptOutcome(d.task_id, d.seq, "PENDING", None, "interrupted: the scheduler stopped", now)
+            for _, d in interrupted
+        ]
+        if self._outcomes:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.store.record(release), 2.0)
+                async with asyncio.timeout(2.0):
+                    await self.store.record(self._outcomes)
+            self._outcomes = []
         await self.signal.close()
         if self.client is not None:
             await self.client.close()

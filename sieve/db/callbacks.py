@@ -1,7 +1,7 @@
 """The outbox of completion callbacks (migration 0014 `callback_deliveries`): every SQL statement about a
 delivery lives here. A trigger adds a row when a task with a callback_url becomes final; the notifier
-(scheduler_svc/callbacks.py) claims due rows, fixes each one's body at its first attempt, and records how each
-attempt ended; GetTask reads a task's rows.
+(scheduler_svc/callbacks.py) claims due rows (reading what a body needs of its task with them), fixes each one's
+body at its first attempt, and records how each attempt ended; GetTask reads a task's rows.
 
 A claim moves `next_at` ahead by the lease: a replica that dies while sending leaves the row due again when the
 lease runs out, so a delivery is tried until it is DELIVERED or GAVE_UP — at least once, never lost.
@@ -35,6 +35,8 @@ class DueDelivery:
     created_at: datetime
     #: the JSON sent (None until the first attempt fixes it)
     body: bytes | None
+    #: what a body is made of (its task and result's columns), read with the claim while it has none
+    subject: asyncpg.Record | None = None
 
     @property
     def delivery_id(self) -> str:
@@ -70,20 +72,38 @@ class CallbackStore:
             """
             UPDATE callback_deliveries d
             SET next_at = now() + make_interval(secs => $2), attempts = d.attempts + 1
-            FROM (SELECT task_id, seq FROM callback_deliveries
+            FROM (SELECT task_id, seq, body IS NULL AS fresh FROM callback_deliveries
                   WHERE state = 'PENDING' AND next_at <= now()
                   ORDER BY next_at
                   LIMIT $1
                   FOR UPDATE SKIP LOCKED) c
+            LEFT JOIN LATERAL (
+                SELECT t.device, t.caller AS task_caller, t.type, t.attempts AS task_attempts, t.labels, t.error,
+                       t.created_at AS task_created_at, t.updated_at, t.history
+                FROM tasks t WHERE c.fresh AND t.id = c.task_id LIMIT 1
+            ) t ON true
+            LEFT JOIN LATERAL (
+                SELECT r.verdict, r.hits FROM results r WHERE c.fresh AND r.task_id = c.task_id LIMIT 1
+            ) r ON true
             WHERE d.task_id = c.task_id AND d.seq = c.seq
-            RETURNING d.task_id, d.seq, d.caller, d.url, d.status, d.attempts, d.created_at, d.body
+            RETURNING d.task_id, d.seq, d.caller, d.url, d.status, d.attempts, d.created_at, d.body,
+                      t.history IS NOT NULL AS found, t.device, t.task_caller, t.type, t.task_attempts, t.labels,
+                      t.error, t.task_created_at, t.updated_at, t.history, r.verdict, r.hits
             """,
             limit,
             lease_s,
         )
         return [
             DueDelivery(
-                r["task_id"], r["seq"], r["caller"], r["url"], r["status"], r["attempts"], r["created_at"], r["body"]
+                r["task_id"],
+                r["seq"],
+                r["caller"],
+                r["url"],
+                r["status"],
+                r["attempts"],
+                r["created_at"],
+                r["body"],
+                r if r["found"] else None,
             )
             for r in rows
         ]
@@ -95,20 +115,6 @@ class CallbackStore:
             "FROM callback_deliveries WHERE state = 'PENDING'"
         )
         return None if value is None else float(value)
-
-    async def subjects(self, task_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, asyncpg.Record]:
-        """What the bodies of these tasks' deliveries tell: each task's row and its result's (or None)."""
-        rows = await self.pool.fetch(
-            """
-            SELECT t.id, t.device, t.caller, t.type, t.status, t.attempts, t.labels, t.error, t.created_at,
-                   t.updated_at, t.history, r.verdict, r.hits
-            FROM unnest($1::uuid[]) AS u(id)
-            CROSS JOIN LATERAL (SELECT * FROM tasks WHERE tasks.id = u.id LIMIT 1) t
-            LEFT JOIN LATERAL (SELECT * FROM results WHERE results.task_id = u.id LIMIT 1) r ON true
-            """,
-            list(task_ids),
-        )
-        return {r["id"]: r for r in rows}
 
     async def fix_bodies(self, bodies: Sequence[tuple[uuid.UUID, int, bytes]]) -> dict[tuple[uuid.UUID, int], bytes]:
         """Stores each delivery's body unless one is stored already; returns the body each now has (every
@@ -147,8 +153,10 @@ class CallbackStore:
         )
 
 
-def body_of(delivery: DueDelivery, task: asyncpg.Record | None) -> bytes:
-    """The JSON a delivery POSTs: the task's final state as of when it became final (README "Callbacks")."""
+def body_of(delivery: DueDelivery) -> bytes:
+    """The JSON a delivery POSTs: the task's final state as of when it became final (README "Callbacks"), from
+    what the claim read of it (`DueDelivery.subject`; a task gone meanwhile leaves only the delivery's own)."""
+    task = delivery.subject
     payload: dict[str, Any] = {
         "delivery_id": delivery.delivery_id,
         "task_id": str(delivery.task_id),
@@ -159,12 +167,12 @@ def body_of(delivery: DueDelivery, task: asyncpg.Record | None) -> bytes:
         final = history[delivery.seq - 1] if 0 < delivery.seq <= len(history) else {}
         payload.update(
             device_id=task["device"],
-            caller=task["caller"],
+            caller=task["task_caller"],
             type=task["type"],
-            attempt=final.get("attempt", task["attempts"]),
+            attempt=final.get("attempt", task["task_attempts"]),
             labels=task["labels"] or {},
             error=(task["error"] or None) if delivery.status != "SUCCEEDED" else None,
-            created_at=task["created_at"].isoformat(),
+            created_at=task["task_created_at"].isoformat(),
             finished_at=final.get("at") or task["updated_at"].isoformat(),
         )
         if delivery.status == "SUCCEEDED" and task["verdict"] is not None:

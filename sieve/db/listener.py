@@ -1,5 +1,7 @@
 """A LISTEN on its own PostgreSQL connection that survives restarts: `ChangeSignal` wakes its waiters on each
-NOTIFY sieve_task_changes of this schema (migration 0014), and reconnects by itself when the connection drops.
+NOTIFY of its channel for this schema — sieve_task_changes (a task change was recorded: WatchTask) or
+sieve_callbacks (a callback delivery was added: the notifier), migration 0014 — and reconnects by itself when the
+connection drops.
 
 The pooled connections never LISTEN (sieve/db/__init__.py releases them without asyncpg's reset query), so the
 signal keeps one connection of its own. A waiter never relies on it alone: `wait` has a timeout, and a watcher
@@ -17,18 +19,20 @@ import asyncpg
 
 log = logging.getLogger("sieve.db.listener")
 
-CHANNEL = "sieve_task_changes"
+CHANGES = "sieve_task_changes"
+CALLBACKS = "sieve_callbacks"
 #: how long to wait before connecting again after the connection failed
 RECONNECT_S = 1.0
 
 
 class ChangeSignal:
-    """Wakes everyone waiting when a change of this schema's tasks was recorded (or the feed may have missed
-    one: after a reconnect everyone is woken, to poll)."""
+    """Wakes everyone waiting when its channel is notified for this schema (or a notification may have been
+    missed: after a reconnect everyone is woken, to poll)."""
 
-    def __init__(self, database_url: str, schema: str) -> None:
+    def __init__(self, database_url: str, schema: str, channel: str = CHANGES) -> None:
         self.database_url = database_url
         self.schema = schema
+        self.channel = channel
         self._generation = 0
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -80,7 +84,7 @@ class ChangeSignal:
             conn: asyncpg.Connection | None = None
             try:
                 conn = await asyncpg.connect(self.database_url)
-                await conn.add_listener(CHANNEL, self._on_notify)
+                await conn.add_listener(self.channel, self._on_notify)
                 self.connected.set()
                 self._wake()  # what changed while no one listened: poll once
                 closed = asyncio.Event()

@@ -18,6 +18,7 @@ Redis keys and schema afterwards):
     cost        worker-time shares of two devices whose OCR tasks differ ~10x in cost: within +-10 %
     ocr         OCR through Sieve vs the raw engine: >= 0.9
     obedient    a client honouring every retry_after, default limits vs raised: >= 0.8
+    notify      WatchTask change -> client p50 <= 50 ms, and callback final -> receiver (p50 / p99, context)
     claims      (only when asked for) the queue store's claim rate, 10 vs 100 000 devices: context
 
 --smoke runs every benchmark at small sizes: it shows the whole path works, not the numbers (the CI smoke test,
@@ -39,6 +40,7 @@ from tests.benchmarks import (
     bench_celery,
     bench_cost,
     bench_fairness,
+    bench_notify,
     bench_obedient,
     bench_ocr,
     bench_scale,
@@ -48,7 +50,19 @@ from tests.benchmarks.report import Report, Row, failed_row, num
 from tests.benchmarks.sizes import FULL, SMOKE, Sizes
 
 CELERY_TARGET = 5.0
-DEFAULT = ("throughput", "celery", "scale", "noisy", "equal", "weights", "callers", "cost", "ocr", "obedient")
+DEFAULT = (
+    "throughput",
+    "celery",
+    "scale",
+    "noisy",
+    "equal",
+    "weights",
+    "callers",
+    "cost",
+    "ocr",
+    "obedient",
+    "notify",
+)
 ALL = (*DEFAULT, "claims")
 
 
@@ -160,6 +174,11 @@ class Runner:
         load = bench_obedient.Load(tasks=self.sizes.obedient_tasks)
         return bench_obedient.rows(await bench_obedient.measure(load, log=log))
 
+    async def _notify(self) -> list[Row]:
+        n = await bench_notify.measure(*self.sizes.notify)
+        log(bench_notify.describe(n))
+        return bench_notify.rows(n)
+
     async def _claims(self) -> list[Row]:
         s = self.sizes
         small, large = await bench_fairness.claims(large=s.claims_large, rounds=s.claims_rounds)
@@ -177,6 +196,7 @@ TARGETS = {
     "cost": "+-10 %",
     "ocr": f">= {bench_ocr.TARGET}",
     "obedient": f">= {bench_obedient.TARGET}",
+    "notify": f"p50 <= {bench_notify.WATCH_P50_TARGET_S * 1000:.0f} ms",
     "claims": "context",
 }
 

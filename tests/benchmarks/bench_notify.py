@@ -44,7 +44,7 @@ class Notify:
     accepted: int = 0
 
     def p(self, values: list[float], q: float) -> float:
-        return pct(values, q) if values else float("nan")
+        return pct(values, q / 100) if values else float("nan")
 
 
 async def measure(tasks: int = 3000, rate: float = 500.0, workers: int = 2) -> Notify:

@@ -21,6 +21,7 @@ class Sizes:
     cost: tuple[float, int, int]
     ocr: tuple[int, int]
     obedient_tasks: int
+    notify: tuple[int, float]
     claims_large: int
     claims_rounds: int
 
@@ -37,6 +38,7 @@ FULL = Sizes(
     (60.0, 200, 1500),
     (3, 3),
     20000,
+    (3000, 500.0),
     100_000,
     3000,
 )
@@ -52,6 +54,7 @@ SMOKE = Sizes(
     (10.0, 40, 300),
     (1, 1),
     2000,
+    (300, 200.0),
     10_000,
     500,
 )

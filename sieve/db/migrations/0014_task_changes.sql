@@ -17,7 +17,8 @@
 --
 -- The trigger functions run as the schema owner (SECURITY DEFINER, search_path this schema then pg_temp), so the
 -- services' roles need no privilege to write either table by hand. One NOTIFY sieve_task_changes per statement
--- (payload: the schema) wakes the watchers and the notifier at once; polling backs it up.
+-- that recorded a change (payload: the schema) wakes the watchers, one NOTIFY sieve_callbacks per statement that
+-- added a delivery wakes the notifiers; polling backs both up.
 
 ALTER TABLE tasks ADD COLUMN callback_url text;
 
@@ -106,8 +107,11 @@ BEGIN
       AND o.status NOT IN ('SUCCEEDED', 'FAILED', 'EXPIRED', 'CANCELLED', 'DEAD_LETTERED')
     ORDER BY n.id
     ON CONFLICT (task_id, seq) DO NOTHING;
+    IF FOUND THEN
+        PERFORM pg_notify('sieve_callbacks', current_schema());
+    END IF;
 
-    IF changed OR FOUND THEN
+    IF changed THEN
         PERFORM pg_notify('sieve_task_changes', current_schema());
     END IF;
     RETURN NULL;
