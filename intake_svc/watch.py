@@ -2,11 +2,12 @@
 feed (sieve/db/task_changes.py), the cursors, and the bounds on open streams.
 
 A stream reads the feed whenever a change is recorded (NOTIFY, sieve/db/listener.py) and at least every
-SIEVE_WATCH_POLL_INTERVAL_S, and sends what it read as one WatchTaskResponse per read (at most `PAGE` changes).
+SIEVE_WATCH_POLL_INTERVAL_S, and sends what it read as one WatchTaskResponse per read (at most `PAGE` feed rows).
 Every change carries a cursor: the reader's `Position` just after it, opaque to the caller (base64 of a version,
-two snapshots and an id). A stream resumed from a change's cursor goes on with the change after it — none missed,
-none repeated; a cursor older than the feed's history (SIEVE_WATCH_HISTORY_S) is OUT_OF_RANGE, a made-up one
-INVALID_ARGUMENT naming `cursor`. At shutdown every stream ends with UNAVAILABLE: resume elsewhere from its cursor.
+two snapshots, a feed row's id and the change's index in it). A stream resumed from a change's cursor goes on with
+the change after it — none missed, none repeated; a cursor older than the feed's history (SIEVE_WATCH_HISTORY_S) is
+OUT_OF_RANGE, a made-up one INVALID_ARGUMENT naming `cursor`. At shutdown every stream ends with UNAVAILABLE: resume
+elsewhere from its cursor.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from sieve.v1 import intake_pb2, types_pb2
 PAGE = 500
 MAX_TASK_IDS = 1000
 MAX_CALLER = 200
-_CURSOR_VERSION = "w1"
+_CURSOR_VERSION = "w2"
 
 
 class NotPermitted(Exception):
@@ -66,7 +67,8 @@ class ShuttingDown(Exception):
 
 
 def encode_cursor(position: Position) -> str:
-    text = f"{_CURSOR_VERSION};{position.seen};{position.reading};{position.last_id}"
+    upto = "" if position.upto is None else str(position.upto)
+    text = f"{_CURSOR_VERSION};{position.seen};{position.reading};{position.last_id};{upto}"
     return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
@@ -76,10 +78,12 @@ def decode_cursor(raw: str) -> Position:
         if len(raw) > 200_000:
             raise ValueError
         text = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).decode("ascii")
-        version, seen, reading, last_id = text.split(";")
-        if version != _CURSOR_VERSION or not last_id.isdigit() or len(last_id) > 19:
+        version, seen, reading, last_id, upto = text.split(";")
+        if version != _CURSOR_VERSION or not last_id.isdigit() or len(last_id) > 18:
             raise ValueError
-        position = Position(check_snapshot(seen), check_snapshot(reading), int(last_id))
+        if upto and (not upto.isdigit() or len(upto) > 6):
+            raise ValueError
+        position = Position(check_snapshot(seen), check_snapshot(reading), int(last_id), int(upto) if upto else None)
     except (ValueError, binascii.Error, UnicodeDecodeError, BadPosition):
         raise InvalidInput("cursor", "is not a cursor WatchTask gave") from None
     if xmin_of(position.reading) < xmin_of(position.seen):
@@ -211,7 +215,7 @@ class WatchHub:
             if page.changes:
                 yield intake_pb2.WatchTaskResponse(
                     changes=[
-                        change_message(c, encode_cursor(Position(position.seen, page.reading, c.id)))
+                        change_message(c, encode_cursor(Position(position.seen, page.reading, c.id, c.index)))
                         for c in page.changes
                     ]
                 )

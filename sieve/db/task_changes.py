@@ -21,7 +21,7 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 import asyncpg
 
@@ -58,10 +58,17 @@ class Position:
     seen: str
     reading: str
     last_id: int = 0
+    #: of row `last_id`, the entries delivered so far (their indexes 0..upto); None: all of them
+    upto: int | None = None
 
     @classmethod
     def at(cls, snapshot: str) -> Position:
         return cls(snapshot, snapshot, 0)
+
+    @property
+    def from_id(self) -> int:
+        """The first row id still (partly) to come."""
+        return self.last_id + 1 if self.upto is None else self.last_id
 
     @property
     def between_reads(self) -> bool:
@@ -72,7 +79,9 @@ class Position:
 class Change:
     """One status change of a task, as recorded."""
 
+    #: the feed row it is in, and its index among that row's entries
     id: int
+    index: int
     task_id: uuid.UUID
     caller: str
     device: str
@@ -107,8 +116,9 @@ class ChangePage:
     cut: bool
 
 
-_COLUMNS = """c.id, c.task_id, c.caller, c.device, c.seq, c.status, c.at, c.attempt, c.detail,
-              (SELECT r.verdict FROM results r WHERE r.task_id = c.task_id AND c.status = 'SUCCEEDED') AS verdict"""
+_COLUMNS = """c.id, c.task_id, c.caller, c.device, c.seq, c.entries, c.previous,
+              CASE WHEN c.entries @> '[{"status": "SUCCEEDED"}]' THEN
+                   (SELECT r.verdict FROM results r WHERE r.task_id = c.task_id LIMIT 1) END AS verdict"""
 
 
 def _where(scope: ChangeFilter, first: int) -> tuple[str, list[object]]:
@@ -167,7 +177,7 @@ class TaskChangeStore:
             list(task_ids),
             caller,
         )
-        changes = [_change(r) for r in rows if r["task_id"] is not None]
+        changes = [_current(r) for r in rows if r["task_id"] is not None]
         return changes, Position.at(rows[0]["snapshot"])
 
     async def read(self, scope: ChangeFilter, position: Position, limit: int) -> ChangePage:
@@ -186,30 +196,63 @@ class TaskChangeStore:
                 SELECT {_COLUMNS}
                 FROM task_changes c
                 WHERE {unseen} AND ($2::text IS NULL OR pg_visible_in_snapshot(c.xid, $2::text::pg_snapshot))
-                  AND c.id > $3 AND {where}
+                  AND c.id >= $3 AND {where}
                 ORDER BY c.id
                 LIMIT $4
             ) x ON true
             """,
             position.seen,
             None if position.between_reads else position.reading,
-            position.last_id,
+            position.from_id,
             limit,
             *args,
         )
         snapshot = rows[0]["snapshot"]
-        changes = [_change(r) for r in rows if r["id"] is not None]
+        found = [r for r in rows if r["id"] is not None]
+        changes = [
+            c
+            for r in found
+            for c in _changes(r)
+            if not (c.id == position.last_id and position.upto is not None and c.index <= position.upto)
+        ]
         reading = snapshot if position.between_reads else position.reading
-        if len(changes) >= limit:
-            # cut short: the rest of what `reading` sees (ids above the last) comes next
-            return ChangePage(changes, Position(position.seen, reading, changes[-1].id), reading, True)
+        if len(found) >= limit:
+            # cut short: the rest of what `reading` sees (rows after the last) comes next
+            return ChangePage(changes, Position(position.seen, reading, found[-1]["id"]), reading, True)
         # complete: what `reading` sees is delivered; what it does not see comes next
         return ChangePage(changes, Position.at(reading), reading, False)
 
 
-def _change(row: asyncpg.Record) -> Change:
+def _changes(row: asyncpg.Record) -> list[Change]:
+    """The status changes among a feed row's entries (an entry keeping the status before it is a note)."""
+    out = []
+    previous = row["previous"]
+    for index, entry in enumerate(row["entries"]):
+        status = entry.get("status")
+        if status != previous and isinstance(status, str):
+            out.append(
+                Change(
+                    id=row["id"],
+                    index=index,
+                    task_id=row["task_id"],
+                    caller=row["caller"],
+                    device=row["device"],
+                    seq=row["seq"] + index,
+                    status=status,
+                    at=_time(entry.get("at")),
+                    attempt=int(entry.get("attempt") or 0),
+                    detail=str(entry.get("detail") or ""),
+                    verdict=row["verdict"] if status == "SUCCEEDED" else None,
+                )
+            )
+        previous = status
+    return out
+
+
+def _current(row: asyncpg.Record) -> Change:
     return Change(
-        id=row["id"],
+        id=0,
+        index=0,
         task_id=row["task_id"],
         caller=row["caller"],
         device=row["device"],
@@ -220,3 +263,11 @@ def _change(row: asyncpg.Record) -> Change:
         detail=row["detail"],
         verdict=row["verdict"],
     )
+
+
+def _time(value: object) -> datetime:
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str):
+        return datetime.fromisoformat(value)
+    return datetime.fromtimestamp(0, UTC)

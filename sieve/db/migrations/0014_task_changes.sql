@@ -3,8 +3,9 @@
 -- the change, so no path that changes a task (sieve/db/tasks.py has many) can forget them and a change is
 -- recorded if and only if it committed.
 --
--- task_changes: one row per status change appended to a task's history (a note that keeps the status is not a
--- change), `seq` its place in that history. `xid` is the writing transaction: a reader (sieve/db/task_changes.py)
+-- task_changes: one row per task a statement changed, with the history entries it appended (`entries`, the first
+-- at place `seq`) and the status before them; each entry whose status differs from the one before is a change (a
+-- note that keeps the status is not). `xid` is the writing transaction: a reader (sieve/db/task_changes.py)
 -- remembers the snapshot it read under and next reads exactly the rows that snapshot could not see — those of
 -- the transactions still running then and of later ones — so a change that commits late, with an older id, is
 -- never skipped, and a stream resumed from a cursor (two snapshots and an id) neither misses nor repeats one.
@@ -28,15 +29,14 @@ CREATE TABLE task_changes (
     task_id   uuid        NOT NULL,
     caller    text        NOT NULL,
     device    text        NOT NULL,
+    -- the history entries one statement appended to the task (a JSON array), the first at position `seq`
     seq       integer     NOT NULL,
-    status    text        NOT NULL,
-    at        timestamptz NOT NULL,
-    attempt   integer     NOT NULL,
-    detail    text        NOT NULL,
+    entries   jsonb       NOT NULL,
+    -- the task's status before them (NULL for a new task): an entry that keeps the status is a note, not a change
+    previous  text,
     logged_at timestamptz NOT NULL DEFAULT now()
 );
--- a watcher of one caller, and an operator's of every caller: the rows a snapshot could not see
-CREATE INDEX task_changes_caller_xid ON task_changes (caller, xid);
+-- the rows a snapshot could not see (a watcher filters the few of them by caller, device, task)
 CREATE INDEX task_changes_xid ON task_changes (xid);
 
 -- the newest transaction whose changes retention deleted: a cursor from before it may have lost some
@@ -69,13 +69,8 @@ CREATE INDEX callback_deliveries_created ON callback_deliveries (created_at);
 CREATE FUNCTION task_changes_inserted() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
-    INSERT INTO task_changes (task_id, caller, device, seq, status, at, attempt, detail)
-    SELECT n.id, n.caller, n.device, e.seq, e.h->>'status', (e.h->>'at')::timestamptz,
-           COALESCE((e.h->>'attempt')::integer, 0), COALESCE(e.h->>'detail', '')
-    FROM new_rows n
-    CROSS JOIN LATERAL jsonb_array_elements(n.history) WITH ORDINALITY AS e(h, seq)
-    WHERE e.seq = 1 OR e.h->>'status' IS DISTINCT FROM n.history->(e.seq::integer - 2)->>'status'
-    ORDER BY n.id, e.seq;
+    INSERT INTO task_changes (task_id, caller, device, seq, entries, previous)
+    SELECT n.id, n.caller, n.device, 1, n.history, NULL FROM new_rows n ORDER BY n.id;
     IF FOUND THEN
         PERFORM pg_notify('sieve_task_changes', current_schema());
     END IF;
@@ -87,15 +82,17 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     changed boolean;
 BEGIN
-    INSERT INTO task_changes (task_id, caller, device, seq, status, at, attempt, detail)
-    SELECT n.id, n.caller, n.device, e.seq, e.h->>'status', (e.h->>'at')::timestamptz,
-           COALESCE((e.h->>'attempt')::integer, 0), COALESCE(e.h->>'detail', '')
+    -- one row per task the statement moved (a note alone, keeping the status, is left out)
+    INSERT INTO task_changes (task_id, caller, device, seq, entries, previous)
+    SELECT n.id, n.caller, n.device, jsonb_array_length(o.history) + 1,
+           jsonb_path_query_array(n.history, '$[$from to last]',
+                                  jsonb_build_object('from', jsonb_array_length(o.history))),
+           o.status
     FROM new_rows n
     JOIN old_rows o ON o.id = n.id
-    CROSS JOIN LATERAL jsonb_array_elements(n.history) WITH ORDINALITY AS e(h, seq)
-    WHERE e.seq > jsonb_array_length(o.history)
-      AND (e.seq = 1 OR e.h->>'status' IS DISTINCT FROM n.history->(e.seq::integer - 2)->>'status')
-    ORDER BY n.id, e.seq;
+    WHERE jsonb_array_length(n.history) > jsonb_array_length(o.history)
+      AND (n.status <> o.status OR jsonb_array_length(n.history) > jsonb_array_length(o.history) + 1)
+    ORDER BY n.id;
     changed := FOUND;
 
     INSERT INTO callback_deliveries (task_id, seq, caller, url, status)

@@ -94,52 +94,55 @@ BEGIN
         RETURN NULL;  -- nothing became final or stopped being so
     END IF;
 
-    INSERT INTO task_stats AS s (caller, hour, device, type, verdict, succeeded, failed, expired, cancelled,
-                                 dead_lettered, processing_ms)
-    SELECT c.caller, c.hour, c.device, c.type, c.verdict,
-           coalesce(sum(c.sign) FILTER (WHERE c.status = 'SUCCEEDED'), 0),
-           coalesce(sum(c.sign) FILTER (WHERE c.status = 'FAILED'), 0),
-           coalesce(sum(c.sign) FILTER (WHERE c.status = 'EXPIRED'), 0),
-           coalesce(sum(c.sign) FILTER (WHERE c.status = 'CANCELLED'), 0),
-           coalesce(sum(c.sign) FILTER (WHERE c.status = 'DEAD_LETTERED'), 0),
-           stats_histogram(CASE WHEN c.status = 'SUCCEEDED' AND c.details IS NOT NULL
-                                THEN stats_bucket(least(greatest(coalesce(c.total, c.stages, 0), 0), 1e12)::float8) END,
-                           c.sign)
-    FROM (
+    -- one statement: the moved tasks joined with their results once (each result a primary-key probe), then both
+    -- rollups upserted from that, in key order (concurrent batches cannot deadlock)
+    WITH c AS MATERIALIZED (
         SELECT n.caller, date_trunc('hour', n.created_at, 'UTC') AS hour, n.device, n.type,
-               coalesce(r.verdict, '') AS verdict, r.details, x.status, x.sign,
+               coalesce(r.verdict, '') AS verdict, r.details, r.hits, x.status, x.sign,
                CASE WHEN jsonb_typeof(r.details -> 'timings_ms' -> 'total') = 'number'
                     THEN (r.details -> 'timings_ms' -> 'total')::numeric END AS total,
-               (SELECT sum(t.value::numeric) FROM jsonb_each(CASE WHEN jsonb_typeof(r.details -> 'timings_ms') = 'object'
-                                                               THEN r.details -> 'timings_ms' ELSE '{}' END) AS t
-                WHERE jsonb_typeof(t.value) = 'number') AS stages
+               CASE WHEN jsonb_typeof(r.details -> 'timings_ms' -> 'total') = 'number' THEN NULL
+                    ELSE (SELECT sum(t.value::numeric)
+                          FROM jsonb_each(CASE WHEN jsonb_typeof(r.details -> 'timings_ms') = 'object'
+                                               THEN r.details -> 'timings_ms' ELSE '{}' END) AS t
+                          WHERE jsonb_typeof(t.value) = 'number') END AS stages
         FROM new_tasks n
         JOIN old_tasks o ON o.id = n.id AND o.status IS DISTINCT FROM n.status
         CROSS JOIN LATERAL (VALUES (n.status, 1), (o.status, -1)) AS x(status, sign)
         LEFT JOIN LATERAL (SELECT * FROM results WHERE results.task_id = n.id LIMIT 1) r ON true
         WHERE x.status IN ('SUCCEEDED', 'FAILED', 'EXPIRED', 'CANCELLED', 'DEAD_LETTERED')
-    ) c
-    GROUP BY c.caller, c.hour, c.device, c.type, c.verdict
-    ORDER BY c.caller, c.hour, c.device, c.type, c.verdict
-    ON CONFLICT (caller, hour, device, type, verdict) DO UPDATE SET
-        succeeded = s.succeeded + excluded.succeeded,
-        failed = s.failed + excluded.failed,
-        expired = s.expired + excluded.expired,
-        cancelled = s.cancelled + excluded.cancelled,
-        dead_lettered = s.dead_lettered + excluded.dead_lettered,
-        processing_ms = (SELECT coalesce(array_agg(coalesce(a, 0) + coalesce(b, 0) ORDER BY i), '{}')
-                         FROM unnest(s.processing_ms, excluded.processing_ms) WITH ORDINALITY AS u(a, b, i));
-
+    ), counted AS (
+        INSERT INTO task_stats AS s (caller, hour, device, type, verdict, succeeded, failed, expired, cancelled,
+                                     dead_lettered, processing_ms)
+        SELECT c.caller, c.hour, c.device, c.type, c.verdict,
+               coalesce(sum(c.sign) FILTER (WHERE c.status = 'SUCCEEDED'), 0),
+               coalesce(sum(c.sign) FILTER (WHERE c.status = 'FAILED'), 0),
+               coalesce(sum(c.sign) FILTER (WHERE c.status = 'EXPIRED'), 0),
+               coalesce(sum(c.sign) FILTER (WHERE c.status = 'CANCELLED'), 0),
+               coalesce(sum(c.sign) FILTER (WHERE c.status = 'DEAD_LETTERED'), 0),
+               stats_histogram(CASE WHEN c.status = 'SUCCEEDED' AND c.details IS NOT NULL
+                                    THEN stats_bucket(least(greatest(coalesce(c.total, c.stages, 0), 0), 1e12)::float8)
+                               END,
+                               c.sign)
+        FROM c
+        GROUP BY c.caller, c.hour, c.device, c.type, c.verdict
+        ORDER BY c.caller, c.hour, c.device, c.type, c.verdict
+        ON CONFLICT (caller, hour, device, type, verdict) DO UPDATE SET
+            succeeded = s.succeeded + excluded.succeeded,
+            failed = s.failed + excluded.failed,
+            expired = s.expired + excluded.expired,
+            cancelled = s.cancelled + excluded.cancelled,
+            dead_lettered = s.dead_lettered + excluded.dead_lettered,
+            processing_ms = (SELECT coalesce(array_agg(coalesce(a, 0) + coalesce(b, 0) ORDER BY i), '{}')
+                             FROM unnest(s.processing_ms, excluded.processing_ms) WITH ORDINALITY AS u(a, b, i))
+    )
     INSERT INTO task_stats_words AS w (caller, hour, device, type, category, word, hits)
-    SELECT n.caller, date_trunc('hour', n.created_at, 'UTC'), n.device, n.type,
-           left(coalesce(h.hit ->> 'category', ''), 100), left(h.hit ->> 'word', 200), sum(x.sign)
-    FROM new_tasks n
-    JOIN old_tasks o ON o.id = n.id AND o.status IS DISTINCT FROM n.status
-    CROSS JOIN LATERAL (VALUES (n.status, 1), (o.status, -1)) AS x(status, sign)
-    CROSS JOIN LATERAL (SELECT * FROM results WHERE results.task_id = n.id LIMIT 1) r
-    CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(r.hits) = 'array' THEN r.hits ELSE '[]' END)
+    SELECT c.caller, c.hour, c.device, c.type,
+           left(coalesce(h.hit ->> 'category', ''), 100), left(h.hit ->> 'word', 200), sum(c.sign)
+    FROM c
+    CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(c.hits) = 'array' THEN c.hits ELSE '[]' END)
         AS h(hit)
-    WHERE x.status = 'SUCCEEDED' AND h.hit ->> 'word' IS NOT NULL
+    WHERE c.status = 'SUCCEEDED' AND h.hit ->> 'word' IS NOT NULL
     GROUP BY 1, 2, 3, 4, 5, 6
     ORDER BY 1, 2, 3, 4, 5, 6
     ON CONFLICT (caller, hour, device, type, category, word) DO UPDATE SET hits = w.hits + excluded.hits;

@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from intake_svc.watch import decode_cursor, encode_cursor
 from sieve.db.retention import Retention
 from sieve.db.task_changes import ChangeFilter, Position, TaskChangeStore
-from sieve.db.tasks import TaskStore
+from sieve.db.tasks import Outcome, TaskStore, Unmarked
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, types_pb2
 from tests.security.test_tenants import as_, intake
@@ -216,7 +216,7 @@ async def refusal(stub: object, who: str, request: intake_pb2.WatchTaskRequest) 
     ("request_fields", "field"),
     [
         ({"cursor": "not-a-cursor"}, "cursor"),
-        ({"cursor": "dzE7MTo1OjI7MToxOjA7MA"}, "cursor"),  # base64 of a made-up position (xmin > xmax)
+        ({"cursor": "dzI7NToxOjs1OjE6OzA7"}, "cursor"),  # a made-up position (xmin > xmax)
         ({"task_ids": ["nope"]}, "task_ids[0]"),
         ({"task_ids": [str(uuid.uuid4())] * 1001}, "task_ids"),
         ({"initial_state": True}, "initial_state"),
@@ -286,3 +286,29 @@ async def test_retention_deletes_old_changes_and_marks_what_it_deleted(
         assert report.purged_changes == 1
         assert await pg.fetchval("SELECT count(*) FROM task_changes") == 0
         assert int(await pg.fetchval("SELECT up_to FROM task_changes_purged")) > 0
+
+
+async def test_a_cursor_taken_inside_a_statements_changes_resumes_with_the_rest_of_them(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
+    async with intake(settings, redis, pg) as t:
+        task_id = (await t.submit("alice", text_spec("AA:BB:CC:29:00:01", "x"))).task.task_id
+        async with watching(t.stub, "alice", intake_pb2.WatchTaskRequest(task_ids=[task_id])) as stream:
+            await asyncio.sleep(0.3)
+            # one statement records three changes: ASSIGNED and RUNNING at their times, then SUCCEEDED (a fast task's
+            # result written without a RUNNING mark)
+            now = datetime.now(UTC)
+            outcome = Outcome(uuid.UUID(task_id), 1, "w1", "PASS", "[]", "x", unmarked=Unmarked(1, now, now))
+            assert await TaskStore(pg).finish([outcome]) == {uuid.UUID(task_id)}
+            changes = (await asyncio.wait_for(stream.read(), 5)).changes
+        statuses = [types_pb2.TASK_STATUS_ASSIGNED, types_pb2.TASK_STATUS_RUNNING, types_pb2.TASK_STATUS_SUCCEEDED]
+        assert [(c.status, c.sequence) for c in changes] == list(zip(statuses, (2, 3, 4), strict=True))
+        assert changes[2].verdict == types_pb2.VERDICT_PASS
+        # resumed after the first of them: the other two, once; after the last: nothing
+        resumed = t.stub.WatchTask(intake_pb2.WatchTaskRequest(cursor=changes[0].cursor), metadata=as_("alice"))
+        rest = (await asyncio.wait_for(resumed.read(), 5)).changes
+        resumed.cancel()
+        assert [c.status for c in rest] == statuses[1:]
+        async with watching(t.stub, "alice", intake_pb2.WatchTaskRequest(cursor=changes[2].cursor)) as after_last:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(after_last.read(), 1.5)
