@@ -2,12 +2,12 @@
 feed (sieve/db/task_changes.py), the cursors, and the bounds on open streams.
 
 A stream reads the feed whenever a change is recorded (NOTIFY, sieve/db/listener.py) and at least every
-SIEVE_WATCH_POLL_INTERVAL_S, and sends what it read as one WatchTaskResponse per read (at most `PAGE` feed rows).
-Every change carries a cursor: the reader's `Position` just after it, opaque to the caller (base64 of a version,
-two snapshots, a feed row's id and the change's index in it). A stream resumed from a change's cursor goes on with
-the change after it — none missed, none repeated; a cursor older than the feed's history (SIEVE_WATCH_HISTORY_S) is
-OUT_OF_RANGE, a made-up one INVALID_ARGUMENT naming `cursor`. At shutdown every stream ends with UNAVAILABLE: resume
-elsewhere from its cursor.
+SIEVE_WATCH_POLL_INTERVAL_S, and sends what it read (`ROWS_PER_READ` feed rows) in responses of at most
+`CHANGES_PER_RESPONSE` changes. Every change carries a cursor: the reader's `Position` just after it, opaque to the
+caller (base64 of a version, two snapshots, a feed row's id and the change's index in it). A stream resumed from a
+change's cursor goes on with the change after it — none missed, none repeated; a cursor older than the feed's
+history (SIEVE_WATCH_HISTORY_S) is OUT_OF_RANGE, a made-up one INVALID_ARGUMENT naming `cursor`. At shutdown every
+stream ends with UNAVAILABLE: resume elsewhere from its cursor.
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ from sieve.rpc.auth import Principal
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, types_pb2
 
-#: the most changes one response carries (one read of the feed)
-PAGE = 500
+#: feed rows one read takes (a row is one statement's changes: up to a batch of tasks)
+ROWS_PER_READ = 20
+#: the most changes one response carries (a read's are sent in as many responses as they need)
+CHANGES_PER_RESPONSE = 500
 MAX_TASK_IDS = 1000
 MAX_CALLER = 200
-_CURSOR_VERSION = "w2"
+_CURSOR_VERSION = "w3"
 
 
 class NotPermitted(Exception):
@@ -81,7 +83,7 @@ def decode_cursor(raw: str) -> Position:
         version, seen, reading, last_id, upto = text.split(";")
         if version != _CURSOR_VERSION or not last_id.isdigit() or len(last_id) > 18:
             raise ValueError
-        if upto and (not upto.isdigit() or len(upto) > 6):
+        if upto and (not upto.isdigit() or len(upto) > 15):
             raise ValueError
         position = Position(check_snapshot(seen), check_snapshot(reading), int(last_id), int(upto) if upto else None)
     except (ValueError, binascii.Error, UnicodeDecodeError, BadPosition):
@@ -211,12 +213,12 @@ class WatchHub:
         while not self.closing:
             if not still_valid():
                 raise Revoked
-            page = await self.store.read(watch.scope, position, PAGE)
-            if page.changes:
+            page = await self.store.read(watch.scope, position, ROWS_PER_READ)
+            for start in range(0, len(page.changes), CHANGES_PER_RESPONSE):
                 yield intake_pb2.WatchTaskResponse(
                     changes=[
                         change_message(c, encode_cursor(Position(position.seen, page.reading, c.id, c.index)))
-                        for c in page.changes
+                        for c in page.changes[start : start + CHANGES_PER_RESPONSE]
                     ]
                 )
             position = page.position

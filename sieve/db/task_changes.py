@@ -116,28 +116,28 @@ class ChangePage:
     cut: bool
 
 
-_COLUMNS = """c.id, c.task_id, c.caller, c.device, c.seq, c.entries, c.previous,
-              CASE WHEN c.entries @> '[{"status": "SUCCEEDED"}]' THEN
-                   (SELECT r.verdict FROM results r WHERE r.task_id = c.task_id LIMIT 1) END AS verdict"""
+#: the index of a change among its feed row's: its task's place in the row x ENTRY_SPAN + the entry's in that task's
+ENTRY_SPAN = 10_000
 
 
 def _where(scope: ChangeFilter, first: int) -> tuple[str, list[object]]:
-    """The filter's conditions on `c` (parameters numbered from `first`) and their arguments."""
+    """The filter's conditions on an item `i.item` of a feed row (parameters numbered from `first`)."""
     parts: list[str] = []
     args: list[object] = []
     if scope.caller is not None:
         args.append(scope.caller)
-        parts.append(f"c.caller = ${first + len(args) - 1}")
+        parts.append(f"i.item->>'c' = ${first + len(args) - 1}")
     if scope.task_ids:
-        args.append(list(scope.task_ids))
-        parts.append(f"c.task_id = ANY(${first + len(args) - 1}::uuid[])")
+        args.append([str(t) for t in scope.task_ids])
+        parts.append(f"i.item->>'t' = ANY(${first + len(args) - 1}::text[])")
     if scope.device is not None:
         args.append(scope.device)
-        parts.append(f"c.device = ${first + len(args) - 1}")
+        parts.append(f"i.item->>'d' = ${first + len(args) - 1}")
     if scope.labels:
         args.append(scope.labels)  # the pool's jsonb codec encodes it (sieve/db/__init__.py)
         parts.append(
-            f"EXISTS (SELECT 1 FROM tasks t WHERE t.id = c.task_id AND t.labels @> ${first + len(args) - 1}::jsonb)"
+            "EXISTS (SELECT 1 FROM tasks t WHERE t.id = (i.item->>'t')::uuid "
+            f"AND t.labels @> ${first + len(args) - 1}::jsonb)"
         )
     return " AND ".join(parts) or "true", args
 
@@ -193,12 +193,22 @@ class TaskChangeStore:
             SELECT s.snapshot, x.*
             FROM (SELECT pg_current_snapshot()::text AS snapshot) s
             LEFT JOIN LATERAL (
-                SELECT {_COLUMNS}
-                FROM task_changes c
-                WHERE {unseen} AND ($2::text IS NULL OR pg_visible_in_snapshot(c.xid, $2::text::pg_snapshot))
-                  AND c.id >= $3 AND {where}
-                ORDER BY c.id
-                LIMIT $4
+                SELECT c.id, i.k, i.item,
+                       CASE WHEN i.item->'e' @> '[{{"status": "SUCCEEDED"}}]' THEN
+                            (SELECT r.verdict FROM results r WHERE r.task_id = (i.item->>'t')::uuid LIMIT 1)
+                       END AS verdict
+                FROM (
+                    SELECT c.id, c.items FROM task_changes c
+                    WHERE {unseen} AND ($2::text IS NULL OR pg_visible_in_snapshot(c.xid, $2::text::pg_snapshot))
+                      AND c.id >= $3
+                    ORDER BY c.id
+                    LIMIT $4
+                ) c
+                LEFT JOIN LATERAL (
+                    SELECT i.k, i.item FROM jsonb_array_elements(c.items) WITH ORDINALITY AS i(item, k)
+                    WHERE {where}
+                ) i ON true
+                ORDER BY c.id, i.k
             ) x ON true
             """,
             position.seen,
@@ -212,11 +222,12 @@ class TaskChangeStore:
         changes = [
             c
             for r in found
+            if r["item"] is not None
             for c in _changes(r)
             if not (c.id == position.last_id and position.upto is not None and c.index <= position.upto)
         ]
         reading = snapshot if position.between_reads else position.reading
-        if len(found) >= limit:
+        if len({r["id"] for r in found}) >= limit:
             # cut short: the rest of what `reading` sees (rows after the last) comes next
             return ChangePage(changes, Position(position.seen, reading, found[-1]["id"]), reading, True)
         # complete: what `reading` sees is delivered; what it does not see comes next
@@ -224,20 +235,22 @@ class TaskChangeStore:
 
 
 def _changes(row: asyncpg.Record) -> list[Change]:
-    """The status changes among a feed row's entries (an entry keeping the status before it is a note)."""
+    """The status changes of one task in a feed row (an entry keeping the status before it is a note)."""
+    item = row["item"]
     out = []
-    previous = row["previous"]
-    for index, entry in enumerate(row["entries"]):
-        status = entry.get("status")
+    previous = item.get("p")
+    base = (int(row["k"]) - 1) * ENTRY_SPAN
+    for j, entry in enumerate(item.get("e") or ()):
+        status = entry.get("status") if isinstance(entry, dict) else None
         if status != previous and isinstance(status, str):
             out.append(
                 Change(
                     id=row["id"],
-                    index=index,
-                    task_id=row["task_id"],
-                    caller=row["caller"],
-                    device=row["device"],
-                    seq=row["seq"] + index,
+                    index=base + j,
+                    task_id=uuid.UUID(item["t"]),
+                    caller=item["c"],
+                    device=item["d"],
+                    seq=int(item["s"]) + j,
                     status=status,
                     at=_time(entry.get("at")),
                     attempt=int(entry.get("attempt") or 0),

@@ -920,7 +920,7 @@ async def test_watch_task_answers_any_message_and_random_bytes_cleanly(stack: St
     cursors = st.one_of(
         st.text(max_size=40),
         st.builds(
-            lambda a, b, c, d: base64.urlsafe_b64encode(f"w2;{a}:{b}:;{a}:{c}:;{d};".encode()).decode(),
+            lambda a, b, c, d: base64.urlsafe_b64encode(f"w3;{a}:{b}:;{a}:{c}:;{d};".encode()).decode(),
             st.integers(-5, 2**64),
             st.integers(-5, 2**64),
             st.integers(-5, 2**64),

@@ -3,9 +3,10 @@
 -- the change, so no path that changes a task (sieve/db/tasks.py has many) can forget them and a change is
 -- recorded if and only if it committed.
 --
--- task_changes: one row per task a statement changed, with the history entries it appended (`entries`, the first
--- at place `seq`) and the status before them; each entry whose status differs from the one before is a change (a
--- note that keeps the status is not). `xid` is the writing transaction: a reader (sieve/db/task_changes.py)
+-- task_changes: one row per statement that changed tasks, with, for each task, the history entries it appended
+-- (the first at its place in the history) and the status before them; each entry whose status differs from the one
+-- before is a change (a note that keeps the status is not). One row for a batch, not one per task: the hot path
+-- (a SubmitBatch of 1 000, a worker's group commit of results) pays one insert and one index entry. `xid` is the writing transaction: a reader (sieve/db/task_changes.py)
 -- remembers the snapshot it read under and next reads exactly the rows that snapshot could not see — those of
 -- the transactions still running then and of later ones — so a change that commits late, with an older id, is
 -- never skipped, and a stream resumed from a cursor (two snapshots and an id) neither misses nor repeats one.
@@ -26,17 +27,13 @@ ALTER TABLE tasks ADD COLUMN callback_url text;
 CREATE TABLE task_changes (
     id        bigint      GENERATED ALWAYS AS IDENTITY,
     xid       xid8        NOT NULL DEFAULT pg_current_xact_id(),
-    task_id   uuid        NOT NULL,
-    caller    text        NOT NULL,
-    device    text        NOT NULL,
-    -- the history entries one statement appended to the task (a JSON array), the first at position `seq`
-    seq       integer     NOT NULL,
-    entries   jsonb       NOT NULL,
-    -- the task's status before them (NULL for a new task): an entry that keeps the status is a note, not a change
-    previous  text,
+    -- one element per task the statement changed, in task id order: {"t": task id, "c": caller, "d": device,
+    -- "s": the place in its history of the first entry appended, "p": its status before them (null for a new
+    -- task), "e": the entries appended}; an entry whose status differs from the one before is a change
+    items     jsonb       NOT NULL,
     logged_at timestamptz NOT NULL DEFAULT now()
 );
--- the rows a snapshot could not see (a watcher filters the few of them by caller, device, task)
+-- the rows a snapshot could not see (a watcher filters their items by caller, device, task)
 CREATE INDEX task_changes_xid ON task_changes (xid);
 
 -- the newest transaction whose changes retention deleted: a cursor from before it may have lost some
@@ -69,8 +66,11 @@ CREATE INDEX callback_deliveries_created ON callback_deliveries (created_at);
 CREATE FUNCTION task_changes_inserted() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
-    INSERT INTO task_changes (task_id, caller, device, seq, entries, previous)
-    SELECT n.id, n.caller, n.device, 1, n.history, NULL FROM new_rows n ORDER BY n.id;
+    INSERT INTO task_changes (items)
+    SELECT jsonb_agg(jsonb_build_object('t', n.id, 'c', n.caller, 'd', n.device, 's', 1, 'p', NULL, 'e', n.history)
+                     ORDER BY n.id)
+    FROM new_rows n
+    HAVING count(*) > 0;
     IF FOUND THEN
         PERFORM pg_notify('sieve_task_changes', current_schema());
     END IF;
@@ -82,17 +82,18 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 DECLARE
     changed boolean;
 BEGIN
-    -- one row per task the statement moved (a note alone, keeping the status, is left out)
-    INSERT INTO task_changes (task_id, caller, device, seq, entries, previous)
-    SELECT n.id, n.caller, n.device, jsonb_array_length(o.history) + 1,
-           jsonb_path_query_array(n.history, '$[$from to last]',
-                                  jsonb_build_object('from', jsonb_array_length(o.history))),
-           o.status
+    -- one row for the statement: each task it moved (a note alone, keeping the status, is left out)
+    INSERT INTO task_changes (items)
+    SELECT jsonb_agg(jsonb_build_object(
+               't', n.id, 'c', n.caller, 'd', n.device, 's', jsonb_array_length(o.history) + 1, 'p', o.status,
+               'e', jsonb_path_query_array(n.history, '$[$from to last]',
+                                           jsonb_build_object('from', jsonb_array_length(o.history))))
+           ORDER BY n.id)
     FROM new_rows n
     JOIN old_rows o ON o.id = n.id
     WHERE jsonb_array_length(n.history) > jsonb_array_length(o.history)
       AND (n.status <> o.status OR jsonb_array_length(n.history) > jsonb_array_length(o.history) + 1)
-    ORDER BY n.id;
+    HAVING count(*) > 0;
     changed := FOUND;
 
     INSERT INTO callback_deliveries (task_id, seq, caller, url, status)

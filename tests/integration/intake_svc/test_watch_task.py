@@ -147,7 +147,7 @@ async def test_reads_cut_by_their_limit_go_on_where_they_stopped(
             cuts += page.cut
             if not page.cut and not page.changes:
                 break
-        assert cuts >= 4
+        assert cuts >= 2  # 7 submits (a row each) and one transition of all 7 (one row), 3 rows a read
         assert got == [(i, "PENDING") for i in ids] + [(i, "CANCELLED") for i in ids]
 
 
@@ -216,7 +216,7 @@ async def refusal(stub: object, who: str, request: intake_pb2.WatchTaskRequest) 
     ("request_fields", "field"),
     [
         ({"cursor": "not-a-cursor"}, "cursor"),
-        ({"cursor": "dzI7NToxOjs1OjE6OzA7"}, "cursor"),  # a made-up position (xmin > xmax)
+        ({"cursor": "dzM7NToxOjs1OjE6OzA7"}, "cursor"),  # a made-up position (xmin > xmax)
         ({"task_ids": ["nope"]}, "task_ids[0]"),
         ({"task_ids": [str(uuid.uuid4())] * 1001}, "task_ids"),
         ({"initial_state": True}, "initial_state"),
