@@ -50,6 +50,7 @@ from scheduler_svc.reconcile import Reconciler
 from scheduler_svc.sessions import Session
 from sieve.backoff import compute_backoff
 from sieve.db.retention import Retention
+from sieve.db.stats import fold as fold_stats
 from sieve.db.tasks import TaskStore
 from sieve.enums import enum_label
 from sieve.jobs import Jobs
@@ -164,6 +165,12 @@ class Housekeeping:
             "when this replica gets the reconciliation turn (one pass per interval among the replicas): every "
             "open task of PostgreSQL is found in Redis or queued again",
         )
+        jobs.register(
+            "stats-fold",
+            s.stats_fold_interval_s,
+            self._fold_stats_job,
+            "folds the tasks that became final since the last fold into GetStats' rollups (from the change feed)",
+        )
         if s.retention_in_scheduler:
             jobs.register(
                 "retention",
@@ -181,6 +188,9 @@ class Housekeeping:
 
     async def _sweep_expired_job(self) -> str:
         return f"{await self.sweep_expired()} queued tasks expired"
+
+    async def _fold_stats_job(self) -> str:
+        return f"{await fold_stats(self.tasks.pool)} changes folded"
 
     async def _retention_job(self) -> str:
         """One retention run (one process at a time: another one's run is not waited for)."""

@@ -331,6 +331,8 @@ class Settings:
             raise SettingsError(
                 "SIEVE_LEXICON_CHECK_INTERVAL_S must be more than 0 and SIEVE_OCR_HEALTH_INTERVAL_S 0 (off) or more"
             )
+        if not 0 < self.stats_fold_interval_s < float("inf"):
+            raise SettingsError("SIEVE_STATS_FOLD_INTERVAL_S must be more than 0")
         if not 0 <= self.ocr_model_check_interval_s < float("inf"):
             raise SettingsError("SIEVE_OCR_MODEL_CHECK_INTERVAL_S must be 0 (off) or more")
         if self.reconcile_page_rows < 1 or self.reconcile_fence_step < 1:
@@ -546,6 +548,9 @@ class Settings:
     #: GetStats' rollups (migration 0015) are deleted by the retention job once their hour is this many days old;
     #: 0 keeps them. They outlive the tasks they count (SIEVE_RETENTION_DAYS).
     stats_retention_days: int = 90
+    #: The scheduler folds the tasks that became final into GetStats' rollups this often (its stats-fold job; GetStats
+    #: also folds before it reads, so it never lags).
+    stats_fold_interval_s: float = 1.0
     #: The scheduler runs the retention job itself; false where services may not change the schema (then
     #: `python -m sieve.db.retention` runs as the schema owner, e.g. the k8s CronJob).
     retention_in_scheduler: bool = True

@@ -332,6 +332,7 @@ class Retention:
         """Deletes WatchTask's changes older than watch_history_s, oldest transaction first, in batches (the xid
         index), and records the newest transaction deleted: a cursor that had not seen all of it is OUT_OF_RANGE."""
         cutoff = now - timedelta(seconds=self.watch_history_s)
+        await conn.fetchval("SELECT fold_task_stats()")  # GetStats' rollups count them before they go
         while True:
             row = await conn.fetchrow(
                 """

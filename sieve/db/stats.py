@@ -244,9 +244,17 @@ def _counts(row: asyncpg.Record, histogram: tuple[int, ...] = ()) -> Counts:
     return Counts(succeeded, failed, expired, cancelled, dead_lettered, reported, histogram)
 
 
+async def fold(pool: asyncpg.Pool) -> int:
+    """Folds what became final since the last fold into the rollups (migration 0015 `fold_task_stats`, one at a
+    time, each change exactly once); returns the changes folded."""
+    return int(await pool.fetchval("SELECT fold_task_stats()"))
+
+
 async def read_stats(pool: asyncpg.Pool, query: StatsQuery, max_buckets: int) -> Stats:
     """The statistics of `query`: at most `max_buckets` buckets (time order, then caller, device, type, verdict),
-    totals over the whole query, the queue now, the top words and categories. One read-only snapshot."""
+    totals over the whole query, the queue now, the top words and categories. What became final before the call is
+    folded in first; then one read-only snapshot."""
+    await fold(pool)
     stats = Stats()
     async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
         where = _Filter(query)

@@ -1,5 +1,5 @@
--- Statistics (IntakeService.GetStats, sieve/db/stats.py): rollups kept up to date by triggers as tasks become final
--- and devices report, so that a query reads rollup rows, never the task table.
+-- Statistics (IntakeService.GetStats, sieve/db/stats.py): rollups kept up to date as tasks become final (folded from
+-- the change feed) and devices report (a trigger), so that a query reads rollup rows, never the task table.
 --
 -- task_stats: one row per caller, UTC hour, device, type and verdict ('' for a task without a result): how many tasks
 -- of that hour (their created_at) ended in each final status, how many detections devices reported (received_at;
@@ -8,11 +8,11 @@
 -- task_stats_words: per caller, hour, device and type, how often each lexicon word (with its category) was hit, in
 -- results and in device reports.
 --
--- The tasks trigger is one per UPDATE statement (not per row), with transition tables: it counts the rows whose
--- status changed into a final one (+1) or out of one (-1: a dead letter requeued), joined with their results (the
--- result TaskStore.finish inserts in the same statement is seen), and upserts each rollup key once, in key order, so
--- that concurrent batches cannot deadlock. Statements that move no task into or out of a final status (hand-outs,
--- starts, put-backs, notes) leave after a scan of their own rows. The functions run as their owner (SECURITY
+-- Tasks are counted by `fold_task_stats()`, off the hot path: it reads the change feed of migration 0014 (what was
+-- recorded since its last run, exactly once), counts each change into a final status (+1) or out of one (-1: a dead
+-- letter requeued), joined with the tasks' results, and upserts each rollup key once, in key order, so that
+-- concurrent folds (there is one at a time anyway) cannot deadlock. The writers of tasks pay nothing for the
+-- statistics beyond the feed row they write anyway. The functions run as their owner (SECURITY
 -- DEFINER, search_path pinned to this schema): the services that write tasks and reports need no right on the
 -- rollups, and the intake only reads them (sieve/db/migrate.py). Deleting tasks (retention) leaves the rollups;
 -- they have a retention of their own (SIEVE_STATS_RETENTION_DAYS).
@@ -82,35 +82,59 @@ $$;
 -- The histogram of (bucket, count) pairs.
 CREATE AGGREGATE stats_histogram(integer, integer) (SFUNC = stats_histogram_step, STYPE = integer[], INITCOND = '{}');
 
--- The processing time of a result is what GetTask tells (intake_svc/result_view.py): details.timings_ms "total" (an
--- OCR task), else the sum of its stages, 0 when it names none; clamped to [0, 1e12]. Read without raising on a value
--- of another shape (a result write must not fail for its statistics), and inline in the statement rather than in a
--- function of its own: an SQL function with a subquery is planned again on every trigger call.
-CREATE FUNCTION task_stats_of_tasks() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM new_tasks WHERE status IN ('SUCCEEDED', 'FAILED', 'EXPIRED', 'CANCELLED', 'DEAD_LETTERED'))
-       AND NOT EXISTS (SELECT 1 FROM old_tasks
-                       WHERE status IN ('SUCCEEDED', 'FAILED', 'EXPIRED', 'CANCELLED', 'DEAD_LETTERED')) THEN
-        RETURN NULL;  -- nothing became final or stopped being so
-    END IF;
+-- where the fold stands in the change feed (migration 0014): the snapshot of its last run, as WatchTask keeps one
+CREATE TABLE task_stats_folded (
+    id   boolean PRIMARY KEY DEFAULT true CHECK (id),
+    seen text    NOT NULL
+);
+INSERT INTO task_stats_folded (id, seen) VALUES (true, '1:1:');
 
-    -- one statement: the moved tasks joined with their results once (each result a primary-key probe), then both
-    -- rollups upserted from that, in key order (concurrent batches cannot deadlock)
-    WITH c AS MATERIALIZED (
-        SELECT n.caller, date_trunc('hour', n.created_at, 'UTC') AS hour, n.device, n.type,
-               coalesce(r.verdict, '') AS verdict, r.details, r.hits, x.status, x.sign,
+-- Folds the task changes recorded since the last fold into the rollups, exactly once: one fold at a time (an
+-- advisory lock), the changes its snapshot could not see read with this statement's snapshot, which becomes the
+-- new position in the same statement. A change into a final status counts +1, one out of it (a dead letter
+-- requeued) -1; each task's created hour, type and device and its result's verdict, timing and hits come from the
+-- task and result rows (primary-key probes). The processing time of a result is what GetTask tells
+-- (intake_svc/result_view.py): details.timings_ms "total" (an OCR task), else the sum of its stages, 0 when it names
+-- none; clamped to [0, 1e12], read without raising on a value of another shape. Off the hot path: the scheduler runs
+-- it every SIEVE_STATS_FOLD_INTERVAL_S, GetStats before it reads, retention before it deletes old changes.
+CREATE FUNCTION fold_task_stats() RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER AS $$
+DECLARE
+    moved bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('sieve-task-stats-fold:' || current_schema()));
+    WITH pos AS (
+        SELECT seen::pg_snapshot AS snap FROM task_stats_folded
+    ), fresh AS (
+        SELECT c.items FROM task_changes c, pos
+        WHERE c.xid >= pg_snapshot_xmax(pos.snap)
+        UNION ALL
+        SELECT c.items FROM task_changes c, pos
+        WHERE c.xid = ANY(ARRAY(SELECT pg_snapshot_xip(pos.snap)))
+    ), moves AS (
+        SELECT (it.item ->> 't')::uuid AS id, m.status, m.sign
+        FROM fresh
+        CROSS JOIN LATERAL jsonb_array_elements(fresh.items) AS it(item)
+        CROSS JOIN LATERAL (
+            SELECT e.value ->> 'status' AS cur,
+                   lag(e.value ->> 'status', 1, it.item ->> 'p') OVER (ORDER BY e.n) AS prev
+            FROM jsonb_array_elements(it.item -> 'e') WITH ORDINALITY AS e(value, n)
+        ) pair
+        CROSS JOIN LATERAL (VALUES (pair.cur, 1), (pair.prev, -1)) AS m(status, sign)
+        WHERE pair.cur IS DISTINCT FROM pair.prev
+          AND m.status IN ('SUCCEEDED', 'FAILED', 'EXPIRED', 'CANCELLED', 'DEAD_LETTERED')
+    ), c AS MATERIALIZED (
+        SELECT t.caller, date_trunc('hour', t.created_at, 'UTC') AS hour, t.device, t.type,
+               coalesce(r.verdict, '') AS verdict, r.details, r.hits, m.status, m.sign,
                CASE WHEN jsonb_typeof(r.details -> 'timings_ms' -> 'total') = 'number'
                     THEN (r.details -> 'timings_ms' -> 'total')::numeric END AS total,
                CASE WHEN jsonb_typeof(r.details -> 'timings_ms' -> 'total') = 'number' THEN NULL
-                    ELSE (SELECT sum(t.value::numeric)
+                    ELSE (SELECT sum(x.value::numeric)
                           FROM jsonb_each(CASE WHEN jsonb_typeof(r.details -> 'timings_ms') = 'object'
-                                               THEN r.details -> 'timings_ms' ELSE '{}' END) AS t
-                          WHERE jsonb_typeof(t.value) = 'number') END AS stages
-        FROM new_tasks n
-        JOIN old_tasks o ON o.id = n.id AND o.status IS DISTINCT FROM n.status
-        CROSS JOIN LATERAL (VALUES (n.status, 1), (o.status, -1)) AS x(status, sign)
-        LEFT JOIN LATERAL (SELECT * FROM results WHERE results.task_id = n.id LIMIT 1) r ON true
-        WHERE x.status IN ('SUCCEEDED', 'FAILED', 'EXPIRED', 'CANCELLED', 'DEAD_LETTERED')
+                                               THEN r.details -> 'timings_ms' ELSE '{}' END) AS x
+                          WHERE jsonb_typeof(x.value) = 'number') END AS stages
+        FROM moves m
+        CROSS JOIN LATERAL (SELECT * FROM tasks WHERE tasks.id = m.id LIMIT 1) t
+        LEFT JOIN LATERAL (SELECT * FROM results WHERE results.task_id = m.id LIMIT 1) r ON true
     ), counted AS (
         INSERT INTO task_stats AS s (caller, hour, device, type, verdict, succeeded, failed, expired, cancelled,
                                      dead_lettered, processing_ms)
@@ -135,24 +159,24 @@ BEGIN
             dead_lettered = s.dead_lettered + excluded.dead_lettered,
             processing_ms = (SELECT coalesce(array_agg(coalesce(a, 0) + coalesce(b, 0) ORDER BY i), '{}')
                              FROM unnest(s.processing_ms, excluded.processing_ms) WITH ORDINALITY AS u(a, b, i))
+    ), worded AS (
+        INSERT INTO task_stats_words AS w (caller, hour, device, type, category, word, hits)
+        SELECT c.caller, c.hour, c.device, c.type,
+               left(coalesce(h.hit ->> 'category', ''), 100), left(h.hit ->> 'word', 200), sum(c.sign)
+        FROM c
+        CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(c.hits) = 'array' THEN c.hits ELSE '[]' END)
+            AS h(hit)
+        WHERE c.status = 'SUCCEEDED' AND h.hit ->> 'word' IS NOT NULL
+        GROUP BY 1, 2, 3, 4, 5, 6
+        ORDER BY 1, 2, 3, 4, 5, 6
+        ON CONFLICT (caller, hour, device, type, category, word) DO UPDATE SET hits = w.hits + excluded.hits
+    ), moved_to AS (
+        UPDATE task_stats_folded SET seen = pg_current_snapshot()::text
     )
-    INSERT INTO task_stats_words AS w (caller, hour, device, type, category, word, hits)
-    SELECT c.caller, c.hour, c.device, c.type,
-           left(coalesce(h.hit ->> 'category', ''), 100), left(h.hit ->> 'word', 200), sum(c.sign)
-    FROM c
-    CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(c.hits) = 'array' THEN c.hits ELSE '[]' END)
-        AS h(hit)
-    WHERE c.status = 'SUCCEEDED' AND h.hit ->> 'word' IS NOT NULL
-    GROUP BY 1, 2, 3, 4, 5, 6
-    ORDER BY 1, 2, 3, 4, 5, 6
-    ON CONFLICT (caller, hour, device, type, category, word) DO UPDATE SET hits = w.hits + excluded.hits;
-    RETURN NULL;
+    SELECT count(*) INTO moved FROM c;
+    RETURN moved;
 END
 $$;
-
-CREATE TRIGGER task_stats AFTER UPDATE ON tasks
-    REFERENCING OLD TABLE AS old_tasks NEW TABLE AS new_tasks
-    FOR EACH STATEMENT EXECUTE FUNCTION task_stats_of_tasks();
 
 CREATE FUNCTION task_stats_of_reports() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
@@ -186,7 +210,7 @@ CREATE TRIGGER task_stats AFTER INSERT ON device_reports
 -- definer functions find only this schema's tables (and temporary ones last, never first)
 DO $pin$
 BEGIN
-    EXECUTE format('ALTER FUNCTION task_stats_of_tasks() SET search_path = %I, pg_temp', current_schema());
+    EXECUTE format('ALTER FUNCTION fold_task_stats() SET search_path = %I, pg_temp', current_schema());
     EXECUTE format('ALTER FUNCTION task_stats_of_reports() SET search_path = %I, pg_temp', current_schema());
 END
 $pin$;

@@ -23,8 +23,9 @@ from google.protobuf import timestamp_pb2
 from redis.asyncio import Redis
 
 from intake_svc.result_view import processing_time_ms
-from sieve.db.stats import StatsQuery, bucket_of, percentile_ms, queue_sql
-from sieve.db.tasks import Outcome, TaskStore, Unmarked
+from sieve.db.stats import StatsQuery, bucket_of, fold, percentile_ms, queue_sql
+from sieve.db.tasks import NewTask, Outcome, TaskStore, Unmarked
+from sieve.ids import uuid7
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, types_pb2
 from tests.integration.conftest import PNG, Platform, platform_with, text_spec, wait_final
@@ -319,7 +320,6 @@ async def test_the_stats_queries_read_indexes_not_the_tables(pg: asyncpg.Pool) -
 async def test_a_result_with_odd_timings_is_stored_and_counted(pg: asyncpg.Pool, settings: Settings) -> None:
     # Given a task whose result's details hold timings of unexpected shapes (the trigger must never fail a write)
     from sieve.db.tasks import NewTask
-    from sieve.ids import uuid7
 
     store = TaskStore(pg)
     now = datetime.now(UTC)
@@ -333,8 +333,8 @@ async def test_a_result_with_odd_timings_is_stored_and_counted(pg: asyncpg.Pool,
         outcome = Outcome(task.task_id, 1, "w", "PASS", "{}", "t", details, unmarked=Unmarked(1, now, now))
         # When it is stored
         assert await store.finish([outcome]) == {task.task_id}
-    await asyncio.sleep(0)
-    # Then it is counted, its time clamped or 0
+    # Then, once folded (GetStats and the scheduler do it), it is counted, its time clamped or 0
+    assert await fold(pg) == 3
     row = await pg.fetchrow("SELECT sum(succeeded) AS n FROM task_stats WHERE caller = 'c'")
     assert row is not None and row["n"] == 3
 
@@ -426,3 +426,34 @@ async def test_ocr_tasks_run_by_a_real_ocr_worker_are_counted_as_the_tables_say(
             assert ocr_only.totals.succeeded == 5 and ocr_only.totals.failed == 1
     finally:
         await runner.cleanup()
+
+
+async def test_the_fold_counts_each_final_task_once_however_late_its_transaction_commits(pg: asyncpg.Pool) -> None:
+    store = TaskStore(pg)
+    now = datetime.now(UTC)
+    tasks = [
+        NewTask(uuid7(), "AA:BB:CC:33:00:01", types_pb2.TASK_TYPE_TEXT, 3, "c", now, now + timedelta(hours=1), text="t")
+        for _ in range(3)
+    ]
+    await store.insert(tasks)
+    # Given one task cancelled in a transaction that stays open while another is cancelled and folded
+    late = await pg.acquire()
+    try:
+        transaction = late.transaction()
+        await transaction.start()
+        await store.transition([tasks[0].task_id], "CANCELLED", "late", conn=late)
+        await store.transition([tasks[1].task_id], "CANCELLED", "early")
+        assert await fold(pg) == 1
+        await transaction.commit()
+    finally:
+        await pg.release(late)
+    # When the fold runs again, twice, concurrently, and once more
+    counted = await asyncio.gather(fold(pg), fold(pg))
+    assert sorted(counted) == [0, 1] and await fold(pg) == 0
+    # and a dead letter requeued leaves its count
+    await store.transition([tasks[2].task_id], "DEAD_LETTERED", "gave up")
+    await store.revive([tasks[2].task_id], "requeued", 60)
+    await fold(pg)
+    # Then each is counted once
+    row = await pg.fetchrow("SELECT sum(cancelled) AS c, sum(dead_lettered) AS d FROM task_stats WHERE caller = 'c'")
+    assert (row["c"], row["d"]) == (2, 0)

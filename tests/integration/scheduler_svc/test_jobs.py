@@ -22,7 +22,7 @@ from sieve.settings import Settings
 from sieve.v1 import jobs_pb2, jobs_pb2_grpc
 from tests.security.auth_stack import eventually
 
-SCHEDULER_JOBS = ["housekeeping", "expired-sweep", "watermark", "reconcile", "retention"]
+SCHEDULER_JOBS = ["housekeeping", "expired-sweep", "watermark", "reconcile", "stats-fold", "retention"]
 
 
 @dataclass
