@@ -127,5 +127,8 @@ DO $pin$
 BEGIN
     EXECUTE format('ALTER FUNCTION task_changes_inserted() SET search_path = %I, pg_temp', current_schema());
     EXECUTE format('ALTER FUNCTION task_changes_updated() SET search_path = %I, pg_temp', current_schema());
+    -- no JIT for what runs with every write of a task (estimates on transition tables can pass its threshold)
+    ALTER FUNCTION task_changes_inserted() SET jit = off;
+    ALTER FUNCTION task_changes_updated() SET jit = off;
 END
 $pin$;

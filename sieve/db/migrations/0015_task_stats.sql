@@ -211,6 +211,8 @@ CREATE TRIGGER task_stats AFTER INSERT ON device_reports
 DO $pin$
 BEGIN
     EXECUTE format('ALTER FUNCTION fold_task_stats() SET search_path = %I, pg_temp', current_schema());
+    -- its plan's estimates (rows of JSON arrays) are huge: JIT would compile it, for seconds, on every call
+    ALTER FUNCTION fold_task_stats() SET jit = off;
     EXECUTE format('ALTER FUNCTION task_stats_of_reports() SET search_path = %I, pg_temp', current_schema());
 END
 $pin$;
