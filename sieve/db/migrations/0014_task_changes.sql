@@ -31,6 +31,8 @@ CREATE TABLE task_changes (
     -- "s": the place in its history of the first entry appended, "p": its status before them (null for a new
     -- task), "e": the entries appended}; an entry whose status differs from the one before is a change
     items     jsonb       NOT NULL,
+    -- some task of the row entered or left a final status (what GetStats' fold of migration 0015 reads)
+    finals    boolean     NOT NULL DEFAULT false,
     logged_at timestamptz NOT NULL DEFAULT now()
 );
 -- the rows a snapshot could not see (a watcher filters their items by caller, device, task)
@@ -83,12 +85,14 @@ DECLARE
     changed boolean;
 BEGIN
     -- one row for the statement: each task it moved (a note alone, keeping the status, is left out)
-    INSERT INTO task_changes (items)
+    INSERT INTO task_changes (items, finals)
     SELECT jsonb_agg(jsonb_build_object(
                't', n.id, 'c', n.caller, 'd', n.device, 's', jsonb_array_length(o.history) + 1, 'p', o.status,
                'e', jsonb_path_query_array(n.history, '$[$from to last]',
                                            jsonb_build_object('from', jsonb_array_length(o.history))))
-           ORDER BY n.id)
+           ORDER BY n.id),
+           bool_or(n.status IN ('SUCCEEDED', 'FAILED', 'EXPIRED', 'CANCELLED', 'DEAD_LETTERED')
+                   OR o.status IN ('SUCCEEDED', 'FAILED', 'EXPIRED', 'CANCELLED', 'DEAD_LETTERED'))
     FROM new_rows n
     JOIN old_rows o ON o.id = n.id
     WHERE jsonb_array_length(n.history) > jsonb_array_length(o.history)

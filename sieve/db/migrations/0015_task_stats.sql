@@ -106,10 +106,10 @@ BEGIN
         SELECT seen::pg_snapshot AS snap FROM task_stats_folded
     ), fresh AS (
         SELECT c.items FROM task_changes c, pos
-        WHERE c.xid >= pg_snapshot_xmax(pos.snap)
+        WHERE c.xid >= pg_snapshot_xmax(pos.snap) AND c.finals
         UNION ALL
         SELECT c.items FROM task_changes c, pos
-        WHERE c.xid = ANY(ARRAY(SELECT pg_snapshot_xip(pos.snap)))
+        WHERE c.xid = ANY(ARRAY(SELECT pg_snapshot_xip(pos.snap))) AND c.finals
     ), moves AS (
         SELECT (it.item ->> 't')::uuid AS id, m.status, m.sign
         FROM fresh
