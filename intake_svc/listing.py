@@ -45,7 +45,7 @@ def query_of(request: intake_pb2.ListTasksRequest, principal: Principal) -> Task
     if after is not None and before is not None and after >= before:
         raise InvalidInput("created_before", "must be later than created_after")
     return TaskQuery(
-        _scope(request, principal),
+        caller_scope(request.caller, principal, "list the tasks of"),
         _device(request),
         _statuses(request),
         _enum_filter(request.type, types_pb2.TaskType, "type"),
@@ -56,16 +56,18 @@ def query_of(request: intake_pb2.ListTasksRequest, principal: Principal) -> Task
     )
 
 
-def _scope(request: intake_pb2.ListTasksRequest, principal: Principal) -> str | None:
-    """Whose tasks: a client's own; an operator's choice (None: every caller's)."""
-    if not request.caller:
+def caller_scope(caller: str, principal: Principal, what: str) -> str | None:
+    """Whose records a request may read (`caller` as it names one, `what` saying what for a refusal): a client's own;
+    an operator's choice (None: every caller's). InvalidInput naming `caller`, NotPermitted for a client naming
+    another caller. ListTasks, WatchTask and GetStats scope themselves with it."""
+    if not caller:
         return None if principal.is_operator else principal.name
-    problem = text_problem(request.caller, max_chars=MAX_CALLER, printable=True)
+    problem = text_problem(caller, max_chars=MAX_CALLER, printable=True)
     if problem is not None:
         raise InvalidInput("caller", problem)
-    if request.caller != principal.name and not principal.is_operator:
-        raise NotPermitted(f"only operators may list another caller's tasks ({shown(request.caller)})")
-    return request.caller
+    if caller != principal.name and not principal.is_operator:
+        raise NotPermitted(f"only operators may {what} another caller ({shown(caller)})")
+    return caller
 
 
 def _device(request: intake_pb2.ListTasksRequest) -> str | None:

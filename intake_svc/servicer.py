@@ -40,7 +40,6 @@ from intake_svc.watch import (
     WatchHub,
     parse_request,
 )
-from intake_svc.watch import NotPermitted as WatchNotPermitted
 from sieve import rpc
 from sieve.db.callbacks import CallbackStore
 from sieve.db.reports import ReportStore
@@ -316,7 +315,7 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
             watch = parse_request(request, principal)
         except InvalidInput as exc:
             await rpc.abort(context, rpc.invalid_argument(exc.field, exc.description))
-        except WatchNotPermitted as exc:
+        except NotPermitted as exc:
             await rpc.abort(context, permission_denied(str(exc), "NOT_AN_OPERATOR", field="caller"))
         refusal: status_pb2.Status | None = None
         try:

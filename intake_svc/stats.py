@@ -13,13 +13,12 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 from google.protobuf import timestamp_pb2
 
-from intake_svc.listing import NotPermitted
+from intake_svc.listing import caller_scope
 from intake_svc.result_view import timestamp
 from intake_svc.validation import parse_device, parse_time
 from sieve.db.stats import Counts, Stats, StatsQuery, percentile_ms, read_stats
 from sieve.enums import enum_name, enum_value
 from sieve.errors import InvalidInput
-from sieve.fields import shown, text_problem
 from sieve.rpc import audit
 from sieve.rpc.auth import Principal
 from sieve.v1 import intake_pb2, types_pb2
@@ -49,18 +48,6 @@ def _daily(request: intake_pb2.GetStatsRequest) -> bool:
     return request.granularity != intake_pb2.STATS_GRANULARITY_HOUR
 
 
-def _scope(request: intake_pb2.GetStatsRequest, principal: Principal) -> str | None:
-    """Whose statistics: a client's own; an operator's choice (None: every caller's)."""
-    if not request.caller:
-        return None if principal.is_operator else principal.name
-    problem = text_problem(request.caller, max_chars=MAX_CALLER, printable=True)
-    if problem is not None:
-        raise InvalidInput("caller", problem)
-    if request.caller != principal.name and not principal.is_operator:
-        raise NotPermitted(f"only operators may read another caller's statistics ({shown(request.caller)})")
-    return request.caller
-
-
 def _task_type(request: intake_pb2.GetStatsRequest) -> str | None:
     if not request.type:
         return None
@@ -85,7 +72,7 @@ def query_of(request: intake_pb2.GetStatsRequest, principal: Principal, now: dat
     if request.top > MAX_TOP:
         raise InvalidInput("top", f"must be at most {MAX_TOP}")
     return StatsQuery(
-        caller=_scope(request, principal),
+        caller=caller_scope(request.caller, principal, "read the statistics of"),
         start=start,
         end=end,
         daily=daily,

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
+from intake_svc.listing import NotPermitted, caller_scope
 from intake_svc.result_view import timestamp_of
 from intake_svc.validation import checked_labels, parse_device, parse_task_id
 from sieve.db.listener import ChangeSignal
@@ -27,7 +28,7 @@ from sieve.db.task_changes import snapshot_xmin as xmin_of
 from sieve.db.tasks import status_value
 from sieve.enums import enum_value
 from sieve.errors import InvalidInput
-from sieve.fields import shown, text_problem
+from sieve.fields import shown
 from sieve.rpc.auth import Principal
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, types_pb2
@@ -39,10 +40,6 @@ CHANGES_PER_RESPONSE = 500
 MAX_TASK_IDS = 1000
 MAX_CALLER = 200
 _CURSOR_VERSION = "w3"
-
-
-class NotPermitted(Exception):
-    """A client asked to watch another caller's tasks."""
 
 
 class TooManyStreams(Exception):
@@ -108,7 +105,7 @@ def parse_request(request: intake_pb2.WatchTaskRequest, principal: Principal) ->
         raise InvalidInput("task_ids", f"at most {MAX_TASK_IDS} tasks per stream")
     task_ids = list(dict.fromkeys(parse_task_id(t, f"task_ids[{i}]") for i, t in enumerate(request.task_ids)))
     scope = ChangeFilter(
-        caller=_scope(request, principal),
+        caller=caller_scope(request.caller, principal, "watch the tasks of"),
         task_ids=task_ids,
         device=parse_device(request.device_id) if request.device_id else None,
         labels=checked_labels(request.labels, "labels"),
@@ -119,18 +116,6 @@ def parse_request(request: intake_pb2.WatchTaskRequest, principal: Principal) ->
     if request.initial_state and position is not None:
         raise InvalidInput("initial_state", "goes without a cursor (a cursor resumes where the stream was)")
     return WatchRequest(scope, position, request.initial_state)
-
-
-def _scope(request: intake_pb2.WatchTaskRequest, principal: Principal) -> str | None:
-    """Whose tasks: a client's own; an operator's choice (None: every caller's)."""
-    if not request.caller:
-        return None if principal.is_operator else principal.name
-    problem = text_problem(request.caller, max_chars=MAX_CALLER, printable=True)
-    if problem is not None:
-        raise InvalidInput("caller", problem)
-    if request.caller != principal.name and not principal.is_operator:
-        raise NotPermitted(f"only operators may watch another caller's tasks ({shown(request.caller)})")
-    return request.caller
 
 
 def change_message(change: Change, cursor: str) -> intake_pb2.TaskChange:

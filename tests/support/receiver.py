@@ -1,4 +1,5 @@
-"""A real HTTP receiver of completion callbacks on loopback (aiohttp): it records every POST — headers, raw body,
+"""Real HTTP servers on loopback for tests (aiohttp): `serving` any app; `callback_receiver`, a receiver of completion
+callbacks: it records every POST — headers, raw body,
 when it came — answers the first `fail_first` attempts of each delivery with `fail_status`, then 200, and checks
 each signature with the secret it was given."""
 
@@ -84,13 +85,20 @@ async def callback_receiver(secret: bytes, **kw: Any) -> AsyncIterator[Receiver]
 
     app = web.Application()
     app.router.add_post("/hook", hook)
-    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    async with serving(app) as base:
+        state.url = f"{base}/hook"
+        yield state
+
+
+@asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[str]:
+    """Serves `app` on a free loopback port while the block runs; yields its base URL (http://127.0.0.1:port)."""
+    runner = web.AppRunner(app, shutdown_timeout=0.2)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    state.url = f"http://127.0.0.1:{port}/hook"
     try:
-        yield state
+        yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()

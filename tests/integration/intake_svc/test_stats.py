@@ -31,6 +31,7 @@ from sieve.v1 import intake_pb2, types_pb2
 from tests.integration.conftest import PNG, Platform, platform_with, text_spec, wait_final
 from tests.ocr_samples import SAMPLES, render, require_cjk_font
 from tests.security.test_tenants import as_, intake
+from tests.support.receiver import serving
 
 DEVICES = ["AA:BB:CC:30:00:01", "AA:BB:CC:30:00:02", "AA:BB:CC:30:00:03"]
 TEXTS = ["这里有 赌博 广告", "加 微 信 免费领取", "今天天气很好", "赌博 和 赌博"]
@@ -382,50 +383,40 @@ async def test_ocr_tasks_run_by_a_real_ocr_worker_are_counted_as_the_tables_say(
 
     app = web.Application()
     app.router.add_get("/{name}", host)
-    runner = web.AppRunner(app, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    base = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
     overrides = {"no_gpu_strategy": "cpu", "outbound_allow_private_nets": "127.0.0.0/8"}
-    try:
-        async with platform_with(settings, redis, pg, workers=0, **overrides) as p:
-            await p.add_worker(worker_id="ocr-1", worker_task_types="OCR_IMAGE,TEXT")
-            # When rendered images (with and without lexicon words), a fetched one, a missing one (404: FAILED) and
-            # texts are submitted
-            specs = [
-                intake_pb2.TaskSpec(device_id=DEVICES[n % 2], type=types_pb2.TASK_TYPE_OCR_IMAGE, image=image)
-                for n, image in enumerate(images)
-            ]
-            specs += [
-                intake_pb2.TaskSpec(
-                    device_id=DEVICES[2], type=types_pb2.TASK_TYPE_OCR_IMAGE, image_url=f"{base}/{name}"
-                )
-                for name in ("there.png", "missing.png")
-            ]
-            specs += [text_spec(DEVICES[n % 3], TEXTS[n % 4]) for n in range(6)]
-            reply = await p.intake.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=specs))
-            finals = [await wait_final(p.intake, item.task.task_id, timeout_s=120) for item in reply.items]
-            assert [t.status for t in finals].count(types_pb2.TASK_STATUS_FAILED) == 1
-            assert [t.status for t in finals].count(types_pb2.TASK_STATUS_SUCCEEDED) == len(specs) - 1
+    async with serving(app) as base, platform_with(settings, redis, pg, workers=0, **overrides) as p:
+        await p.add_worker(worker_id="ocr-1", worker_task_types="OCR_IMAGE,TEXT")
+        # When rendered images (with and without lexicon words), a fetched one, a missing one (404: FAILED) and
+        # texts are submitted
+        specs = [
+            intake_pb2.TaskSpec(device_id=DEVICES[n % 2], type=types_pb2.TASK_TYPE_OCR_IMAGE, image=image)
+            for n, image in enumerate(images)
+        ]
+        specs += [
+            intake_pb2.TaskSpec(device_id=DEVICES[2], type=types_pb2.TASK_TYPE_OCR_IMAGE, image_url=f"{base}/{name}")
+            for name in ("there.png", "missing.png")
+        ]
+        specs += [text_spec(DEVICES[n % 3], TEXTS[n % 4]) for n in range(6)]
+        reply = await p.intake.SubmitBatch(intake_pb2.SubmitBatchRequest(tasks=specs))
+        finals = [await wait_final(p.intake, item.task.task_id, timeout_s=120) for item in reply.items]
+        assert [t.status for t in finals].count(types_pb2.TASK_STATUS_FAILED) == 1
+        assert [t.status for t in finals].count(types_pb2.TASK_STATUS_SUCCEEDED) == len(specs) - 1
 
-            # Then GetStats says what the tables say: counts per device, type and verdict, percentiles, words
-            stats = await p.intake.GetStats(intake_pb2.GetStatsRequest(by_device=True, top=10))
-            expected = await expected_from_tables(p.pg)
-            assert counted(stats) == expected["buckets"]
-            assert stats.totals.succeeded == len(specs) - 1 and stats.totals.failed == 1
-            histogram = expected["histogram"]
-            assert stats.totals.p50_processing_time_ms == pytest.approx(percentile_ms(histogram, 0.5), abs=1e-3)  # type: ignore[arg-type]
-            assert stats.totals.p95_processing_time_ms == pytest.approx(percentile_ms(histogram, 0.95), abs=1e-3)  # type: ignore[arg-type]
-            words = expected["words"]
-            assert {(w.word, w.category, w.hits) for w in stats.top_words} == {
-                (w, c, n)
-                for (w, c), n in sorted(words.items(), key=lambda i: (-i[1], i[0]))[:10]  # type: ignore[attr-defined]
-            }
-            ocr_only = await p.intake.GetStats(intake_pb2.GetStatsRequest(type=types_pb2.TASK_TYPE_OCR_IMAGE))
-            assert ocr_only.totals.succeeded == 5 and ocr_only.totals.failed == 1
-    finally:
-        await runner.cleanup()
+        # Then GetStats says what the tables say: counts per device, type and verdict, percentiles, words
+        stats = await p.intake.GetStats(intake_pb2.GetStatsRequest(by_device=True, top=10))
+        expected = await expected_from_tables(p.pg)
+        assert counted(stats) == expected["buckets"]
+        assert stats.totals.succeeded == len(specs) - 1 and stats.totals.failed == 1
+        histogram = expected["histogram"]
+        assert stats.totals.p50_processing_time_ms == pytest.approx(percentile_ms(histogram, 0.5), abs=1e-3)  # type: ignore[arg-type]
+        assert stats.totals.p95_processing_time_ms == pytest.approx(percentile_ms(histogram, 0.95), abs=1e-3)  # type: ignore[arg-type]
+        words = expected["words"]
+        assert {(w.word, w.category, w.hits) for w in stats.top_words} == {
+            (w, c, n)
+            for (w, c), n in sorted(words.items(), key=lambda i: (-i[1], i[0]))[:10]  # type: ignore[attr-defined]
+        }
+        ocr_only = await p.intake.GetStats(intake_pb2.GetStatsRequest(type=types_pb2.TASK_TYPE_OCR_IMAGE))
+        assert ocr_only.totals.succeeded == 5 and ocr_only.totals.failed == 1
 
 
 async def test_the_fold_counts_each_final_task_once_however_late_its_transaction_commits(pg: asyncpg.Pool) -> None:

@@ -24,7 +24,7 @@ from sieve.ids import uuid7
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, types_pb2
 from tests.support.platform import Platform, platform_with, wait_final
-from tests.support.receiver import callback_receiver
+from tests.support.receiver import callback_receiver, serving
 from tests.support.tasks import text_spec
 
 SECRET = "s3cret-of-anonymous"
@@ -192,12 +192,8 @@ async def test_a_scheduler_stopping_mid_post_makes_the_delivery_due_again_at_onc
 
     app = web.Application()
     app.router.add_post("/hook", hook)
-    runner = web.AppRunner(app, shutdown_timeout=0.2)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/hook"  # type: ignore[union-attr]
-    try:
+    async with serving(app) as base:
+        url = f"{base}/hook"
         store = TaskStore(pg)
         now = datetime.now(UTC)
         task = NewTask(
@@ -226,5 +222,3 @@ async def test_a_scheduler_stopping_mid_post_makes_the_delivery_due_again_at_onc
         row = await pg.fetchrow("SELECT state, attempts, last_error, next_at - now() AS due FROM callback_deliveries")
         assert row["state"] == "PENDING" and row["attempts"] == 1
         assert row["due"].total_seconds() <= 0 and "interrupted" in row["last_error"]
-    finally:
-        await runner.cleanup()

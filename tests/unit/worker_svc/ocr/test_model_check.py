@@ -6,15 +6,23 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from sieve.settings import Settings
-from worker_svc.ocr.models import ModelDirs, fingerprint
-from worker_svc.ocr.runtime import OcrRuntime
+
+if TYPE_CHECKING:
+    from worker_svc.ocr.models import ModelDirs
+    from worker_svc.ocr.runtime import OcrRuntime
+
+# the OCR runtime needs the ocr extra (aiohttp, yaml): imported in the tests, which run where it is installed
+pytestmark = pytest.mark.ocr_extra
 
 
 def model_dirs(root: Path) -> ModelDirs:
+    from worker_svc.ocr.models import ModelDirs
+
     for name in ("det", "rec"):
         folder = root / name
         folder.mkdir()
@@ -24,6 +32,9 @@ def model_dirs(root: Path) -> ModelDirs:
 
 
 def loaded_runtime(dirs: ModelDirs) -> OcrRuntime:
+    from worker_svc.ocr.models import fingerprint
+    from worker_svc.ocr.runtime import OcrRuntime
+
     runtime = OcrRuntime(Settings.from_env({}, worker_task_types="OCR_IMAGE", ocr_device="cpu"))
     runtime.models = dirs
     runtime.models_fingerprint = fingerprint(dirs)
