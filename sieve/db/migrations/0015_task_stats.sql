@@ -101,6 +101,8 @@ CREATE FUNCTION fold_task_stats() RETURNS bigint LANGUAGE plpgsql SECURITY DEFIN
 DECLARE
     moved bigint;
 BEGIN
+    -- its commit need not wait for the disk: a fold lost to a crash (position and rollups together) is done again
+    PERFORM set_config('synchronous_commit', 'off', true);
     PERFORM pg_advisory_xact_lock(hashtext('sieve-task-stats-fold:' || current_schema()));
     WITH pos AS (
         SELECT seen::pg_snapshot AS snap FROM task_stats_folded
@@ -171,7 +173,11 @@ BEGIN
         ORDER BY 1, 2, 3, 4, 5, 6
         ON CONFLICT (caller, hour, device, type, category, word) DO UPDATE SET hits = w.hits + excluded.hits
     ), moved_to AS (
+        -- nothing recorded since: nothing written (an idle system writes no WAL for its statistics)
         UPDATE task_stats_folded SET seen = pg_current_snapshot()::text
+        WHERE EXISTS (SELECT 1 FROM task_changes c, pos
+                      WHERE c.xid >= pg_snapshot_xmax(pos.snap)
+                         OR c.xid = ANY(ARRAY(SELECT pg_snapshot_xip(pos.snap))))
     )
     SELECT count(*) INTO moved FROM c;
     RETURN moved;
