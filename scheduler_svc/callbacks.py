@@ -61,8 +61,6 @@ class CallbackNotifier:
         self._slot_free = asyncio.Event()
         self._outcomes: list[AttemptOutcome] = []
         self._outcome_ready = asyncio.Event()
-        self.delivered = 0
-        self.failed_attempts = 0
 
     def _http(self) -> SafeHttpClient:
         if self.client is None:
@@ -105,8 +103,8 @@ class CallbackNotifier:
 
     async def _idle(self, seen: int, wait_s: float) -> int:
         """Waits for a change, a free slot when all are taken, or `wait_s`."""
+        self._slot_free.clear()  # before looking: a slot freed from now on sets it
         if len(self._in_flight) >= self.settings.callback_concurrency:
-            self._slot_free.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait_s):  # not wait_for: see ChangeSignal.wait
                     await self._slot_free.wait()
@@ -187,12 +185,10 @@ class CallbackNotifier:
                 "POST", delivery.url, body=body, headers=headers, follow_redirects=False
             )
         except FetchError as exc:
-            self.failed_attempts += 1
             CALLBACK_ATTEMPTS.labels(outcome="failed").inc()
             if exc.status == 410:
                 return AttemptOutcome(delivery.task_id, delivery.seq, "GAVE_UP", exc.status, str(exc))
             return self._retry(delivery, exc.status, str(exc), _retry_after_s(exc.retry_after))
-        self.delivered += 1
         CALLBACK_ATTEMPTS.labels(outcome="delivered").inc()
         CALLBACK_DELAY_SECONDS.observe(max(0.0, (datetime.now(UTC) - delivery.created_at).total_seconds()))
         return AttemptOutcome(delivery.task_id, delivery.seq, "DELIVERED", answer.status, None)
