@@ -89,6 +89,8 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
             return await call()
         except InvalidInput as exc:
             await rpc.abort(context, rpc.invalid_argument(exc.field, exc.description))
+        except NotPermitted as exc:  # a client asking for another caller's records
+            await rpc.abort(context, permission_denied(str(exc), "NOT_AN_OPERATOR", field="caller"))
         except _UNAVAILABLE as exc:
             log.warning("dependency unavailable: %s", exc)
             await rpc.abort(
@@ -251,33 +253,13 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
     async def ListTasks(
         self, request: intake_pb2.ListTasksRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> intake_pb2.ListTasksResponse:
-        async def run() -> intake_pb2.ListTasksResponse | str:
-            try:
-                return await list_page(self.tasks.pool, request, current_principal.get())
-            except NotPermitted as exc:
-                return str(exc)
-
-        outcome = await self._guard(context, run)
-        if isinstance(outcome, str):
-            await rpc.abort(context, permission_denied(outcome, "NOT_AN_OPERATOR", field="caller"))
-        assert isinstance(outcome, intake_pb2.ListTasksResponse)
-        return outcome
+        return await self._guard(context, lambda: list_page(self.tasks.pool, request, current_principal.get()))
 
     # --- statistics ----------------------------------------------------------------------------------
     async def GetStats(
         self, request: intake_pb2.GetStatsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> intake_pb2.GetStatsResponse:
-        async def run() -> intake_pb2.GetStatsResponse | str:
-            try:
-                return await get_stats(self.tasks.pool, request, current_principal.get())
-            except NotPermitted as exc:
-                return str(exc)
-
-        outcome = await self._guard(context, run)
-        if isinstance(outcome, str):
-            await rpc.abort(context, permission_denied(outcome, "NOT_AN_OPERATOR", field="caller"))
-        assert isinstance(outcome, intake_pb2.GetStatsResponse)
-        return outcome
+        return await self._guard(context, lambda: get_stats(self.tasks.pool, request, current_principal.get()))
 
     # --- reports of the devices' own detections ------------------------------------------------------
     async def ReportDetection(
