@@ -201,6 +201,11 @@ class Keys:
         """A caller's submit token bucket (hash: tokens, ts_ms; expires once full again)."""
         return f"{self.global_base}:bucket:{caller}"
 
+    def slot_pool(self, pool: str) -> str:
+        """A slot pool's holders (zset: holder -> lease deadline, ms; sieve/slots), under the global tag: a pool is
+        one cap for the whole installation, whatever shard its jobs' devices live in."""
+        return f"{self.global_base}:slots:{pool}"
+
     def worker(self, worker_id: str) -> str:
         return f"{self.global_base}:worker:{worker_id}"
 

@@ -1,0 +1,87 @@
+"""The Python side of the slot-pool scripts (see the package docstring)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from sieve.observe import metrics
+from sieve.redis import lua
+from sieve.redis.keys import Keys
+
+
+@dataclass(frozen=True, slots=True)
+class PoolState:
+    """What an operator sees of one pool: its maximum, and each holder with its lease deadline (ms, epoch)."""
+
+    name: str
+    max_slots: int
+    holders: dict[str, int]
+
+    @property
+    def in_use(self) -> int:
+        return len(self.holders)
+
+
+class SlotPools:
+    """Named pools with a maximum each (`maxima`: pool -> max slots); slots are leases of `lease_ms`."""
+
+    def __init__(self, redis: Redis, keys: Keys, maxima: Mapping[str, int], lease_ms: int = 60_000) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.maxima = dict(maxima)
+        self.lease_ms = max(1, int(lease_ms))
+        self._acquire = redis.register_script(lua.load("acquireSlot"))
+        self._release = redis.register_script(lua.load("releaseSlot"))
+        self._renew = redis.register_script(lua.load("renewSlots"))
+
+    def _max(self, pool: str) -> int:
+        try:
+            return self.maxima[pool]
+        except KeyError:
+            raise KeyError(f"no slot pool named {pool!r} (configured: {sorted(self.maxima)})") from None
+
+    async def acquire(self, pool: str, holder: str, *, now_ms: int | None = None) -> bool:
+        """Takes a slot of `pool` for `holder` (or renews the one it holds); False when the pool is full."""
+        granted, held, _reclaimed = await self._acquire(
+            keys=[self.keys.slot_pool(pool)],
+            args=["" if now_ms is None else now_ms, self._max(pool), holder, self.lease_ms],
+        )
+        metrics.SLOTS_IN_USE.labels(pool=pool).set(int(held))
+        if not int(granted):
+            metrics.SLOT_WAITS.labels(pool=pool).inc()
+        return bool(int(granted))
+
+    async def release(self, pool: str, holder: str) -> bool:
+        """Gives back `holder`'s slot of `pool`; False when it held none (released already, or reclaimed)."""
+        released = await self._release(keys=[self.keys.slot_pool(pool)], args=[holder])
+        return bool(int(released))
+
+    async def renew(self, pool: str, holders: Iterable[str], *, now_ms: int | None = None) -> list[str]:
+        """Renews the leases of `holders` in `pool`; the ones that had lost their slot (lease expired)."""
+        names = list(holders)
+        if not names:
+            return []
+        lost = await self._renew(
+            keys=[self.keys.slot_pool(pool)], args=["" if now_ms is None else now_ms, self.lease_ms, *names]
+        )
+        return [str(h) for h in lost]
+
+    async def state(self, pool: str) -> PoolState:
+        """The pool's live holders (expired leases not counted) and maximum."""
+        now_ms = int(time.time() * 1000)
+        rows = await self.redis.zrangebyscore(self.keys.slot_pool(pool), f"({now_ms}", "+inf", withscores=True)
+        holders = {str(h): int(score) for h, score in rows}
+        metrics.SLOTS_IN_USE.labels(pool=pool).set(len(holders))
+        return PoolState(pool, self._max(pool), holders)
+
+    async def states(self) -> list[PoolState]:
+        """Every configured pool's state, by name."""
+        return [await self.state(pool) for pool in sorted(self.maxima)]
+
+    async def free(self, pool: str) -> int:
+        """How many slots of `pool` are free now."""
+        return max(0, self._max(pool) - (await self.state(pool)).in_use)
