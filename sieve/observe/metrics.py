@@ -175,54 +175,14 @@ TASK_RESULTS = Counter(
 )
 
 
-# --- external jobs: slot pools and the engine (sieve/slots, jobs_svc) ---------------------------------
+# --- external jobs: slot pools (sieve/slots) ---------------------------------
 SLOTS_IN_USE = Gauge(
     "sieve_slots_in_use", "Slots of a pool held, as last seen by this process", ["pool"], registry=REGISTRY
 )
-SLOTS_MAX = Gauge("sieve_slots_max", "The maximum of a slot pool", ["pool"], registry=REGISTRY)
 SLOT_WAITS = Counter(
     "sieve_slot_waits",
     "Acquires refused because the pool was full (a job waited for a slot)",
     ["pool"],
-    registry=REGISTRY,
-)
-SLOT_SECONDS = Counter(
-    "sieve_slot_seconds",
-    "Slot-seconds held (busy time of a pool; divide by max x wall time for utilisation)",
-    ["pool"],
-    registry=REGISTRY,
-)
-EXTERNAL_JOBS = Counter(
-    "sieve_external_jobs",
-    "External jobs finished, by provider and outcome (succeeded, failed)",
-    ["provider", "outcome"],
-    registry=REGISTRY,
-)
-EXTERNAL_CALL_SECONDS = Histogram(
-    "sieve_external_call_seconds",
-    "Latency of one provider call, by provider and call (submit, poll, fetch)",
-    ["provider", "call"],
-    buckets=(*_RPC_BUCKETS, 30, 60),
-    registry=REGISTRY,
-)
-EXTERNAL_JOB_SECONDS = Histogram(
-    "sieve_external_job_seconds",
-    "An external job's duration, first submit to completed or failed",
-    ["provider"],
-    buckets=_LATENCY_BUCKETS,
-    registry=REGISTRY,
-)
-EXTERNAL_POLLS = Histogram(
-    "sieve_external_polls_per_job",
-    "Polls one external job took (every stage)",
-    ["provider"],
-    buckets=(1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233),
-    registry=REGISTRY,
-)
-EXTERNAL_COST = Counter(
-    "sieve_external_cost",
-    "Cost of external jobs (the provider's cost_per_job), by provider",
-    ["provider"],
     registry=REGISTRY,
 )
 

@@ -47,9 +47,7 @@ async def test_a_released_slot_is_free_again_and_a_second_release_changes_nothin
     assert await pools.acquire("avatar", "c")
 
 
-async def test_many_concurrent_acquirers_on_two_connections_never_over_commit(
-    redis: Redis, settings: Settings
-) -> None:
+async def test_many_concurrent_acquirers_on_two_connections_never_over_commit(redis: Redis, settings: Settings) -> None:
     # Given two "replicas" (two clients) racing for 18 video slots with 200 acquirers
     other = Redis.from_url(settings.redis_url, decode_responses=True)
     try:
