@@ -175,7 +175,7 @@ TASK_RESULTS = Counter(
 )
 
 
-# --- external jobs: slot pools (sieve/slots) ---------------------------------
+# --- external jobs: slot pools (sieve/redis/slot_pools) ---------------------------------
 SLOTS_IN_USE = Gauge(
     "sieve_slots_in_use", "Slots of a pool held, as last seen by this process", ["pool"], registry=REGISTRY
 )

@@ -202,8 +202,8 @@ class Keys:
         return f"{self.global_base}:bucket:{caller}"
 
     def slot_pool(self, pool: str) -> str:
-        """A slot pool's holders (zset: holder -> lease deadline, ms; sieve/slots), under the global tag: a pool is
-        one cap for the whole installation, whatever shard its jobs' devices live in."""
+        """A slot pool's holders (zset: holder -> lease deadline, ms; sieve/redis/slot_pools), under the global tag:
+        a pool is one cap for the whole installation, whatever shard its jobs' devices live in."""
         return f"{self.global_base}:slots:{pool}"
 
     def worker(self, worker_id: str) -> str:

@@ -12,8 +12,8 @@ import time
 from redis.asyncio import Redis
 
 from sieve.redis.keys import Keys
+from sieve.redis.slot_pools import SlotPools
 from sieve.settings import Settings
-from sieve.slots import SlotPools
 
 
 def _pools(redis: Redis, settings: Settings, lease_ms: int = 60_000) -> SlotPools:
@@ -76,7 +76,7 @@ async def test_a_holder_killed_without_release_gets_its_slot_back_within_its_lea
         "import asyncio\n"
         "from redis.asyncio import Redis\n"
         "from sieve.redis.keys import Keys\n"
-        "from sieve.slots import SlotPools\n"
+        "from sieve.redis.slot_pools import SlotPools\n"
         "async def main():\n"
         f"    r = Redis.from_url({settings.redis_url!r}, decode_responses=True)\n"
         f"    p = SlotPools(r, Keys({settings.redis_prefix!r}), {{'avatar': 2}}, lease_ms=1500)\n"
