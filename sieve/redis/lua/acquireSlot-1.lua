@@ -16,16 +16,12 @@
     {granted, held, reclaimed}   granted: 1 when the holder holds a slot now, 0 when the pool is full;
                                  held: slots held after the call; reclaimed: expired leases removed
 ]]
+--@requires nowMs
 local poolKey = KEYS[1]
-local now = tonumber(ARGV[1])
+local now = nowMs(ARGV[1])
 local maxSlots = tonumber(ARGV[2])
 local holder = ARGV[3]
 local leaseMs = tonumber(ARGV[4])
-
-if not now then
-  local t = redis.call("TIME")
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 
 local reclaimed = redis.call("ZREMRANGEBYSCORE", poolKey, "-inf", now)
 if redis.call("ZSCORE", poolKey, holder) then

@@ -12,17 +12,12 @@
   Output:
     lost         the listed holders that no longer held a slot (their lease had expired)
 ]]
---@requires slice
+--@requires slice, nowMs
 
 local poolKey = KEYS[1]
-local now = tonumber(ARGV[1])
+local now = nowMs(ARGV[1])
 local leaseMs = tonumber(ARGV[2])
 local holders = slice(ARGV, 3)
-
-if not now then
-  local t = redis.call("TIME")
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 
 local lost = {}
 for _, holder in ipairs(holders) do

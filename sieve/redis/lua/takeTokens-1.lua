@@ -17,16 +17,12 @@
     {granted, wait_ms}   granted: tokens taken (0..wanted); wait_ms: 0 when all were granted, else the time
                          until the bucket holds the refused rest again (at most burst of them), rounded up
 ]]
+--@requires nowMs
 local bucketKey = KEYS[1]
-local now = tonumber(ARGV[1])
+local now = nowMs(ARGV[1])
 local rate = tonumber(ARGV[2])
 local burst = tonumber(ARGV[3])
 local wanted = tonumber(ARGV[4])
-
-if not now then
-  local t = redis.call("TIME")
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 
 local state = redis.call("HMGET", bucketKey, "tokens", "ts_ms")
 local tokens, ts = tonumber(state[1]), tonumber(state[2])
