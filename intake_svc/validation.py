@@ -38,6 +38,9 @@ MAX_LABELS = 16
 MAX_LABEL_VALUE = 256
 _LABEL_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,62}")
 
+#: the priorities a task may name (UNSPECIFIED means NORMAL and is replaced before the check)
+_PRIORITIES = frozenset(types_pb2.Priority.values()) - {types_pb2.PRIORITY_UNSPECIFIED}
+_TASK_TYPES = frozenset((types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE))
 _IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"BM")
 
 
@@ -63,10 +66,10 @@ def validate_spec(
     that a spec with several problems is always refused for the same one."""
     now = now or datetime.now(UTC)
     device = _device(spec, field)
-    if spec.type not in (types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE):
+    if spec.type not in _TASK_TYPES:
         raise InvalidInput(f"{field}.type", f"unknown task type {spec.type}")
     priority = spec.priority or types_pb2.PRIORITY_NORMAL
-    if priority not in types_pb2.Priority.values() or priority == types_pb2.PRIORITY_UNSPECIFIED:
+    if priority not in _PRIORITIES:
         raise InvalidInput(f"{field}.priority", f"unknown priority {spec.priority}")
     payload = _payload(spec, field, settings)
     key = _idempotency_key(spec, field)

@@ -33,7 +33,9 @@ The lifecycle of one hand-out, each step fenced by the lease number (it only gro
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -49,6 +51,11 @@ from sieve.v1.types_pb2 import TaskType
 
 FINAL_STATUSES = ("SUCCEEDED", "FAILED", "EXPIRED", "CANCELLED", "DEAD_LETTERED")
 OPEN_STATUSES = ("PENDING", "ASSIGNED", "RUNNING")
+#: a batch of at least 2 × INSERT_PART_MIN tasks is recorded in up to INSERT_PARTS statements at once
+INSERT_PARTS = 4
+INSERT_PART_MIN = 200
+
+log = logging.getLogger("sieve.db.tasks")
 
 
 def type_value(name: str) -> int:
@@ -169,6 +176,23 @@ class Outcome:
     unmarked: Unmarked | None = None
 
 
+def _parts_by_device(tasks: Sequence[NewTask], most: int, least: int) -> list[list[NewTask]]:
+    """`tasks` in at most `most` parts of at least about `least` tasks, each device's tasks in one part (in their
+    order); parts are filled greedily by device so that they come out about the same size."""
+    count = min(most, len(tasks) // least)
+    if count <= 1:
+        return [list(tasks)]
+    by_device: dict[str, list[NewTask]] = {}
+    for t in tasks:
+        by_device.setdefault(t.device, []).append(t)
+    if len(by_device) == 1:
+        return [list(tasks)]
+    parts: list[list[NewTask]] = [[] for _ in range(count)]
+    for group in sorted(by_device.values(), key=len, reverse=True):
+        min(parts, key=len).extend(group)
+    return [p for p in parts if p]
+
+
 class TaskStore:
     """Reads and writes tasks and results through one asyncpg pool."""
 
@@ -177,6 +201,31 @@ class TaskStore:
 
     # --- intake ---------------------------------------------------------------------------------
     async def insert(self, tasks: Sequence[NewTask]) -> list[Recorded]:
+        """Records new tasks (status PENDING), as `insert_part` says; a large batch is split by device into at
+        most INSERT_PARTS parts written at once on their own connections, since one statement's index and trigger
+        work runs on one PostgreSQL core. All or nothing as one statement is: when a part fails, the rows the
+        others created are withdrawn before the error is raised. A device's tasks (and so its idempotency keys)
+        stay in one part."""
+        parts = _parts_by_device(tasks, INSERT_PARTS, INSERT_PART_MIN)
+        if len(parts) == 1:
+            return await self.insert_part(tasks)
+        done = await asyncio.gather(*(self.insert_part(part) for part in parts), return_exceptions=True)
+        failed = [d for d in done if isinstance(d, BaseException)]
+        if failed:
+            created = [r.task_id for d in done if not isinstance(d, BaseException) for r in d if r.created]
+            if created:
+                try:
+                    await self.withdraw(created)
+                except Exception:  # left PENDING and unqueued: the reconciler queues them
+                    log.exception("could not withdraw %d rows of a partly recorded batch", len(created))
+            raise failed[0]
+        recorded: dict[uuid.UUID, Recorded] = {}
+        for part, rows in zip(parts, done, strict=True):
+            assert not isinstance(rows, BaseException)
+            recorded.update((t.task_id, r) for t, r in zip(part, rows, strict=True))
+        return [recorded[t.task_id] for t in tasks]
+
+    async def insert_part(self, tasks: Sequence[NewTask]) -> list[Recorded]:
         """Records new tasks (status PENDING) in one statement; a repeated idempotency key returns the
         earlier task instead of creating one (`conflict` when its stored fingerprint differs from the new
         task's: another request under the same key). Tasks without a key cost no further round trip; the
@@ -261,7 +310,7 @@ class TaskStore:
                     t.device,
                     t.idempotency_key,
                 )
-                again = await self.insert([t])
+                again = await self.insert_part([t])
                 out.append(again[0])
             else:
                 stored = existing["fingerprint"]

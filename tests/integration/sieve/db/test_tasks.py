@@ -142,3 +142,66 @@ async def test_a_hand_out_run_without_a_mark_is_fenced_as_a_marked_one(pg: async
     assert await pg.fetchval("SELECT text FROM results WHERE task_id = $1", done.task_id) == "x"
     # while the marked hand-out of lease 3 still finishes as before
     assert await store.finish([Outcome(newer.task_id, 3, "w2", "PASS", "[]", "y")]) == {newer.task_id}
+
+
+def _batch(devices: int, per_device: int, key_every: int = 0) -> list[NewTask]:
+    """`per_device` tasks for each of `devices` devices, interleaved; with `key_every`, every task of a device
+    whose index is a multiple of it carries that device's one idempotency key (so the second such task repeats
+    the first)."""
+    now = datetime.now(UTC)
+    out = []
+    for i in range(per_device):
+        for d in range(devices):
+            keyed = key_every and i % key_every == 0
+            out.append(
+                NewTask(
+                    uuid.uuid4(),
+                    f"AA:BB:CC:00:{d // 256:02X}:{d % 256:02X}",
+                    types_pb2.TASK_TYPE_TEXT,
+                    types_pb2.PRIORITY_NORMAL,
+                    "tests",
+                    now,
+                    now + timedelta(hours=1),
+                    text=f"task {i} of device {d}",
+                    idempotency_key="k" if keyed else None,
+                    fingerprint=b"same" if keyed else None,
+                )
+            )
+    return out
+
+
+async def test_a_large_batch_is_recorded_in_parts_and_answered_in_its_own_order(pg: asyncpg.Pool) -> None:
+    # Given 1 200 tasks over 300 devices, where the 1st and 3rd task of each device share an idempotency key
+    batch = _batch(300, 4, key_every=2)
+    # When they are recorded at once (in parts, written side by side)
+    recorded = await TaskStore(pg).insert(batch)
+    # Then every answer is in the batch's order: each first keyed task and every unkeyed one is new, and each
+    # device's repeated key names its own earlier task
+    assert len(recorded) == len(batch)
+    first_of: dict[str, uuid.UUID] = {}
+    for task, rec in zip(batch, recorded, strict=True):
+        if task.idempotency_key is None:
+            assert rec.created and rec.task_id == task.task_id
+        elif task.device not in first_of:
+            assert rec.created and rec.task_id == task.task_id
+            first_of[task.device] = task.task_id
+        else:
+            assert not rec.created and not rec.conflict and rec.task_id == first_of[task.device]
+    ids = [t.task_id for t in batch]
+    assert await pg.fetchval("SELECT count(*) FROM tasks WHERE id = ANY($1::uuid[])", ids) == 900
+
+
+async def test_when_one_part_of_a_batch_fails_no_row_of_the_batch_is_left(pg: asyncpg.Pool) -> None:
+    # Given 1 000 tasks over 250 devices, one of whose texts PostgreSQL refuses (a NUL character)
+    batch = _batch(250, 4, key_every=4)
+    bad = batch[-1]
+    batch[-1] = NewTask(
+        bad.task_id, bad.device, bad.task_type, bad.priority, bad.caller, bad.created_at, bad.expires_at, text="a\x00b"
+    )
+    # When they are recorded
+    with pytest.raises(asyncpg.PostgresError):
+        await TaskStore(pg).insert(batch)
+    # Then the parts that were written are withdrawn: neither a task nor a key of the batch is left
+    ids = [t.task_id for t in batch]
+    assert await pg.fetchval("SELECT count(*) FROM tasks WHERE id = ANY($1::uuid[])", ids) == 0
+    assert await pg.fetchval("SELECT count(*) FROM idempotency_keys WHERE task_id = ANY($1::uuid[])", ids) == 0
