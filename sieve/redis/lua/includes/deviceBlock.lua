@@ -12,36 +12,66 @@
   each caller's virtual start, device.vtime the virtual time and device.groups every group that had a ready
   device (callerGroup; Keys.group_ready / callers / caller_served / caller_vtime / groups).
 ]]
+-- names[p] built when first read (prefix .. p .. suffix): a script touches one or two of a device's five queues
+-- and schedule sets, and building every name of every device it serves is most of a claim's Lua time
+local LAZY_NAMES = {__index = function(names, p)
+  local name = names.prefix .. p .. names.suffix
+  rawset(names, p, name)
+  return name
+end}
+local function lazyNames(prefix, suffix)
+  return setmetatable({prefix = prefix, suffix = suffix}, LAZY_NAMES)
+end
+
+-- the names that depend only on the hash tag, a group or a caller weight, built once per script call
+local sharedNames = {}
+local function sharedName(base, kind, what)
+  local key = kind .. what
+  local name = sharedNames[key]
+  if not name then
+    name = base .. kind .. what
+    sharedNames[key] = name
+  end
+  return name
+end
+
 local function deviceBlock(keys, mac, group, cweight)
   local meta = keys[1]
   local known = redis.call("HMGET", meta, "group", "cweight")
   group = known[1] or group or "-"
   if group == "" then group = "-" end
   cweight = known[2] or cweight or "1"
-  local base = string.match(meta, "^(%b{})")
+  local base = keys.base or string.match(meta, "^(%b{})")
+  local queues, schedules
+  if keys.base then -- named in the script (deviceKeys): build what is read
+    queues = lazyNames(base .. ":q:" .. mac .. ":", "")
+    schedules = lazyNames(base .. ":sched:", ":" .. keys.weight .. ":" .. group)
+  else
+    queues = {keys[2], keys[3], keys[4], keys[5], keys[6]}
+    schedules = {keys[7] .. ":" .. group, keys[8] .. ":" .. group, keys[9] .. ":" .. group,
+                 keys[10] .. ":" .. group, keys[11] .. ":" .. group}
+  end
   return {
     mac = mac,
     meta = meta,
-    queues = {keys[2], keys[3], keys[4], keys[5], keys[6]},
-    schedules = {keys[7] .. ":" .. group, keys[8] .. ":" .. group, keys[9] .. ":" .. group,
-                 keys[10] .. ":" .. group, keys[11] .. ":" .. group},
+    queues = queues,
+    schedules = schedules,
     group = group,
     cweight = cweight,
-    groupReady = base .. ":gready:" .. group,
-    callers = base .. ":callers:" .. cweight,
-    callerServed = base .. ":caller:served",
-    vtime = base .. ":caller:vtime",
-    groups = base .. ":groups",
+    groupReady = sharedName(base, ":gready:", group),
+    callers = sharedName(base, ":callers:", cweight),
+    callerServed = sharedName(base, ":caller:", "served"),
+    vtime = sharedName(base, ":caller:", "vtime"),
+    groups = sharedName(base, ":", "groups"),
   }
 end
 
 --[[
   deviceKeys(base, mac, weight) -> keys
-  The KEYS[1..11] block of a device named inside a script (claimDevices), as Keys.device builds it in Python.
+  The KEYS[1..11] block of a device named inside a script (claimDevices, enqueueMany), as Keys.device builds it
+  in Python: its meta hash's name, and what deviceBlock names the queues and schedule sets from when one is read.
 ]]
 local function deviceKeys(base, mac, weight)
-  local out = {base .. ":meta:" .. mac}
-  for p = 1, 5 do out[#out + 1] = base .. ":q:" .. mac .. ":" .. p end
-  for p = 1, 5 do out[#out + 1] = base .. ":sched:" .. p .. ":" .. weight end
-  return out
+  -- KEYS[2..11] are named when deviceBlock's tables are read: base and weight say how
+  return {base .. ":meta:" .. mac, base = base, weight = weight}
 end

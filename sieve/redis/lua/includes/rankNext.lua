@@ -28,9 +28,16 @@ local function rankDevicesOf(ctx, group, skip)
   local best, bestTier, bestScore, bestSince, bestWait, bestWeight = "", -1, -1, 0, 0, 0
   local waits, candidates = {}, {}
   local empty = ctx.empty
-  for _, class in ipairs(ctx.classes) do
+  -- the group's schedule sets' names, built once per script call (rankNext runs once per device claimed)
+  local names = ctx.setNames[group]
+  if not names then
+    names = {}
+    for i, class in ipairs(ctx.classes) do names[i] = ctx.base .. ":sched:" .. class[1] .. ":" .. class[2] .. ":" .. group end
+    ctx.setNames[group] = names
+  end
+  for i, class in ipairs(ctx.classes) do
     local prio, weight = class[1], class[2]
-    local key = ctx.base .. ":sched:" .. prio .. ":" .. weight .. ":" .. group
+    local key = names[i]
     local heads = {}
     if not (empty and empty[key]) then
       heads = redis.call("ZRANGE", key, 0, 2, "WITHSCORES")
@@ -70,8 +77,8 @@ end
 
 local function rankNext(ctx, skip)
   local groups = {}
-  for _, cw in ipairs(ctx.callerWeights) do
-    local key = ctx.base .. ":callers:" .. cw
+  for i, cw in ipairs(ctx.callerWeights) do
+    local key = ctx.callerSets[i]
     local heads = redis.call("ZRANGE", key, 0, ctx.groupHeads or 2, "WITHSCORES")
     for j = 1, #heads, 2 do
       local score = tonumber(heads[j + 1])
@@ -116,6 +123,11 @@ local function rankContext(base, now, maxWait, hint, classesText, callerWeightsT
   for prio, weight in string.gmatch(classesText, "(%d+):(%d+)") do
     classes[#classes + 1] = {tonumber(prio), tonumber(weight)}
   end
-  for cw in string.gmatch(callerWeightsText, "%d+") do callerWeights[#callerWeights + 1] = tonumber(cw) end
-  return {base = base, now = now, maxWait = maxWait, hint = hint, classes = classes, callerWeights = callerWeights}
+  local callerSets = {}
+  for cw in string.gmatch(callerWeightsText, "%d+") do
+    callerWeights[#callerWeights + 1] = tonumber(cw)
+    callerSets[#callerSets + 1] = base .. ":callers:" .. tonumber(cw)
+  end
+  return {base = base, now = now, maxWait = maxWait, hint = hint, classes = classes, callerWeights = callerWeights,
+          callerSets = callerSets, setNames = {}}
 end
