@@ -26,11 +26,16 @@ end
 -- the names that depend only on the hash tag, a group or a caller weight, built once per script call
 local sharedNames = {}
 local function sharedName(base, kind, what)
+  local names = sharedNames[base]
+  if not names then
+    names = {}
+    sharedNames[base] = names
+  end
   local key = kind .. what
-  local name = sharedNames[key]
+  local name = names[key]
   if not name then
     name = base .. kind .. what
-    sharedNames[key] = name
+    names[key] = name
   end
   return name
 end
