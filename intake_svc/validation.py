@@ -7,6 +7,7 @@ gets the fingerprint of its request (`intake_svc.idempotency`).
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Mapping
@@ -63,7 +64,7 @@ def validate_spec(
     that a spec with several problems is always refused for the same one."""
     now = now or datetime.now(UTC)
     device = _device(spec, field)
-    if spec.type not in (types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE):
+    if spec.type not in (types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE, types_pb2.TASK_TYPE_EXTERNAL):
         raise InvalidInput(f"{field}.type", f"unknown task type {spec.type}")
     priority = spec.priority or types_pb2.PRIORITY_NORMAL
     if priority not in types_pb2.Priority.values() or priority == types_pb2.PRIORITY_UNSPECIFIED:
@@ -176,8 +177,11 @@ def parse_time(stamp: timestamp_pb2.Timestamp, field: str) -> datetime:
 
 
 def _payload(spec: intake_pb2.TaskSpec, field: str, settings: Settings) -> _Payload:
-    """The payload the task's type needs: a TEXT task a text, an OCR_IMAGE task image bytes or an image URL."""
+    """The payload the task's type needs: a TEXT task a text, an OCR_IMAGE task image bytes or an image URL, an
+    EXTERNAL task its job (stored as the text: `external_payload`)."""
     payload = spec.WhichOneof("payload")
+    if spec.type == types_pb2.TASK_TYPE_EXTERNAL:
+        return _Payload(text=_external(spec, payload, field, settings))
     if payload == "image_url":  # stored as text and fetched by a worker: one printable line, capped
         problem = text_problem(spec.image_url, max_chars=MAX_URL, printable=True)
         if problem is not None:
@@ -189,6 +193,32 @@ def _payload(spec: intake_pb2.TaskSpec, field: str, settings: Settings) -> _Payl
     if payload == "image_url":
         return _Payload(url=_image_url(spec, field, settings))
     raise InvalidInput(f"{field}.image", "an OCR_IMAGE task needs image bytes or an image_url")
+
+
+def _external(spec: intake_pb2.TaskSpec, payload: str | None, field: str, settings: Settings) -> str:
+    """An EXTERNAL task's job: a configured provider and a JSON input within the size limit, as it is stored."""
+    if payload != "external":
+        raise InvalidInput(f"{field}.external", "an EXTERNAL task needs an external job (provider, input_json)")
+    job = spec.external
+    if not job.provider:
+        raise InvalidInput(f"{field}.external.provider", "is empty")
+    if settings.external.get(job.provider) is None:
+        known = ", ".join(sorted(settings.external.providers)) or "none"
+        why = f"{shown(job.provider)} is not a provider (configured: {known})"
+        raise InvalidInput(f"{field}.external.provider", why)
+    problem = text_problem(job.input_json, max_bytes=settings.external_max_input_bytes)
+    if problem is not None:
+        raise InvalidInput(f"{field}.external.input_json", problem)
+    try:
+        json.loads(job.input_json)
+    except ValueError as exc:
+        raise InvalidInput(f"{field}.external.input_json", f"is not valid JSON: {exc}") from None
+    return external_payload(job.provider, job.input_json)
+
+
+def external_payload(provider: str, input_json: str) -> str:
+    """How an EXTERNAL task's job is stored (tasks.payload_text) and read back by the engine."""
+    return json.dumps({"provider": provider, "input_json": input_json}, ensure_ascii=False)
 
 
 def _text(spec: intake_pb2.TaskSpec, payload: str | None, field: str, settings: Settings) -> str:

@@ -66,6 +66,8 @@ SERVICE_GRANTS: dict[str, dict[str, tuple[str, ...]]] = {
         "results": ("SELECT", "INSERT"),
         "lexicon": ("SELECT", "INSERT"),
         "lexicon_version": ("SELECT", "UPDATE"),
+        # the external engine's record of its provider jobs (migration 0016)
+        "external_jobs": ("SELECT", "INSERT", "UPDATE"),
     },
 }
 #: service -> sequence -> privileges (nextval needs USAGE)
