@@ -93,8 +93,9 @@ class ExternalConfig:
 
     @property
     def max_timeout_s(self) -> float:
-        """The longest job deadline of any provider (the scheduler's execution timeout of EXTERNAL tasks)."""
-        return max((p.timeout_s for p in self.providers.values()), default=1800.0)
+        """The longest an external job may take at any provider: its timeout_s per stage and once more for the
+        finish (the scheduler's execution timeout of EXTERNAL tasks)."""
+        return max((p.timeout_s * (len(p.stages) + 1) for p in self.providers.values()), default=1800.0)
 
     def get(self, name: str) -> ProviderConfig | None:
         return self.providers.get(name)
