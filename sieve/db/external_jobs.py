@@ -161,11 +161,30 @@ class ExternalJobStore:
             cost,
         )
 
-    async def completed(self, task_id: uuid.UUID) -> None:
-        """The task's result is stored: its succeeded rows are completed."""
-        await self.pool.execute(
-            "UPDATE external_jobs SET state = 'completed' WHERE task_id = $1 AND state = 'succeeded'", task_id
+    async def completed(self, task_id: uuid.UUID | None = None) -> int:
+        """Succeeded rows of tasks whose result is stored become completed: of one task, or of every task (the
+        engine's sweep each tick: a finish that stored the result and died before this write is completed by it)."""
+        result = await self.pool.execute(
+            """
+            UPDATE external_jobs j SET state = 'completed'
+            WHERE j.state = 'succeeded' AND ($1::uuid IS NULL OR j.task_id = $1)
+              AND EXISTS (SELECT 1 FROM results r WHERE r.task_id = j.task_id)
+            """,
+            task_id,
         )
+        return int(result.split()[-1])
+
+    async def orphans(self) -> dict[str, int]:
+        """First-pool slots likely still held by a dead engine: pool -> stages started (submitting or submitted)
+        whose task waits in its queue again (PENDING) — each such hand-out takes its own slot back, so the engine
+        may take it without a free slot."""
+        rows = await self.pool.fetch(
+            """
+            SELECT j.pool, count(*) AS n FROM external_jobs j JOIN tasks t ON t.id = j.task_id
+            WHERE j.state IN ('submitting', 'submitted') AND t.status = 'PENDING' GROUP BY j.pool
+            """
+        )
+        return {r["pool"]: r["n"] for r in rows}
 
     async def costs(self) -> list[tuple[str, str, int, float]]:
         """(provider, caller, jobs, summed cost) of every stage that ran at a provider."""

@@ -65,6 +65,8 @@ class Provider:
     answered_503: int = 0
     slowed: int = 0
     max_running: int = 0
+    #: stage -> the most jobs of that stage running at once
+    max_by_stage: Counter[str] = field(default_factory=Counter)
     results_served: int = 0
     requests: int = 0
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -118,7 +120,10 @@ class Provider:
         )
         self.jobs[job.id] = job
         self.by_key[key] = job.id
-        self.max_running = max(self.max_running, len(self.running(now)))
+        running = self.running(now)
+        self.max_running = max(self.max_running, len(running))
+        same = sum(1 for j in running if j.stage == job.stage)
+        self.max_by_stage[job.stage] = max(self.max_by_stage[job.stage], same)
         return web.json_response({"id": job.id}, status=201)
 
     async def poll(self, request: web.Request) -> web.Response:

@@ -114,6 +114,9 @@ class ExternalEngine:
         self.waiting: dict[str, deque[tuple[str, asyncio.Future[None]]]] = {p: deque() for p in self.config.pools}
         self.watching: dict[str, Watched] = {}
         self._refilling = {p: asyncio.Lock() for p in self.config.pools}
+        #: pool -> stages started by an engine that died, waiting to be handed out again (they take their own slot
+        #: back: credits beyond the free slots, so that a restart does not wait for their leases to run out)
+        self.orphans: dict[str, int] = {}
         #: tasks handed out to this engine that neither hold nor wait for a slot yet (their credit is spent)
         self._starting: set[str] = set()
         self._refill_now = asyncio.Event()
@@ -126,7 +129,9 @@ class ExternalEngine:
     def credit_limit(self) -> int:
         """Hand-outs the engine may take now: the free slots of its providers' first pools, less the jobs already
         waiting for one (another replica may grant the same slot: the acquire decides, the loser waits)."""
-        free = sum(max(0, self.free[p] - len(self.waiting[p])) for p in self.config.first_pools)
+        free = sum(
+            max(0, self.free[p] + self.orphans.get(p, 0) - len(self.waiting[p])) for p in self.config.first_pools
+        )
         return max(0, free - len(self._starting))
 
     # --- slots --------------------------------------------------------------------------------------
@@ -421,6 +426,9 @@ class ExternalEngine:
         due = [w for w in self.watching.values() if now - w.last_poll >= w.provider.poll_interval_s * DUE_FRACTION]
         await asyncio.gather(*(self._poll(w) for w in due))
         await self._renew()
+        self.orphans = await self.jobs.orphans()
+        if self.ticks % 10 == 1:  # finishes that stored their result and died before marking it
+            await self.jobs.completed()
         for state in await self.pools.states():
             mine_waiting = len(self.waiting[state.name])
             self.free[state.name] = max(0, state.max_slots - state.in_use) if state.name in self.free else 0

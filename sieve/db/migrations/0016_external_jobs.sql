@@ -32,4 +32,6 @@ CREATE TABLE external_jobs (
 );
 -- what the engine resumes: the jobs not terminal yet
 CREATE INDEX external_jobs_open ON external_jobs (provider) WHERE state IN ('submitting', 'submitted');
+-- what the engine's sweep completes: stages whose task's result may be stored
+CREATE INDEX external_jobs_succeeded ON external_jobs (task_id) WHERE state = 'succeeded';
 CREATE INDEX external_jobs_cost ON external_jobs (provider, caller);

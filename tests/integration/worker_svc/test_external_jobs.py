@@ -3,8 +3,10 @@ a real provider on loopback that enforces its cap with 429 — against real Redi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+import time
 
 import asyncpg
 from redis.asyncio import Redis
@@ -57,3 +59,145 @@ async def test_200_jobs_over_20_devices_never_exceed_the_providers_cap_and_all_c
         assert len(rows) == 200 and {r["state"] for r in rows} == {"completed"}
         assert sum(r["polls"] for r in rows) == sum(j.polls for j in provider.jobs.values())
         assert (await ext.pools().state("vmod")).in_use == 0
+
+
+async def test_two_engine_replicas_sharing_a_pool_never_exceed_its_cap(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
+    # Given two engines sharing the pool of a provider that runs 4 jobs at once
+    async with (
+        provider_server(cap=4) as provider,
+        external_platform(settings, redis, pg, providers_json({"vmod": (provider, {"max_slots": 4})})) as ext,
+    ):
+        await ext.add_engine("engine-a")
+        await ext.add_engine("engine-b")
+        # When 60 jobs of 8 devices arrive
+        ids = await ext.submit(
+            [job_spec(f"0E:00:00:01:{i % 8:02x}:00", "vmod", duration_s=0.3, n=i) for i in range(60)]
+        )
+        tasks = await ext.wait_all_final(ids, timeout_s=60)
+        # Then all complete, both replicas ran some, and the provider never saw more than 4 at once
+        assert {t.status for t in tasks.values()} == {types_pb2.TASK_STATUS_SUCCEEDED}
+        assert {t.result.worker_id for t in tasks.values()} == {"engine-a", "engine-b"}
+        assert provider.rejected_429 == 0 and provider.max_running <= 4
+        assert set(provider.submits_per_stage().values()) == {1}
+        assert (await ext.pools().state("vmod")).in_use == 0
+
+
+async def test_a_two_stage_job_runs_its_stages_in_order_each_under_its_own_pool(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
+    # Given the design's avatar clone: a voice stage (pool voice, 2 slots) then an element stage (pool element, 3)
+    stages = [
+        {"name": "voice", "pool": "voice", "max_slots": 2},
+        {"name": "element", "pool": "element", "max_slots": 3},
+    ]
+    async with (
+        provider_server(cap=5) as provider,
+        external_platform(
+            settings, redis, pg, providers_json({"avatar": (provider, {"max_slots": 5, "stages": stages})})
+        ) as ext,
+    ):
+        await ext.add_engine("engine-1")
+        # When 12 jobs arrive, the element stage slower than the voice stage
+        ids = await ext.submit(
+            [
+                job_spec(f"0E:00:00:02:{i % 4:02x}:00", "avatar", durations={"voice": 0.2, "element": 0.5}, n=i)
+                for i in range(12)
+            ]
+        )
+        tasks = await ext.wait_all_final(ids, timeout_s=60)
+        assert {t.status for t in tasks.values()} == {types_pb2.TASK_STATUS_SUCCEEDED}
+        # Then each pool's cap held at the provider, and every element stage began after its voice stage ended
+        assert provider.rejected_429 == 0
+        assert provider.max_by_stage["voice"] <= 2 and provider.max_by_stage["element"] <= 3
+        assert provider.max_by_stage["element"] == 3  # the element pool was used to its cap (12 jobs behind 2 voices)
+        by_task: dict[str, dict[str, object]] = {}
+        for job in provider.jobs.values():
+            by_task.setdefault(job.key.split(":")[0], {})[job.stage] = job
+        assert len(by_task) == 12
+        for jobs in by_task.values():
+            voice, element = jobs["voice"], jobs["element"]
+            assert element.started >= voice.ends  # type: ignore[attr-defined]
+            assert set(element.previous) == {"voice"}  # type: ignore[attr-defined]
+        rows = await pg.fetch("SELECT stage, state FROM external_jobs ORDER BY stage")
+        assert sorted({(r["stage"], r["state"]) for r in rows}) == [("element", "completed"), ("voice", "completed")]
+        assert [(s.name, s.in_use) for s in await ext.pools().states()] == [("element", 0), ("voice", 0)]
+        # And the result names both provider jobs
+        details = await pg.fetchval("SELECT details FROM results WHERE task_id = $1::uuid", ids[0])
+        details = json.loads(details) if isinstance(details, str) else details
+        assert [s["stage"] for s in details["external"]["stages"]] == ["voice", "element"]
+
+
+async def test_transient_provider_errors_are_retried_and_a_failed_job_is_dead_lettered(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
+    # Given a provider that answers every 4th request 503 and lets every 7th hang past the engine's request timeout
+    async with (
+        provider_server(cap=3, flaky_every=4, slow_every=7, slow_s=1.0) as provider,
+        external_platform(
+            settings,
+            redis,
+            pg,
+            providers_json({"vmod": (provider, {"max_slots": 3})}),
+            external_request_timeout_s=0.4,
+            retry_backoff_base_s=0.2,
+            retry_backoff_max_s=0.5,
+        ) as ext,
+    ):
+        await ext.add_engine("engine-1")
+        # When 15 jobs arrive, one of which the provider fails, with 2 attempts allowed
+        specs = [job_spec(f"0E:00:00:03:{i % 3:02x}:00", "vmod", duration_s=0.2, n=i) for i in range(14)]
+        doomed = job_spec("0E:00:00:03:09:00", "vmod", duration_s=0.1, fail=True)
+        doomed.max_attempts = 2
+        ids = await ext.submit([*specs, doomed])
+        tasks = await ext.wait_all_final(ids, timeout_s=60)
+        # Then the flaky calls were retried and the 14 good jobs completed, each submitted to one provider job
+        assert provider.answered_503 > 0 and provider.slowed > 0
+        assert [tasks[i].status for i in ids[:14]] == [types_pb2.TASK_STATUS_SUCCEEDED] * 14
+        # And the failed job was tried twice (a new provider job per attempt), then dead-lettered with the reason
+        failed = tasks[ids[14]]
+        assert failed.status == types_pb2.TASK_STATUS_DEAD_LETTERED, failed
+        assert "could not process it" in failed.error
+        per_stage = provider.submits_per_stage()
+        assert per_stage[f"{ids[14]}:job"] == 2
+        assert all(per_stage[f"{i}:job"] == 1 for i in ids[:14])
+        assert provider.rejected_429 == 0 and provider.max_running <= 3
+        assert (await ext.pools().state("vmod")).in_use == 0
+
+
+async def test_a_device_with_a_thousand_jobs_delays_another_devices_single_job_by_at_most_one_slot_turnover(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
+    # Given a provider with 5 slots, busy with a backlog of 1 000 jobs of one device
+    duration_s = 0.4
+    async with (
+        provider_server(cap=5) as provider,
+        external_platform(
+            settings,
+            redis,
+            pg,
+            providers_json({"vmod": (provider, {"max_slots": 5})}),
+            max_per_device_pending=2000,
+        ) as ext,
+    ):
+        await ext.add_engine("engine-1")
+        await ext.submit([job_spec("0E:00:00:04:00:00", "vmod", duration_s=duration_s, n=i) for i in range(1000)])
+        while len(provider.jobs) < 15:  # noqa: ASYNC110  (the backlog is flowing: every slot taken, turned over)
+            await asyncio.sleep(0.05)
+        # When another device submits a single job
+        submitted = time.monotonic()
+        [single] = await ext.submit([job_spec("0E:00:00:04:01:00", "vmod", duration_s=duration_s, single=True)])
+        tasks = await ext.wait_all_final([single], timeout_s=30)
+        assert tasks[single].status == types_pb2.TASK_STATUS_SUCCEEDED
+        # Then it reached the provider within one slot turnover (a job's duration, the tick that sees it end, and
+        # the hand-out), not behind the thousand
+        [job] = [j for j in provider.jobs.values() if j.input.get("single")]
+        waited_s = job.started - submitted
+        turnover_s = duration_s + 2 * TICK_S + 0.5
+        assert waited_s <= turnover_s, (waited_s, turnover_s)
+        backlog_started = sum(
+            1 for j in provider.jobs.values() if not j.input.get("single") and j.started < job.started
+        )
+        assert backlog_started < 100  # far from behind the 1 000
+        assert provider.rejected_429 == 0
