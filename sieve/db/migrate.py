@@ -59,6 +59,8 @@ SERVICE_GRANTS: dict[str, dict[str, tuple[str, ...]]] = {
         "results": ("SELECT",),
         "audit_events": ("SELECT", "INSERT"),
         "callback_deliveries": ("SELECT", "UPDATE"),
+        # ListSlotPools' cost per provider and caller (migration 0016)
+        "external_jobs": ("SELECT",),
     },
     "worker": {
         "schema_migrations": ("SELECT",),

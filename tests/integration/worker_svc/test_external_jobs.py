@@ -12,7 +12,7 @@ import asyncpg
 from redis.asyncio import Redis
 
 from sieve.settings import Settings
-from sieve.v1 import types_pb2
+from sieve.v1 import scheduler_pb2, types_pb2
 from tests.integration.worker_svc.external_support import external_platform, job_spec, providers_json
 from tests.support.provider import provider_server
 
@@ -67,7 +67,9 @@ async def test_two_engine_replicas_sharing_a_pool_never_exceed_its_cap(
     # Given two engines sharing the pool of a provider that runs 4 jobs at once
     async with (
         provider_server(cap=4) as provider,
-        external_platform(settings, redis, pg, providers_json({"vmod": (provider, {"max_slots": 4})})) as ext,
+        external_platform(
+            settings, redis, pg, providers_json({"vmod": (provider, {"max_slots": 4, "cost_per_job": 0.25})})
+        ) as ext,
     ):
         await ext.add_engine("engine-a")
         await ext.add_engine("engine-b")
@@ -75,6 +77,17 @@ async def test_two_engine_replicas_sharing_a_pool_never_exceed_its_cap(
         ids = await ext.submit(
             [job_spec(f"0E:00:00:01:{i % 8:02x}:00", "vmod", duration_s=0.3, n=i) for i in range(60)]
         )
+        # (operators see the pool meanwhile: its holders, each a job's task:stage:attempt, and their lease deadlines)
+        seen: set[str] = set()
+        while len(seen) < 8:
+            view = await ext.platform.scheduler_stub.ListSlotPools(scheduler_pb2.ListSlotPoolsRequest())
+            [pool] = view.pools
+            assert (pool.name, pool.max_slots) == ("vmod", 4) and pool.in_use == len(pool.holders) <= 4
+            for h in pool.holders:
+                assert h.holder.split(":")[0] in ids and h.holder.endswith(":job:1")
+                assert h.lease_deadline.ToMilliseconds() > time.time() * 1000
+                seen.add(h.holder)
+            await asyncio.sleep(0.05)
         tasks = await ext.wait_all_final(ids, timeout_s=60)
         # Then all complete, both replicas ran some, and the provider never saw more than 4 at once
         assert {t.status for t in tasks.values()} == {types_pb2.TASK_STATUS_SUCCEEDED}
@@ -82,6 +95,10 @@ async def test_two_engine_replicas_sharing_a_pool_never_exceed_its_cap(
         assert provider.rejected_429 == 0 and provider.max_running <= 4
         assert set(provider.submits_per_stage().values()) == {1}
         assert (await ext.pools().state("vmod")).in_use == 0
+        # And what the jobs cost is summed per provider and caller
+        view = await ext.platform.scheduler_stub.ListSlotPools(scheduler_pb2.ListSlotPoolsRequest())
+        assert [(c.provider, c.jobs, c.cost) for c in view.costs] == [("vmod", 60, 15.0)]
+        assert view.pools[0].in_use == 0
 
 
 async def test_a_two_stage_job_runs_its_stages_in_order_each_under_its_own_pool(
