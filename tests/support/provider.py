@@ -68,6 +68,8 @@ class Provider:
     #: stage -> the most jobs of that stage running at once
     max_by_stage: Counter[str] = field(default_factory=Counter)
     results_served: int = 0
+    #: result downloads in progress now (a finish under way)
+    downloading: int = 0
     requests: int = 0
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -147,7 +149,11 @@ class Provider:
         if job is None:
             return web.json_response({"error": "no such job"}, status=404)
         if self.result_delay_s:
-            await asyncio.sleep(self.result_delay_s)
+            self.downloading += 1
+            try:
+                await asyncio.sleep(self.result_delay_s)
+            finally:
+                self.downloading -= 1
         self.results_served += 1
         flagged = bool(job.input.get("flag"))
         return web.json_response(

@@ -69,10 +69,10 @@ async def test_a_killed_engine_is_replaced_and_every_job_completes_once_with_no_
             )
             # When it is killed -9 with jobs running at the provider and outputs being downloaded
             deadline = time.monotonic() + 60
-            while not (provider.results_served >= 5 and provider.running()):
+            while not (provider.results_served >= 5 and provider.running() and provider.downloading):
                 assert time.monotonic() < deadline, first.tail(30)
                 await asyncio.sleep(0.02)
-            in_flight = len(provider.running())
+            in_flight, finishing = len(provider.running()), provider.downloading
             assert first.proc is not None
             os.kill(first.proc.pid, signal.SIGKILL)
             first.proc.wait()
@@ -82,7 +82,7 @@ async def test_a_killed_engine_is_replaced_and_every_job_completes_once_with_no_
             tasks = await ext.wait_all_final(ids, timeout_s=90)
             # Then every job completed
             assert {t.status for t in tasks.values()} == {types_pb2.TASK_STATUS_SUCCEEDED}, second.tail(40)
-            assert in_flight > 0 and 0 < killed_at < 50
+            assert in_flight > 0 and finishing > 0 and 0 < killed_at < 50
             # And the provider made exactly one job per (task, stage): resumed, never submitted again
             per_stage = provider.submits_per_stage()
             assert len(per_stage) == 50 and set(per_stage.values()) == {1}
