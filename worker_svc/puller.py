@@ -354,6 +354,12 @@ class Puller:
         self.completed += len(acks)
         self._send(self._grant(scheduler_pb2.PullRequest(acks=acks, nacks=nacks)))
 
+    def offer_credits(self) -> None:
+        """Grants the credits free now on the open stream at once (the external engine's slot was released), instead
+        of at the next pressure recheck."""
+        if self._outbox is not None and self._free_credits():
+            self._send(self._grant(scheduler_pb2.PullRequest()))
+
     def cancel_running(self) -> None:
         """Cancels the batches still running (a process that stops without waiting for them)."""
         for task in list(self._running):

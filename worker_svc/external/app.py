@@ -82,6 +82,7 @@ class ExternalApp:
             credit_limit=self.engine.credit_limit,
             one_per_batch=True,
         )
+        self.engine.on_slot_freed = self.puller.offer_credits
         self.registry = RegistryClient(
             settings, self.sampler, self.task_types, lambda: self.puller.in_use, concurrency=lambda: self.concurrency
         )

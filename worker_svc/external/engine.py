@@ -32,6 +32,7 @@ import logging
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC
 
@@ -122,6 +123,8 @@ class ExternalEngine:
         self._refill_now = asyncio.Event()
         self.ticks = 0
         self.polls = 0
+        #: called when a slot may have become free (the Puller grants the credit at once)
+        self.on_slot_freed: Callable[[], None] = lambda: None
         for pool, maximum in self.config.pools.items():
             metrics.SLOTS_MAX.labels(pool=pool).set(maximum)
 
@@ -162,6 +165,7 @@ class ExternalEngine:
         """Gives the slot back (if held) and serves the jobs waiting for one."""
         if await self._give_back(pool, holder):
             await self.refill(pool)
+            self.on_slot_freed()
 
     async def _give_back(self, pool: str, holder: str) -> bool:
         taken = self.held[pool].pop(holder, None)

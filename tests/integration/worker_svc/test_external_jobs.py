@@ -232,11 +232,14 @@ async def test_a_device_with_a_thousand_jobs_delays_another_devices_single_job_b
         # the hand-out), not behind the thousand
         [job] = [j for j in provider.jobs.values() if j.input.get("single")]
         waited_s = job.started - submitted
-        turnover_s = duration_s + 2 * TICK_S + 0.5
+        turnover_s = duration_s + 2 * TICK_S + 1.0  # (1 s: the hand-out and submit on a busy 2-core test machine)
         backlog_started = sum(
             1 for j in provider.jobs.values() if not j.input.get("single") and j.started < job.started
         )
         print(f"the single job reached the provider {waited_s:.3f} s after its submit, after {backlog_started} others")
         assert waited_s <= turnover_s, (waited_s, turnover_s)
         assert backlog_started < 100  # far from behind the 1 000
+        # in jobs: while it waited each slot turned over at most once (5), plus the 4 others of its own hand-out
+        overtaking = [j for j in provider.jobs.values() if submitted < j.started < job.started]
+        assert len(overtaking) <= 2 * 5 - 1, len(overtaking)
         assert provider.rejected_429 == 0
