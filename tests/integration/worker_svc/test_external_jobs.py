@@ -9,11 +9,13 @@ import random
 import time
 
 import asyncpg
+import grpc
 from redis.asyncio import Redis
 
 from sieve.observe.metrics import REGISTRY
 from sieve.settings import Settings
-from sieve.v1 import scheduler_pb2, types_pb2
+from sieve.v1 import intake_pb2, scheduler_pb2, types_pb2
+from tests.integration.intake_svc.test_refusals import assert_nothing_recorded, refused_field
 from tests.integration.worker_svc.external_support import external_platform, job_spec, providers_json
 from tests.support.provider import provider_server
 
@@ -243,3 +245,27 @@ async def test_a_device_with_a_thousand_jobs_delays_another_devices_single_job_b
         overtaking = [j for j in provider.jobs.values() if submitted < j.started < job.started]
         assert len(overtaking) <= 2 * 5 - 1, len(overtaking)
         assert provider.rejected_429 == 0
+
+
+async def test_a_bad_external_job_is_refused_over_grpc_naming_its_field_and_records_nothing(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool
+) -> None:
+    async with (
+        provider_server(cap=1) as provider,
+        external_platform(settings, redis, pg, providers_json({"vmod": (provider, {"max_slots": 1})})) as ext,
+    ):
+        for spec, field in [
+            (job_spec("0E:00:00:06:00:00", "nope"), "task.external.provider"),
+            (
+                intake_pb2.TaskSpec(
+                    device_id="0E:00:00:06:00:00",
+                    type=types_pb2.TASK_TYPE_EXTERNAL,
+                    external=intake_pb2.ExternalJob(provider="vmod", input_json="{oops"),
+                ),
+                "task.external.input_json",
+            ),
+        ]:
+            code, fields = await refused_field(ext.platform, spec)
+            assert (code, fields) == (grpc.StatusCode.INVALID_ARGUMENT, [field])
+        await assert_nothing_recorded(ext.platform)
+        assert provider.jobs == {}
