@@ -7,6 +7,7 @@ gets the fingerprint of its request (`intake_svc.idempotency`).
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Mapping
@@ -40,7 +41,7 @@ _LABEL_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,62}")
 
 #: the priorities a task may name (UNSPECIFIED means NORMAL and is replaced before the check)
 _PRIORITIES = frozenset(types_pb2.Priority.values()) - {types_pb2.PRIORITY_UNSPECIFIED}
-_TASK_TYPES = frozenset((types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE))
+_TASK_TYPES = frozenset((types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE, types_pb2.TASK_TYPE_EXTERNAL))
 _IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"BM")
 
 
@@ -179,8 +180,11 @@ def parse_time(stamp: timestamp_pb2.Timestamp, field: str) -> datetime:
 
 
 def _payload(spec: intake_pb2.TaskSpec, field: str, settings: Settings) -> _Payload:
-    """The payload the task's type needs: a TEXT task a text, an OCR_IMAGE task image bytes or an image URL."""
+    """The payload the task's type needs: a TEXT task a text, an OCR_IMAGE task image bytes or an image URL, an
+    EXTERNAL task its job (stored as the text: `external_payload`)."""
     payload = spec.WhichOneof("payload")
+    if spec.type == types_pb2.TASK_TYPE_EXTERNAL:
+        return _Payload(text=_external(spec, payload, field, settings))
     if payload == "image_url":  # stored as text and fetched by a worker: one printable line, capped
         problem = text_problem(spec.image_url, max_chars=MAX_URL, printable=True)
         if problem is not None:
@@ -192,6 +196,32 @@ def _payload(spec: intake_pb2.TaskSpec, field: str, settings: Settings) -> _Payl
     if payload == "image_url":
         return _Payload(url=_image_url(spec, field, settings))
     raise InvalidInput(f"{field}.image", "an OCR_IMAGE task needs image bytes or an image_url")
+
+
+def _external(spec: intake_pb2.TaskSpec, payload: str | None, field: str, settings: Settings) -> str:
+    """An EXTERNAL task's job: a configured provider and a JSON input within the size limit, as it is stored."""
+    if payload != "external":
+        raise InvalidInput(f"{field}.external", "an EXTERNAL task needs an external job (provider, input_json)")
+    job = spec.external
+    if not job.provider:
+        raise InvalidInput(f"{field}.external.provider", "is empty")
+    if settings.external.get(job.provider) is None:
+        known = ", ".join(sorted(settings.external.providers)) or "none"
+        why = f"{shown(job.provider)} is not a provider (configured: {known})"
+        raise InvalidInput(f"{field}.external.provider", why)
+    problem = text_problem(job.input_json, max_bytes=settings.external_max_input_bytes)
+    if problem is not None:
+        raise InvalidInput(f"{field}.external.input_json", problem)
+    try:
+        json.loads(job.input_json)
+    except ValueError as exc:
+        raise InvalidInput(f"{field}.external.input_json", f"is not valid JSON: {exc}") from None
+    return external_payload(job.provider, job.input_json)
+
+
+def external_payload(provider: str, input_json: str) -> str:
+    """How an EXTERNAL task's job is stored (tasks.payload_text) and read back by the engine."""
+    return json.dumps({"provider": provider, "input_json": input_json}, ensure_ascii=False)
 
 
 def _text(spec: intake_pb2.TaskSpec, payload: str | None, field: str, settings: Settings) -> str:

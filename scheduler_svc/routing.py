@@ -30,7 +30,7 @@ from sieve.settings import Settings
 from sieve.v1 import types_pb2
 
 OCR = types_pb2.TASK_TYPE_OCR_IMAGE
-ALL_TYPES = (types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE)
+ALL_TYPES = (types_pb2.TASK_TYPE_TEXT, types_pb2.TASK_TYPE_OCR_IMAGE, types_pb2.TASK_TYPE_EXTERNAL)
 
 
 class Action(Enum):

@@ -18,17 +18,21 @@ from scheduler_svc.outcomes import Outcomes
 from scheduler_svc.rebuild import Rebuilder
 from scheduler_svc.routing import Router
 from scheduler_svc.servicer import SchedulerServicer
+from scheduler_svc.slot_pools import SlotPoolView
 from scheduler_svc.streams import PullStreams
 from scheduler_svc.watermark import Watermark
 from sieve import rpc
 from sieve.db.audit import AuditLog
 from sieve.db.callbacks import CallbackStore
+from sieve.db.external_jobs import ExternalJobStore
 from sieve.db.tasks import TaskStore
 from sieve.observe.logs import setup_logging
 from sieve.observe.metrics import REGISTRY, start_metrics_server
 from sieve.observe.telemetry import setup_telemetry
+from sieve.redis.keys import Keys
 from sieve.redis.queue_store import QueueStore
 from sieve.redis.scheduler_state import SchedulerState
+from sieve.redis.slot_pools import SlotPools
 from sieve.redis.worker_records import WorkerRecords
 from sieve.rpc.readiness import Built, Readiness, Stores
 from sieve.settings import Settings
@@ -48,7 +52,10 @@ async def build(settings: Settings, stores: Stores) -> SchedulerApp:
     router = Router(board, settings, state)
     dispatcher = Dispatcher(queues, state, outcomes, board, router, settings)
     streams = PullStreams(queues, board, outcomes, records, costs=CostMeter(settings))
-    servicer = SchedulerServicer(streams, board, watermark, DeadLetters(queues, tasks))
+    pools = SlotPoolView(
+        SlotPools(redis, Keys(settings.redis_prefix), settings.external.pools), ExternalJobStore(stores.pool)
+    )
+    servicer = SchedulerServicer(streams, board, watermark, DeadLetters(queues, tasks), pools)
     rebuilder = Rebuilder(queues, tasks)
     hooks = ReplicaHooks(
         replica=dispatcher.drain.replica,

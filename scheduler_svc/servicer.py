@@ -21,6 +21,7 @@ from scheduler_svc.audit_rpc import list_audit_events
 from scheduler_svc.board import Board
 from scheduler_svc.dead_letters import DeadLetters, Filter, to_proto
 from scheduler_svc.sessions import Session
+from scheduler_svc.slot_pools import SlotPoolView
 from scheduler_svc.streams import PullStreams, hello_problem
 from scheduler_svc.watermark import Watermark
 from sieve import rpc
@@ -46,8 +47,16 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     """The scheduler's RPCs (see the module): each one checks its request and delegates; Pull opens, feeds and ends
     the workers' streams, whose messages `PullStreams` handles."""
 
-    def __init__(self, streams: PullStreams, board: Board, watermark: Watermark, dead_letters: DeadLetters) -> None:
+    def __init__(
+        self,
+        streams: PullStreams,
+        board: Board,
+        watermark: Watermark,
+        dead_letters: DeadLetters,
+        pools: SlotPoolView | None = None,
+    ) -> None:
         self.streams = streams
+        self.pools = pools
         self.board = board
         self.watermark = watermark
         self.dead_letters = dead_letters
@@ -185,3 +194,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.ListAuditEventsRequest, context: Context
     ) -> scheduler_pb2.ListAuditEventsResponse:
         return await list_audit_events(request, context)
+
+    async def ListSlotPools(
+        self, request: scheduler_pb2.ListSlotPoolsRequest, context: Context
+    ) -> scheduler_pb2.ListSlotPoolsResponse:
+        if self.pools is None:
+            return scheduler_pb2.ListSlotPoolsResponse()
+        return await self.pools.list()

@@ -9,6 +9,7 @@ scheduling ones). Units are part of the names.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import socket
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ from sieve.callback_config import CallbackConfig, CallbackConfigError
 from sieve.caller_policy import PolicyError, parse_policies
 from sieve.credentials import AuthError, parse_credentials
 from sieve.errors import SettingsError
+from sieve.external_config import ExternalConfig, ExternalConfigError
 from sieve.mac import normalize_mac
 from sieve.outbound.policy import policy_for
 from sieve.v1 import types_pb2
@@ -355,6 +357,7 @@ class Settings:
         self._validate_redis_cluster()
         self._validate_security()
         self._validate_notifications()
+        self._validate_external()
 
     def _validate_notifications(self) -> None:
         """WatchTask's bounds and the callback settings (sieve/callback_config.py)."""
@@ -419,8 +422,34 @@ class Settings:
             raise SettingsError("SIEVE_EXECUTION_TIMEOUT_GRACE_S must be 0 or more")
 
     def timeout_of(self, task_type: str) -> float:
-        """The execution timeout of a task type ("TEXT", "OCR_IMAGE"), seconds."""
+        """The execution timeout of a task type ("TEXT", "OCR_IMAGE", "EXTERNAL"), seconds: an EXTERNAL task's is the
+        longest job deadline of the providers (each job also has its own provider's, kept by the engine)."""
+        if task_type == "EXTERNAL":
+            return self.external.max_timeout_s
         return self.ocr_timeout_s if task_type == "OCR_IMAGE" else self.text_timeout_s
+
+    @property
+    def external(self) -> ExternalConfig:
+        """The external providers (SIEVE_EXTERNAL_PROVIDERS), parsed once per value."""
+        try:
+            return _external_config(self.external_providers)
+        except ExternalConfigError as exc:
+            raise SettingsError(str(exc)) from None
+
+    def _validate_external(self) -> None:
+        self.external  # noqa: B018  (parses and validates)
+        if self.worker_role not in ("detect", "external"):
+            raise SettingsError("SIEVE_WORKER_ROLE must be detect or external")
+        if self.worker_role == "external" and not self.external.providers:
+            raise SettingsError("SIEVE_WORKER_ROLE=external needs providers in SIEVE_EXTERNAL_PROVIDERS")
+        for name in ("external_tick_s", "external_slot_lease_s", "external_request_timeout_s"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise SettingsError(f"{ENV_PREFIX}{name.upper()} must be more than 0")
+        if not 0 <= self.external_tick_rest_s < float("inf"):
+            raise SettingsError("SIEVE_EXTERNAL_TICK_REST_S must be 0 or more")
+        for name in ("external_concurrency", "external_max_input_bytes", "external_max_result_bytes"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"{ENV_PREFIX}{name.upper()} must be at least 1")
 
     def _validate_tenants(self) -> None:
         if self.caller_max_pending < 0:
@@ -445,7 +474,7 @@ class Settings:
         for name in filter(None, (n.strip().upper() for n in self.fair_by_cost_types.split(","))):
             key = name if name.startswith("TASK_TYPE_") else "TASK_TYPE_" + name
             if key not in types_pb2.TaskType.keys() or key == "TASK_TYPE_UNSPECIFIED":  # noqa: SIM118 (an enum wrapper)
-                raise SettingsError(f"SIEVE_FAIR_BY_COST_TYPES: unknown task type {name!r} (TEXT, OCR_IMAGE)")
+                raise SettingsError(f"SIEVE_FAIR_BY_COST_TYPES: unknown task type {name!r} (TEXT, OCR_IMAGE, EXTERNAL)")
             out.add(types_pb2.TaskType.Value(key))
         return frozenset(out)
 
@@ -497,6 +526,9 @@ class Settings:
 
     @property
     def worker_types(self) -> tuple[str, ...]:
+        """The task types this worker takes: EXTERNAL only for the external engine (worker_role external)."""
+        if self.worker_role == "external":
+            return ("EXTERNAL",)
         return tuple(t.strip().upper() for t in self.worker_task_types.split(",") if t.strip())
 
     # --- OCR --------------------------------------------------------------------------------------
@@ -558,6 +590,36 @@ class Settings:
     #: first inference raises a CUDA out-of-memory error; "oom_always": every inference raises one; "hang_once": the
     #: first inference hangs (its thread returns only when the process ends); "hang": every inference hangs.
     ocr_fault: str = ""
+
+    # --- external providers (design 004; README "External providers") ------------------------------------------
+    #: The external detection providers, a JSON object: name -> {"base_url", "max_slots", "poll_interval_s" (10),
+    #: "timeout_s" (1800, a job's deadline), "cost_per_job" (0), optional "kind" (moderation | artifact), "stages"}
+    #: (sieve/external_config.py). EXTERNAL tasks name one of them; empty: none (EXTERNAL tasks are refused).
+    external_providers: str = ""
+    #: Largest TaskSpec.external.input_json the intake accepts (bytes).
+    external_max_input_bytes: int = 65536
+    #: What a worker process is: "detect" (runs TEXT / OCR_IMAGE, worker_task_types) or "external" (the engine:
+    #: runs EXTERNAL tasks only, its credits the free slots of its providers' pools).
+    worker_role: str = "detect"
+    #: The engine's tick: every submitted job is polled at most once per tick (and no sooner than its provider's
+    #: poll_interval_s after its last poll); free slots are refilled in the same tick.
+    external_tick_s: float = 10.0
+    #: The engine rests at least this long between ticks, even when a tick ran longer than the interval.
+    external_tick_rest_s: float = 2.0
+    #: Provider requests the engine has in flight at once (polls, submits, downloads).
+    external_concurrency: int = 32
+    #: A slot is a lease of this long, renewed every tick by its engine: a dead engine's slots come back by
+    #: themselves within it.
+    external_slot_lease_s: float = 60.0
+    #: Time limit of one provider request (connect, body).
+    external_request_timeout_s: float = 10.0
+    #: Largest output the engine downloads from a provider's result_url (bytes).
+    external_max_result_bytes: int = 10_000_000
+
+
+@functools.lru_cache(maxsize=8)
+def _external_config(raw: str) -> ExternalConfig:
+    return ExternalConfig.parse(raw)
 
 
 def _parse(name: str, raw: str, kind: Any) -> Any:

@@ -90,6 +90,9 @@ class Puller:
         concurrency: int,
         run_batch: BatchRunner,
         pressure: Pressure,
+        *,
+        credit_limit: Callable[[], int] | None = None,
+        one_per_batch: bool = False,
     ) -> None:
         self.settings = settings
         self.worker_id = worker_id
@@ -98,6 +101,10 @@ class Puller:
         self.concurrency = concurrency
         self.run_batch = run_batch
         self.pressure = pressure
+        #: a cap on the credits granted beyond the free slots (the external engine: its pools' free slots)
+        self.credit_limit = credit_limit
+        #: each assignment of a batch runs and settles on its own (external jobs last minutes each)
+        self.one_per_batch = one_per_batch
         self.in_use = 0
         self._granted = 0  # credits the current stream has and has not used yet
         self._outbox: asyncio.Queue[scheduler_pb2.PullRequest | None] | None = None
@@ -129,7 +136,10 @@ class Puller:
     def _free_credits(self) -> int:
         if self.draining or self._pressure():
             return 0
-        return max(0, self.concurrency - self.in_use - self._granted)
+        room = self.concurrency - self.in_use
+        if self.credit_limit is not None:
+            room = min(room, self.credit_limit())
+        return max(0, room - self._granted)
 
     def _pressure(self) -> list[str]:
         """The pressure check; on the way into holding back, the credits the scheduler has are withdrawn."""
@@ -300,9 +310,10 @@ class Puller:
         for a in assignments:
             self._assigned[a.task_id] = a
         # each task's spans hang off its own trace, not off this long-lived stream's
-        task = asyncio.create_task(self._batch(assignments), context=telemetry.detached_context())
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
+        for batch in [[a] for a in assignments] if self.one_per_batch else [assignments]:
+            task = asyncio.create_task(self._batch(batch), context=telemetry.detached_context())
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
 
     async def _batch(self, assignments: list[scheduler_pb2.Assignment]) -> None:
         try:
@@ -342,6 +353,17 @@ class Puller:
             self._assigned.pop(a.task_id, None)
         self.completed += len(acks)
         self._send(self._grant(scheduler_pb2.PullRequest(acks=acks, nacks=nacks)))
+
+    def offer_credits(self) -> None:
+        """Grants the credits free now on the open stream at once (the external engine's slot was released), instead
+        of at the next pressure recheck."""
+        if self._outbox is not None and self._free_credits():
+            self._send(self._grant(scheduler_pb2.PullRequest()))
+
+    def cancel_running(self) -> None:
+        """Cancels the batches still running (a process that stops without waiting for them)."""
+        for task in list(self._running):
+            task.cancel()
 
     def _slot_freed(self, _future: asyncio.Future[object]) -> None:
         self.in_use -= 1

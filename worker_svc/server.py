@@ -15,13 +15,19 @@ from sieve.rpc.auth import AuthError, client_token
 from sieve.rpc.readiness import Built, Readiness, Stores
 from sieve.settings import Settings
 from worker_svc.app import WorkerApp
+from worker_svc.external.app import ExternalApp
 from worker_svc.metrics import WorkerCollector
 
 
-async def build(settings: Settings, stores: Stores) -> WorkerApp:
+async def build(settings: Settings, stores: Stores) -> WorkerApp | ExternalApp:
     """A started worker on these stores (PostgreSQL only): lexicon and OCR engine loaded, registry and Pull
-    loops running (they retry on their own). A failed start closes what was started and raises."""
-    app = WorkerApp(settings, stores.pool)
+    loops running (they retry on their own); with SIEVE_WORKER_ROLE=external the external engine (PostgreSQL and
+    Redis: its slot pools) instead. A failed start closes what was started and raises."""
+    app: WorkerApp | ExternalApp
+    if settings.worker_role == "external":
+        app = ExternalApp(settings, stores.pool, stores.redis)
+    else:
+        app = WorkerApp(settings, stores.pool)
     try:
         await app.start()
     except BaseException:
@@ -44,11 +50,13 @@ async def main() -> None:
 
     async def build_step(stores: Stores) -> Built:
         app = await build(settings, stores)
-        REGISTRY.register(WorkerCollector(app))
+        if isinstance(app, WorkerApp):
+            REGISTRY.register(WorkerCollector(app))
         return Built(app.service, close=app.close)
 
     # the health server listens at once (NOT_SERVING) and serves once PostgreSQL answers (sieve/rpc/readiness.py)
-    readiness = Readiness(settings, "sieve-worker", [], build_step, redis=False, postgres=True)
+    external = settings.worker_role == "external"  # the engine's slot pools are in Redis
+    readiness = Readiness(settings, "sieve-worker", [], build_step, redis=external, postgres=True)
     await readiness.run(settings.worker_health_addr)
 
 

@@ -59,6 +59,8 @@ SERVICE_GRANTS: dict[str, dict[str, tuple[str, ...]]] = {
         "results": ("SELECT",),
         "audit_events": ("SELECT", "INSERT"),
         "callback_deliveries": ("SELECT", "UPDATE"),
+        # ListSlotPools' cost per provider and caller (migration 0016)
+        "external_jobs": ("SELECT",),
     },
     "worker": {
         "schema_migrations": ("SELECT",),
@@ -66,6 +68,8 @@ SERVICE_GRANTS: dict[str, dict[str, tuple[str, ...]]] = {
         "results": ("SELECT", "INSERT"),
         "lexicon": ("SELECT", "INSERT"),
         "lexicon_version": ("SELECT", "UPDATE"),
+        # the external engine's record of its provider jobs (migration 0016)
+        "external_jobs": ("SELECT", "INSERT", "UPDATE"),
     },
 }
 #: service -> sequence -> privileges (nextval needs USAGE)

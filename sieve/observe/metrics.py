@@ -185,6 +185,55 @@ SLOT_WAITS = Counter(
     ["pool"],
     registry=REGISTRY,
 )
+SLOTS_MAX = Gauge("sieve_slots_max", "A pool's maximum (its slots)", ["pool"], registry=REGISTRY)
+SLOT_BUSY_SECONDS = Counter(
+    "sieve_slot_busy_seconds",
+    "Slot-seconds held by this engine's jobs (utilisation: rate of this / sieve_slots_max)",
+    ["pool"],
+    registry=REGISTRY,
+)
+
+# --- external jobs: the engine (worker_svc/external) --------------------------------------
+EXTERNAL_JOBS = Counter(
+    "sieve_external_jobs",
+    "External jobs the engine ended, by provider and outcome (completed, failed: the provider failed it, "
+    "deadline, error: a permanent error of a call)",
+    ["provider", "outcome"],
+    registry=REGISTRY,
+)
+EXTERNAL_REQUEST_SECONDS = Histogram(
+    "sieve_external_request_seconds",
+    "Provider request latency, by call (submit, poll, result)",
+    ["provider", "call"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=REGISTRY,
+)
+EXTERNAL_REQUEST_ERRORS = Counter(
+    "sieve_external_request_errors",
+    "Provider requests that failed, by call and kind (transient: tried again, permanent)",
+    ["provider", "call", "kind"],
+    registry=REGISTRY,
+)
+EXTERNAL_JOB_SECONDS = Histogram(
+    "sieve_external_job_seconds",
+    "A stage's time at its provider, from its submit to the poll that saw it end",
+    ["provider", "stage"],
+    buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600),
+    registry=REGISTRY,
+)
+EXTERNAL_POLLS = Histogram(
+    "sieve_external_polls_per_job",
+    "Polls of one stage's provider job until it ended",
+    ["provider"],
+    buckets=(1, 2, 3, 5, 10, 20, 50, 100, 200, 500),
+    registry=REGISTRY,
+)
+EXTERNAL_COST = Counter(
+    "sieve_external_cost",
+    "Cost of the provider jobs submitted (cost_per_job each), by provider and caller",
+    ["provider", "caller"],
+    registry=REGISTRY,
+)
 
 
 # --- read at scrape time -----------------------------------------------------------------------------

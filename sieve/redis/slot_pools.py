@@ -11,7 +11,6 @@ renewing and its slot comes back by itself once its lease runs out. A holder's n
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -80,16 +79,26 @@ class SlotPools:
         return [str(h) for h in lost]
 
     async def state(self, pool: str) -> PoolState:
-        """The pool's live holders (expired leases not counted) and maximum."""
-        now_ms = int(time.time() * 1000)
-        rows = await self.redis.zrangebyscore(self.keys.slot_pool(pool), f"({now_ms}", "+inf", withscores=True)
-        holders = {str(h): int(score) for h, score in rows}
-        metrics.SLOTS_IN_USE.labels(pool=pool).set(len(holders))
-        return PoolState(pool, self._max(pool), holders)
+        """The pool's live holders (expired leases not counted, by Redis's clock) and maximum."""
+        return (await self._states([pool]))[0]
 
     async def states(self) -> list[PoolState]:
-        """Every configured pool's state, by name."""
-        return [await self.state(pool) for pool in sorted(self.maxima)]
+        """Every configured pool's state, by name: one round trip (a pipeline of TIME and each pool's holders)."""
+        return await self._states(sorted(self.maxima))
+
+    async def _states(self, pools: list[str]) -> list[PoolState]:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.time()
+        for pool in pools:
+            pipe.zrange(self.keys.slot_pool(pool), 0, -1, withscores=True)
+        seconds_us, *holders_of = await pipe.execute()
+        now_ms = int(seconds_us[0]) * 1000 + int(seconds_us[1]) // 1000
+        out: list[PoolState] = []
+        for pool, rows in zip(pools, holders_of, strict=True):
+            holders = {str(h): int(score) for h, score in rows if score > now_ms}
+            metrics.SLOTS_IN_USE.labels(pool=pool).set(len(holders))
+            out.append(PoolState(pool, self._max(pool), holders))
+        return out
 
     async def free(self, pool: str) -> int:
         """How many slots of `pool` are free now."""

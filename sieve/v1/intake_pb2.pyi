@@ -22,7 +22,7 @@ STATS_GRANULARITY_HOUR: StatsGranularity
 STATS_GRANULARITY_DAY: StatsGranularity
 
 class TaskSpec(_message.Message):
-    __slots__ = ("device_id", "type", "priority", "text", "image", "image_url", "idempotency_key", "ttl", "max_attempts", "labels", "callback_url")
+    __slots__ = ("device_id", "type", "priority", "text", "image", "image_url", "external", "idempotency_key", "ttl", "max_attempts", "labels", "callback_url")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class TaskSpec(_message.Message):
     TEXT_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     IMAGE_URL_FIELD_NUMBER: _ClassVar[int]
+    EXTERNAL_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     TTL_FIELD_NUMBER: _ClassVar[int]
     MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
@@ -47,12 +48,21 @@ class TaskSpec(_message.Message):
     text: str
     image: bytes
     image_url: str
+    external: ExternalJob
     idempotency_key: str
     ttl: _duration_pb2.Duration
     max_attempts: int
     labels: _containers.ScalarMap[str, str]
     callback_url: str
-    def __init__(self, device_id: _Optional[str] = ..., type: _Optional[_Union[_types_pb2.TaskType, str]] = ..., priority: _Optional[_Union[_types_pb2.Priority, str]] = ..., text: _Optional[str] = ..., image: _Optional[bytes] = ..., image_url: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., callback_url: _Optional[str] = ...) -> None: ...
+    def __init__(self, device_id: _Optional[str] = ..., type: _Optional[_Union[_types_pb2.TaskType, str]] = ..., priority: _Optional[_Union[_types_pb2.Priority, str]] = ..., text: _Optional[str] = ..., image: _Optional[bytes] = ..., image_url: _Optional[str] = ..., external: _Optional[_Union[ExternalJob, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., callback_url: _Optional[str] = ...) -> None: ...
+
+class ExternalJob(_message.Message):
+    __slots__ = ("provider", "input_json")
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    INPUT_JSON_FIELD_NUMBER: _ClassVar[int]
+    provider: str
+    input_json: str
+    def __init__(self, provider: _Optional[str] = ..., input_json: _Optional[str] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
     __slots__ = ("task",)

@@ -274,3 +274,47 @@ class ListAuditEventsResponse(_message.Message):
     events: _containers.RepeatedCompositeFieldContainer[AuditEvent]
     next_page_token: str
     def __init__(self, events: _Optional[_Iterable[_Union[AuditEvent, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ListSlotPoolsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SlotHolder(_message.Message):
+    __slots__ = ("holder", "lease_deadline")
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    LEASE_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    lease_deadline: _timestamp_pb2.Timestamp
+    def __init__(self, holder: _Optional[str] = ..., lease_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class SlotPool(_message.Message):
+    __slots__ = ("name", "max_slots", "in_use", "holders")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MAX_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    IN_USE_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    max_slots: int
+    in_use: int
+    holders: _containers.RepeatedCompositeFieldContainer[SlotHolder]
+    def __init__(self, name: _Optional[str] = ..., max_slots: _Optional[int] = ..., in_use: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[SlotHolder, _Mapping]]] = ...) -> None: ...
+
+class ExternalCost(_message.Message):
+    __slots__ = ("provider", "caller", "jobs", "cost")
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
+    provider: str
+    caller: str
+    jobs: int
+    cost: float
+    def __init__(self, provider: _Optional[str] = ..., caller: _Optional[str] = ..., jobs: _Optional[int] = ..., cost: _Optional[float] = ...) -> None: ...
+
+class ListSlotPoolsResponse(_message.Message):
+    __slots__ = ("pools", "costs")
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    COSTS_FIELD_NUMBER: _ClassVar[int]
+    pools: _containers.RepeatedCompositeFieldContainer[SlotPool]
+    costs: _containers.RepeatedCompositeFieldContainer[ExternalCost]
+    def __init__(self, pools: _Optional[_Iterable[_Union[SlotPool, _Mapping]]] = ..., costs: _Optional[_Iterable[_Union[ExternalCost, _Mapping]]] = ...) -> None: ...

@@ -65,6 +65,11 @@ class SchedulerServiceStub:
                 request_serializer=sieve_dot_v1_dot_scheduler__pb2.ListAuditEventsRequest.SerializeToString,
                 response_deserializer=sieve_dot_v1_dot_scheduler__pb2.ListAuditEventsResponse.FromString,
                 _registered_method=True)
+        self.ListSlotPools = channel.unary_unary(
+                '/sieve.v1.SchedulerService/ListSlotPools',
+                request_serializer=sieve_dot_v1_dot_scheduler__pb2.ListSlotPoolsRequest.SerializeToString,
+                response_deserializer=sieve_dot_v1_dot_scheduler__pb2.ListSlotPoolsResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -113,6 +118,14 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListSlotPools(self, request, context):
+        """The external providers' slot pools: each one's maximum, its holders and their lease deadlines; and what the
+        external jobs cost, per provider and caller.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +158,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ListAuditEvents,
                     request_deserializer=sieve_dot_v1_dot_scheduler__pb2.ListAuditEventsRequest.FromString,
                     response_serializer=sieve_dot_v1_dot_scheduler__pb2.ListAuditEventsResponse.SerializeToString,
+            ),
+            'ListSlotPools': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSlotPools,
+                    request_deserializer=sieve_dot_v1_dot_scheduler__pb2.ListSlotPoolsRequest.FromString,
+                    response_serializer=sieve_dot_v1_dot_scheduler__pb2.ListSlotPoolsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -310,6 +328,33 @@ class SchedulerService:
             '/sieve.v1.SchedulerService/ListAuditEvents',
             sieve_dot_v1_dot_scheduler__pb2.ListAuditEventsRequest.SerializeToString,
             sieve_dot_v1_dot_scheduler__pb2.ListAuditEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSlotPools(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sieve.v1.SchedulerService/ListSlotPools',
+            sieve_dot_v1_dot_scheduler__pb2.ListSlotPoolsRequest.SerializeToString,
+            sieve_dot_v1_dot_scheduler__pb2.ListSlotPoolsResponse.FromString,
             options,
             channel_credentials,
             insecure,

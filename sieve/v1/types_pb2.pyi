@@ -15,6 +15,7 @@ class TaskType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_TYPE_UNSPECIFIED: _ClassVar[TaskType]
     TASK_TYPE_TEXT: _ClassVar[TaskType]
     TASK_TYPE_OCR_IMAGE: _ClassVar[TaskType]
+    TASK_TYPE_EXTERNAL: _ClassVar[TaskType]
 
 class Priority(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -46,6 +47,7 @@ class Verdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 TASK_TYPE_UNSPECIFIED: TaskType
 TASK_TYPE_TEXT: TaskType
 TASK_TYPE_OCR_IMAGE: TaskType
+TASK_TYPE_EXTERNAL: TaskType
 PRIORITY_UNSPECIFIED: Priority
 PRIORITY_BACKGROUND: Priority
 PRIORITY_LOW: Priority

@@ -19,6 +19,9 @@ Redis keys and schema afterwards):
     ocr         OCR through Sieve vs the raw engine: >= 0.9
     obedient    a client honouring every retry_after, default limits vs raised: >= 0.8
     notify      WatchTask change -> client p50 <= 50 ms, and callback final -> receiver (p50 / p99, context)
+    external    slot utilisation of external jobs with a backlog (busy / available slot-seconds) and polls per
+                job, the default 10 s tick (context) and a 1 s one: >= 0.9 (intake, scheduler, engine in-process,
+                a provider on loopback)
     claims      (only when asked for) the queue store's claim rate, 10 vs 100 000 devices: context
 
 --smoke runs every benchmark at small sizes: it shows the whole path works, not the numbers (the CI smoke test,
@@ -39,6 +42,7 @@ from pathlib import Path
 from tests.benchmarks import (
     bench_celery,
     bench_cost,
+    bench_external,
     bench_fairness,
     bench_notify,
     bench_obedient,
@@ -62,6 +66,7 @@ DEFAULT = (
     "ocr",
     "obedient",
     "notify",
+    "external",
 )
 ALL = (*DEFAULT, "claims")
 
@@ -179,6 +184,11 @@ class Runner:
         log(bench_notify.describe(n))
         return bench_notify.rows(n)
 
+    async def _external(self) -> list[Row]:
+        default, short = await bench_external.measure_both(*self.sizes.external)
+        log(f"{bench_external.describe(default)}\n{bench_external.describe(short)}")
+        return bench_external.rows(default, short)
+
     async def _claims(self) -> list[Row]:
         s = self.sizes
         small, large = await bench_fairness.claims(large=s.claims_large, rounds=s.claims_rounds)
@@ -197,6 +207,7 @@ TARGETS = {
     "ocr": f">= {bench_ocr.TARGET}",
     "obedient": f">= {bench_obedient.TARGET}",
     "notify": f"p50 <= {bench_notify.WATCH_P50_TARGET_S * 1000:.0f} ms",
+    "external": f">= {bench_external.TARGET}",
     "claims": "context",
 }
 

@@ -24,6 +24,8 @@ class Sizes:
     notify: tuple[int, float]
     claims_large: int
     claims_rounds: int
+    #: default tick, shorter tick, jobs, devices, cap, (shortest, longest) job duration
+    external: tuple[float, float, int, int, int, tuple[float, float]]
 
 
 FULL = Sizes(
@@ -41,6 +43,7 @@ FULL = Sizes(
     (3000, 500.0),
     100_000,
     3000,
+    (10.0, 1.0, 20, 5, 5, (15.0, 35.0)),
 )
 SMOKE = Sizes(
     2000,
@@ -57,4 +60,5 @@ SMOKE = Sizes(
     (300, 200.0),
     10_000,
     500,
+    (1.0, 0.2, 20, 4, 5, (0.5, 1.5)),
 )
