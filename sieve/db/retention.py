@@ -95,6 +95,8 @@ class RetentionReport:
     purged_changes: int = 0
     #: finished callback deliveries deleted
     purged_deliveries: int = 0
+    #: external jobs' stage rows (external_jobs) deleted: completed or failed before the cutoff
+    purged_external: int = 0
     #: False when another process held the retention lock (nothing was done)
     ran: bool = True
 
@@ -131,6 +133,7 @@ class Retention:
                     await self._purge_default(conn, now, report)
                     await self._purge_reports(conn, now, report)
                     await self._purge_deliveries(conn, now, report)
+                    await self._purge_external(conn, now, report)
                 await self._purge_changes(conn, now, report)
                 if self.stats_retention_days > 0:
                     await self._purge_stats(conn, now, report)
@@ -376,6 +379,33 @@ class Retention:
                 self.batch,
             )
             report.purged_deliveries += deleted
+            if deleted < self.batch:
+                return
+
+    async def _purge_external(self, conn: _Connection, now: datetime, report: RetentionReport) -> None:
+        """Deletes external jobs' stage rows that ended (completed, or failed at the provider) before the cutoff,
+        in batches; a stage still submitting, submitted or succeeded (its output not stored yet) stays, whatever its
+        age: an engine may still resume it."""
+        cutoff = now - timedelta(days=self.retention_days)
+        while True:
+            deleted: int = await conn.fetchval(
+                """
+                WITH chosen AS (
+                    SELECT task_id, stage FROM external_jobs
+                    WHERE created_at < $1 AND state IN ('completed', 'failed')
+                      AND coalesce(finished_at, created_at) < $1
+                    ORDER BY created_at LIMIT $2
+                ), gone AS (
+                    DELETE FROM external_jobs j USING chosen c
+                    WHERE (j.task_id, j.stage) = (c.task_id, c.stage)
+                    RETURNING 1
+                )
+                SELECT count(*) FROM gone
+                """,
+                cutoff,
+                self.batch,
+            )
+            report.purged_external += deleted
             if deleted < self.batch:
                 return
 

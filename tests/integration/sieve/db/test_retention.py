@@ -516,3 +516,27 @@ async def test_device_reports_older_than_retention_are_deleted_in_batches_and_ne
     assert report.purged_reports == 25
     left = await pg.fetch("SELECT report_id FROM device_reports ORDER BY report_id")
     assert [r["report_id"] for r in left] == ["new-0", "new-1", "new-2"]
+
+
+async def test_external_jobs_that_ended_before_retention_are_deleted_and_open_or_recent_ones_kept(
+    pg: asyncpg.Pool, retention_settings: Settings
+) -> None:
+    # Given external job stages: 12 that ended 4 days ago (completed or failed), 2 still submitted and 1 succeeded
+    # from 4 days ago (an engine may resume them), and 1 completed today (retention 3 days)
+    now = datetime.now(UTC)
+    old = now - timedelta(days=4)
+    rows = [(uuid.uuid4(), "completed" if n % 2 else "failed", old) for n in range(12)]
+    rows += [(uuid.uuid4(), "submitted", old), (uuid.uuid4(), "submitted", old), (uuid.uuid4(), "succeeded", old)]
+    rows += [(uuid.uuid4(), "completed", now)]
+    await pg.executemany(
+        "INSERT INTO external_jobs (task_id, stage, stage_index, provider, caller, pool, holder, attempt, state,"
+        " created_at, finished_at) VALUES ($1, 'main', 0, 'p', 'c', 'p', $2, 1, $3, $4::timestamptz,"
+        " CASE WHEN $3 IN ('completed', 'failed') THEN $4::timestamptz END)",
+        [(task_id, f"{task_id}:main:1", state, at) for task_id, state, at in rows],
+    )
+    # When the retention runs, in batches of 5
+    report = await Retention(pg, retention_settings, batch=5).run(now=now)
+    # Then the stages that ended before the cutoff are gone, the open ones and today's stay
+    assert report.purged_external == 12
+    left = await pg.fetch("SELECT state FROM external_jobs ORDER BY state")
+    assert [r["state"] for r in left] == ["completed", "submitted", "submitted", "succeeded"]
