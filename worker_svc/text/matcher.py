@@ -4,6 +4,13 @@ This module owns the lexicon data types (``LexiconEntry``), the match results (`
 ``MatchResult``, ``Verdict``) and ``Matcher``, which finds every lexicon word in a text in one pass
 over its normalised form (see ``worker_svc.text.normalize``) and maps each hit back to a span of the
 original text.
+The disguise rules (``worker_svc.text.rules``) fold the text (traditional characters, variants, look-alikes,
+leetspeak) and add spellings to the lexicon (letters and parts for characters: ``worker_svc.text.variants``;
+pinyin and homophones: ``worker_svc.text.phonetic``); each can be switched per category (``RuleConfig``) and
+each hit names the rules it needed. A lexicon word that starts (ends) with a Latin letter hits only where it
+starts (ends) on a word boundary of the original text: not between two letters, nor just after a letter and
+an apostrophe (``heroine`` holds no ``heroin``, ``John's ex`` no ``sex``); separators inside the word do not
+matter (``S.E.X``, ``c-a-s-i-n-o``). CJK words match anywhere.
 
 A ``Matcher`` is immutable once built and ``match`` only reads the automaton, so one instance can
 be shared by all the tasks (and threads) of a worker.
@@ -13,13 +20,23 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ahocorasick
 
-from worker_svc.text.normalize import normalize, normalize_word
+from worker_svc.text import variants
+from worker_svc.text.phonetic import Phonetic, initials
+from worker_svc.text.rules import (
+    FUZZY_BITS,
+    RULE_BITS,
+    Folded,
+    RuleConfig,
+    fold,
+    is_cjk,
+    rule_names,
+)
 
-__all__ = ["Hit", "LexiconEntry", "MatchResult", "Matcher", "Verdict"]
+__all__ = ["Hit", "LexiconEntry", "MatchResult", "Matcher", "RuleConfig", "Verdict"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,10 +52,12 @@ class LexiconEntry:
 class Hit:
     """One occurrence of a lexicon word.
 
-    ``word``, ``category`` and ``severity`` are those of the lexicon entry, ``word`` as stored in the
-    lexicon. ``start`` and ``end`` are code-point offsets into the original text, end exclusive, and
-    ``matched_text == original[start:end]``; the span includes any separators or invisible
-    characters that were inserted between the characters of the word.
+    ``word`` and ``category`` are those of the lexicon entry, ``word`` as stored in the lexicon; ``severity``
+    is the entry's, lowered below the block severity for a hit through a fuzzy rule (pinyin, homophone,
+    letter). ``start`` and ``end`` are code-point offsets into the original text, end exclusive, and
+    ``matched_text == original[start:end]``; the span includes any separators or invisible characters that
+    were inserted between the characters of the word. ``rules`` names the disguise rules the hit needed
+    (``worker_svc.text.rules.RULES`` order; empty for a plain hit). A list, as JSON and asdict give it.
     """
 
     word: str
@@ -47,6 +66,7 @@ class Hit:
     start: int
     end: int
     matched_text: str
+    rules: list[str] = field(default_factory=list, hash=False)
 
 
 class Verdict(enum.IntEnum):
@@ -70,39 +90,114 @@ def _hit_order(hit: Hit) -> tuple[int, int, str]:
     return hit.start, hit.start - hit.end, hit.word
 
 
+@dataclass(frozen=True, slots=True)
+class _Key:
+    """One spelling in the automaton: the entry, the rules the spelling itself needs, the rules that changed
+    each character of the lexicon word when it was folded (the text needs no rule for those: the word has
+    them too), whether its ends are Latin (boundaries), and the rules the entry's category allows."""
+
+    length: int
+    entry: LexiconEntry
+    bits: int
+    word_masks: tuple[int, ...] | None
+    latin_start: bool
+    latin_end: bool
+    allowed: int
+
+
+def _latin(ch: str) -> bool:
+    return ch.isalpha() and not is_cjk(ch)
+
+
+def _starts_word(original: str, start: int) -> bool:
+    if start == 0:
+        return True
+    before = original[start - 1]
+    if _latin(before):
+        return False
+    # an apostrophe inside a word (John's, don't) is no boundary
+    return not (before in "'\u2019" and start >= 2 and _latin(original[start - 2]))
+
+
+def _ends_word(original: str, end: int) -> bool:
+    return end >= len(original) or not _latin(original[end])
+
+
 class Matcher:
     """Finds every lexicon word in a text, including overlapping and repeated occurrences.
 
-    Lexicon words are normalised like the texts. When several entries normalise to the same word,
-    the one with the highest severity is kept (the first one on a tie). A word that normalises to
+    Lexicon words are normalised (and folded) like the texts. When several entries normalise to the same
+    word, the one with the highest severity is kept (the first one on a tie). A word that normalises to
     nothing (only punctuation or spaces) could never match and is rejected with ``ValueError``.
 
     Verdict: ``BLOCK`` if any hit has ``severity >= block_severity``, ``REVIEW`` if there are other
     hits, ``PASS`` if there are none. An empty lexicon always gives ``PASS``.
     """
 
-    __slots__ = ("_automaton", "_block_severity", "_entries", "version")
+    __slots__ = ("_automaton", "_block_severity", "_entries", "_phonetic", "_rules", "version")
 
-    def __init__(self, entries: Iterable[LexiconEntry], block_severity: int = 3, version: int = -1) -> None:
+    def __init__(
+        self,
+        entries: Iterable[LexiconEntry],
+        block_severity: int = 3,
+        version: int = -1,
+        rules: RuleConfig | None = None,
+    ) -> None:
         #: the lexicon version the entries came from (-1: not from the lexicon table), stored with each result
         self.version = version
-        chosen: dict[str, LexiconEntry] = {}
+        self._rules = rules if rules is not None else RuleConfig()
+        chosen: dict[str, tuple[LexiconEntry, Folded]] = {}
         for entry in entries:
-            key = normalize_word(entry.word)
+            folded = fold(entry.word)
+            key = folded.normalized.text
             if not key:
                 raise ValueError(f"lexicon word {entry.word!r} is empty once normalised")
             previous = chosen.get(key)
-            if previous is None or entry.severity > previous.severity:
-                chosen[key] = entry
-        self._entries: dict[str, LexiconEntry] = chosen
+            if previous is None or entry.severity > previous[0].severity:
+                chosen[key] = (entry, folded)
+        self._entries: dict[str, LexiconEntry] = {key: entry for key, (entry, _) in chosen.items()}
         self._block_severity = block_severity
+        keys: dict[str, _Key] = {}
+        for key, (entry, folded) in chosen.items():
+            keys[key] = self._key(key, entry, 0, folded.masks)
+        phonetic: list[tuple[str, object]] = []
+        for key, (entry, _) in chosen.items():
+            for spelling, bits in self._spellings(key, entry):
+                if spelling not in keys:
+                    keys[spelling] = self._key(spelling, entry, bits, None)
+            if self._rules.bits(entry.category) & (RULE_BITS["pinyin"] | RULE_BITS["homophone"]):
+                phonetic.append((key, keys[key]))
         self._automaton: ahocorasick.Automaton | None = None
-        if chosen:
+        if keys:
             automaton = ahocorasick.Automaton(ahocorasick.STORE_ANY)
-            for key, entry in chosen.items():
-                automaton.add_word(key, (len(key), entry))
+            for spelling, found in keys.items():
+                automaton.add_word(spelling, found)
             automaton.make_automaton()
             self._automaton = automaton
+        self._phonetic = Phonetic(phonetic) if phonetic else None
+
+    def _spellings(self, key: str, entry: LexiconEntry) -> list[tuple[str, int]]:
+        """The other spellings of a folded lexicon word, and the rule each needs (those its category allows)."""
+        allowed = self._rules.bits(entry.category)
+        spellings: list[tuple[str, int]] = []
+        if allowed & RULE_BITS["leet"]:
+            spellings += [(s, RULE_BITS["leet"]) for s in variants.leet_spellings(key)]
+        if allowed & RULE_BITS["letter"]:
+            spellings += [(s, RULE_BITS["letter"]) for s in variants.letter_spellings(key, initials(key))]
+        if allowed & RULE_BITS["decompose"]:
+            spellings += [(s, RULE_BITS["decompose"]) for s in variants.decomposed(key)]
+        return spellings
+
+    def _key(self, spelling: str, entry: LexiconEntry, bits: int, word_masks: tuple[int, ...] | None) -> _Key:
+        return _Key(
+            len(spelling),
+            entry,
+            bits,
+            word_masks,
+            _latin(spelling[0]),
+            _latin(spelling[-1]),
+            self._rules.bits(entry.category),
+        )
 
     @property
     def size(self) -> int:
@@ -114,27 +209,80 @@ class Matcher:
         """The lowest severity that makes the verdict ``BLOCK``."""
         return self._block_severity
 
+    @property
+    def rules(self) -> RuleConfig:
+        """Which disguise rules are on for which category."""
+        return self._rules
+
     def match(self, text: str) -> MatchResult:
         """Find every lexicon word in ``text`` and decide the verdict."""
-        normalized = normalize(text)
+        folded = fold(text)
+        normalized = folded.normalized
         if self._automaton is None or not normalized.text:
             return MatchResult((), Verdict.PASS, normalized.text)
         offsets = normalized.offsets
         ends = normalized.ends
-        hits: list[Hit] = []
-        seen: set[tuple[str, int, int]] = set()
-        for last, (length, entry) in self._automaton.iter(normalized.text):
-            start = offsets[last - length + 1]
+        masks = folded.masks
+        found: dict[tuple[str, int, int], tuple[int, LexiconEntry]] = {}
+        for last, key in self._automaton.iter(normalized.text):
+            first = last - key.length + 1
+            start = offsets[first]
             end = ends[last]
-            # One original character can expand to several normalised ones (``ﬀ`` -> ``ff``); report
-            # a word once per original span.
-            key = (entry.word, start, end)
-            if key in seen:
+            if key.latin_start and not _starts_word(text, start):
                 continue
-            seen.add(key)
-            hits.append(Hit(entry.word, entry.category, entry.severity, start, end, text[start:end]))
+            if key.latin_end and not _ends_word(text, end):
+                continue
+            bits = key.bits
+            if masks is not None:
+                word_masks = key.word_masks
+                for k in range(key.length):
+                    bits |= masks[first + k] & ~(word_masks[k] if word_masks is not None else 0)
+            if bits & ~key.allowed:
+                continue
+            self._keep(found, key.entry, start, end, bits)
+        if self._phonetic is not None:
+            self._phonetic_hits(text, folded, found)
+        hits = [self._hit(text, entry, start, end, bits) for (_, start, end), (bits, entry) in found.items()]
         hits.sort(key=_hit_order)
         return MatchResult(tuple(hits), self._verdict(hits), normalized.text)
+
+    def _phonetic_hits(
+        self, text: str, folded: Folded, found: dict[tuple[str, int, int], tuple[int, LexiconEntry]]
+    ) -> None:
+        assert self._phonetic is not None
+        normalized = folded.normalized
+        masks = folded.masks
+        for hit in self._phonetic.find(text, normalized):
+            key = hit.payload
+            assert isinstance(key, _Key)
+            bits = hit.bits
+            if masks is not None:
+                for k in range(hit.first, hit.last + 1):
+                    bits |= masks[k]
+            if bits & ~key.allowed:
+                continue
+            self._keep(found, key.entry, normalized.offsets[hit.first], normalized.ends[hit.last], bits)
+
+    @staticmethod
+    def _keep(
+        found: dict[tuple[str, int, int], tuple[int, LexiconEntry]],
+        entry: LexiconEntry,
+        start: int,
+        end: int,
+        bits: int,
+    ) -> None:
+        # One original character can expand to several normalised ones (``ﬀ`` -> ``ff``), and several spellings
+        # can find one span: a word is reported once per original span, through the fewest rules.
+        span = (entry.word, start, end)
+        previous = found.get(span)
+        if previous is None or bin(bits).count("1") < bin(previous[0]).count("1"):
+            found[span] = (bits, entry)
+
+    def _hit(self, text: str, entry: LexiconEntry, start: int, end: int, bits: int) -> Hit:
+        severity = entry.severity
+        if bits & FUZZY_BITS:
+            severity = min(severity, self._block_severity - 1)
+        return Hit(entry.word, entry.category, severity, start, end, text[start:end], rule_names(bits))
 
     def _verdict(self, hits: list[Hit]) -> Verdict:
         if not hits:
