@@ -24,6 +24,7 @@ class Sizes:
     notify: tuple[int, float]
     claims_large: int
     claims_rounds: int
+    detection_repeats: int
 
 
 FULL = Sizes(
@@ -41,6 +42,7 @@ FULL = Sizes(
     (3000, 500.0),
     100_000,
     3000,
+    15,
 )
 SMOKE = Sizes(
     2000,
@@ -57,4 +59,5 @@ SMOKE = Sizes(
     (300, 200.0),
     10_000,
     500,
+    2,
 )

@@ -9,8 +9,8 @@ leetspeak) and add spellings to the lexicon (letters and parts for characters: `
 pinyin and homophones: ``worker_svc.text.phonetic``); each can be switched per category (``RuleConfig``) and
 each hit names the rules it needed. A lexicon word that starts (ends) with a Latin letter hits only where it
 starts (ends) on a word boundary of the original text: not between two letters, nor just after a letter and
-an apostrophe (``heroine`` holds no ``heroin``, ``John's ex`` no ``sex``); separators inside the word do not
-matter (``S.E.X``, ``c-a-s-i-n-o``). CJK words match anywhere.
+an apostrophe (``heroine`` holds no ``heroin``, ``John's ex`` no ``sex``), an English plural ``s`` excepted
+(``casinos``); separators inside the word do not matter (``S.E.X``, ``c-a-s-i-n-o``). CJK words match anywhere.
 
 A ``Matcher`` is immutable once built and ``match`` only reads the automaton, so one instance can
 be shared by all the tasks (and threads) of a worker.
@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 
 import ahocorasick
 
-from worker_svc.text import variants
-from worker_svc.text.phonetic import Phonetic, initials
+from worker_svc.text import phonetic, variants
 from worker_svc.text.rules import (
     FUZZY_BITS,
     RULE_BITS,
@@ -33,6 +32,7 @@ from worker_svc.text.rules import (
     RuleConfig,
     fold,
     is_cjk,
+    key_grams,
     rule_names,
 )
 
@@ -94,7 +94,8 @@ def _hit_order(hit: Hit) -> tuple[int, int, str]:
 class _Key:
     """One spelling in the automaton: the entry, the rules the spelling itself needs, the rules that changed
     each character of the lexicon word when it was folded (the text needs no rule for those: the word has
-    them too), whether its ends are Latin (boundaries), and the rules the entry's category allows."""
+    them too), whether its ends are Latin (boundaries), the rules the entry's category allows, and for a
+    pinyin or homophone spelling the syllables of the word."""
 
     length: int
     entry: LexiconEntry
@@ -103,6 +104,17 @@ class _Key:
     latin_start: bool
     latin_end: bool
     allowed: int
+    syllables: int  # a pinyin or homophone spelling: the word's syllables (phonetic.plausible); else 0
+
+
+def _automaton(keys: dict[str, _Key]) -> ahocorasick.Automaton | None:
+    if not keys:
+        return None
+    automaton = ahocorasick.Automaton(ahocorasick.STORE_ANY)
+    for spelling, key in keys.items():
+        automaton.add_word(spelling, key)
+    automaton.make_automaton()
+    return automaton
 
 
 def _latin(ch: str) -> bool:
@@ -120,7 +132,10 @@ def _starts_word(original: str, start: int) -> bool:
 
 
 def _ends_word(original: str, end: int) -> bool:
-    return end >= len(original) or not _latin(original[end])
+    if end >= len(original) or not _latin(original[end]):
+        return True
+    # an English plural (casinos) still ends the word
+    return original[end] in "sS" and (end + 1 == len(original) or not _latin(original[end + 1]))
 
 
 class Matcher:
@@ -134,7 +149,16 @@ class Matcher:
     hits, ``PASS`` if there are none. An empty lexicon always gives ``PASS``.
     """
 
-    __slots__ = ("_automaton", "_block_severity", "_entries", "_phonetic", "_rules", "version")
+    __slots__ = (
+        "_automaton",
+        "_block_severity",
+        "_entries",
+        "_grams",
+        "_rules",
+        "_sound_automaton",
+        "_sound_table",
+        "version",
+    )
 
     def __init__(
         self,
@@ -160,35 +184,42 @@ class Matcher:
         keys: dict[str, _Key] = {}
         for key, (entry, folded) in chosen.items():
             keys[key] = self._key(key, entry, 0, folded.masks)
-        phonetic: list[tuple[str, object]] = []
         for key, (entry, _) in chosen.items():
-            for spelling, bits in self._spellings(key, entry):
+            for spelling, bits, syllables in self._spellings(key, entry):
                 if spelling not in keys:
-                    keys[spelling] = self._key(spelling, entry, bits, None)
-            if self._rules.bits(entry.category) & (RULE_BITS["pinyin"] | RULE_BITS["homophone"]):
-                phonetic.append((key, keys[key]))
-        self._automaton: ahocorasick.Automaton | None = None
-        if keys:
-            automaton = ahocorasick.Automaton(ahocorasick.STORE_ANY)
-            for spelling, found in keys.items():
-                automaton.add_word(spelling, found)
-            automaton.make_automaton()
-            self._automaton = automaton
-        self._phonetic = Phonetic(phonetic) if phonetic else None
+                    keys[spelling] = self._key(spelling, entry, bits, None, syllables)
+        self._grams = key_grams(keys)
+        self._automaton = _automaton(keys)
+        # homophones: the words' sounds, looked for in the text's sound (worker_svc.text.phonetic)
+        sounds: dict[str, _Key] = {}
+        for key, (entry, _) in chosen.items():
+            if self._rules.bits(entry.category) & RULE_BITS["homophone"]:
+                for spelling, syllables in phonetic.sound_keys(key):
+                    sounds.setdefault(spelling, self._key(spelling, entry, RULE_BITS["homophone"], None, syllables))
+        self._sound_automaton = _automaton(sounds)
+        self._sound_table = phonetic.sound_table() if sounds else {}
 
-    def _spellings(self, key: str, entry: LexiconEntry) -> list[tuple[str, int]]:
-        """The other spellings of a folded lexicon word, and the rule each needs (those its category allows)."""
+    def _spellings(self, key: str, entry: LexiconEntry) -> list[tuple[str, int, int]]:
+        """The other spellings of a folded lexicon word: (spelling, the rule it needs, syllables for a pinyin or
+        homophone one, else 0), for the rules its category allows."""
         allowed = self._rules.bits(entry.category)
-        spellings: list[tuple[str, int]] = []
+        spellings: list[tuple[str, int, int]] = []
         if allowed & RULE_BITS["leet"]:
-            spellings += [(s, RULE_BITS["leet"]) for s in variants.leet_spellings(key)]
+            spellings += [(s, RULE_BITS["leet"], 0) for s in variants.leet_spellings(key)]
+            phrase = variants.leet_words(entry.word)
+            if phrase is not None:
+                spellings.append((fold(phrase).normalized.text, RULE_BITS["leet"], 0))
         if allowed & RULE_BITS["letter"]:
-            spellings += [(s, RULE_BITS["letter"]) for s in variants.letter_spellings(key, initials(key))]
+            spellings += [(s, RULE_BITS["letter"], 0) for s in variants.letter_spellings(key, phonetic.initials(key))]
         if allowed & RULE_BITS["decompose"]:
-            spellings += [(s, RULE_BITS["decompose"]) for s in variants.decomposed(key)]
+            spellings += [(s, RULE_BITS["decompose"], 0) for s in variants.decomposed(key)]
+        if allowed & (RULE_BITS["pinyin"] | RULE_BITS["homophone"]):
+            spellings += [(s, bits, n) for s, bits, n in phonetic.spellings(key) if bits & allowed]
         return spellings
 
-    def _key(self, spelling: str, entry: LexiconEntry, bits: int, word_masks: tuple[int, ...] | None) -> _Key:
+    def _key(
+        self, spelling: str, entry: LexiconEntry, bits: int, word_masks: tuple[int, ...] | None, syllables: int = 0
+    ) -> _Key:
         return _Key(
             len(spelling),
             entry,
@@ -197,6 +228,7 @@ class Matcher:
             _latin(spelling[0]),
             _latin(spelling[-1]),
             self._rules.bits(entry.category),
+            syllables,
         )
 
     @property
@@ -216,15 +248,33 @@ class Matcher:
 
     def match(self, text: str) -> MatchResult:
         """Find every lexicon word in ``text`` and decide the verdict."""
-        folded = fold(text)
+        folded = fold(text, self._grams)
         normalized = folded.normalized
         if self._automaton is None or not normalized.text:
             return MatchResult((), Verdict.PASS, normalized.text)
+        found: dict[tuple[str, int, int], tuple[int, LexiconEntry]] = {}
+        self._scan(text, folded, self._automaton, normalized.text, found)
+        if self._sound_automaton is not None and not normalized.text.isascii():
+            self._scan(text, folded, self._sound_automaton, normalized.text.translate(self._sound_table), found)
+        hits = [self._hit(text, entry, start, end, bits) for (_, start, end), (bits, entry) in found.items()]
+        hits.sort(key=_hit_order)
+        return MatchResult(tuple(hits), self._verdict(hits), normalized.text)
+
+    def _scan(
+        self,
+        text: str,
+        folded: Folded,
+        automaton: ahocorasick.Automaton,
+        scanned: str,
+        found: dict[tuple[str, int, int], tuple[int, LexiconEntry]],
+    ) -> None:
+        """Every key of ``automaton`` in ``scanned`` (the normalised text, or its sound: one character for one)
+        that passes the boundaries, the category's rules and, for a phonetic key, ``phonetic.plausible``."""
+        normalized = folded.normalized
         offsets = normalized.offsets
         ends = normalized.ends
         masks = folded.masks
-        found: dict[tuple[str, int, int], tuple[int, LexiconEntry]] = {}
-        for last, key in self._automaton.iter(normalized.text):
+        for last, key in automaton.iter(scanned):
             first = last - key.length + 1
             start = offsets[first]
             end = ends[last]
@@ -239,29 +289,12 @@ class Matcher:
                     bits |= masks[first + k] & ~(word_masks[k] if word_masks is not None else 0)
             if bits & ~key.allowed:
                 continue
+            if key.syllables:
+                if scanned is not normalized.text and normalized.text[first : last + 1] in self._entries:
+                    continue  # the sound of a word found as itself
+                if not phonetic.plausible(normalized.text, first, last, key.syllables):
+                    continue
             self._keep(found, key.entry, start, end, bits)
-        if self._phonetic is not None:
-            self._phonetic_hits(text, folded, found)
-        hits = [self._hit(text, entry, start, end, bits) for (_, start, end), (bits, entry) in found.items()]
-        hits.sort(key=_hit_order)
-        return MatchResult(tuple(hits), self._verdict(hits), normalized.text)
-
-    def _phonetic_hits(
-        self, text: str, folded: Folded, found: dict[tuple[str, int, int], tuple[int, LexiconEntry]]
-    ) -> None:
-        assert self._phonetic is not None
-        normalized = folded.normalized
-        masks = folded.masks
-        for hit in self._phonetic.find(text, normalized):
-            key = hit.payload
-            assert isinstance(key, _Key)
-            bits = hit.bits
-            if masks is not None:
-                for k in range(hit.first, hit.last + 1):
-                    bits |= masks[k]
-            if bits & ~key.allowed:
-                continue
-            self._keep(found, key.entry, normalized.offsets[hit.first], normalized.ends[hit.last], bits)
 
     @staticmethod
     def _keep(

@@ -1,42 +1,49 @@
-"""The ``pinyin`` and ``homophone`` rules: a CJK lexicon word found by its sound.
+"""The ``pinyin`` and ``homophone`` rules: a CJK lexicon word found by its sound, spelled on the lexicon side.
 
-A CJK lexicon word (two CJK characters or more) is keyed by its toneless pinyin (``pypinyin``: the reading of
-the word as a phrase, and the first reading of each character); a text is read the same way, one unit per
-normalised character (a CJK character's first reading, a Latin letter as itself, anything else a break). A
-key found in that reading is a hit when
+A CJK lexicon word (two CJK characters or more, nothing but CJK characters and Latin letters) gets, besides its
+own, the spellings (``spellings``) of its readings (``pypinyin``: the word read as a phrase, and each character's
+first reading):
 
-* it starts and ends on whole units: a CJK character, or a Latin word of the original text (``bing du`` and
-  ``bingdu`` are words, ``combingdust`` holds none), and every CJK character lies on a syllable of the key;
-* it is not the word itself (the plain matcher finds that);
-* ``pinyin`` (Latin letters in it): the text has CJK characters somewhere (pinyin as a disguise is a thing of
-  Chinese text: ``Dupin`` in an English sentence is a name);
-* ``homophone`` (other characters of the same sound): neither the characters found nor a word that crosses
-  either end of them is an ordinary word of the dictionary (jieba's word list: 病毒 is a word and is no
-  disguise of 冰毒; in 士兵毒死 the 兵毒 is cut out of 士兵).
+* ``pinyin``: some or all of its characters as their toneless pinyin (``bing毒``, ``冰du``, ``bingdu``; the
+  text's separators are gone once normalised, so ``bing du`` too): every choice for words of up to
+  ``MAX_PINYIN_CHARS`` characters, else one character at a time and all of them;
+* ``homophone``: characters of the same sound, tone included (堵 dǔ for 赌 dǔ; 病 bìng is no 冰 bīng): the
+  word's sound (``sound_keys``: one private-use character for each reading with its tone) is looked for in the
+  text's sound (``sound_table``, each character's first reading), a second automaton read only for texts with
+  other than ASCII characters.
 
-Hits through these rules are fuzzier than the others and are never more than REVIEW (``worker_svc.text.rules.
-FUZZY_RULES``).
+The pinyin spellings are keys of the matcher's own automaton. A hit through either rule must also pass
+``plausible``:
+
+* with CJK characters in it: the characters found are no ordinary word of the dictionary (jieba's word list:
+  病毒 is a word and no disguise of 冰毒), and the most likely segmentation of the text around them into
+  dictionary words does not cut a word at a CJK end of them (士兵|毒死: 兵毒 is cut out of 士兵; Du博士);
+* all in Latin letters: the text has CJK characters somewhere (pinyin as a disguise is a thing of Chinese text:
+  ``Dupin`` in an English sentence is a name), or the word has ``LONG`` syllables or more (``mianfeilingqu`` is
+  no English word).
+
+Like any Latin word, a spelling that starts (ends) with a Latin letter hits only on a word boundary of the
+original text. Hits through these rules are fuzzier than the others and are never more than REVIEW
+(``worker_svc.text.rules.FUZZY_RULES``).
 """
 
 from __future__ import annotations
 
+import math
 import unicodedata
-from bisect import bisect_left, bisect_right
-from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from itertools import accumulate
+from itertools import combinations
 
-import ahocorasick
-
-from worker_svc.text.normalize import Normalized
 from worker_svc.text.rules import RULE_BITS, is_cjk
 
-__all__ = ["Phonetic", "PhoneticHit", "initials", "syllable"]
+__all__ = ["LONG", "initials", "plausible", "sound_keys", "sound_table", "spellings", "syllable"]
 
 PINYIN = RULE_BITS["pinyin"]
 HOMOPHONE = RULE_BITS["homophone"]
-_BREAK = "\x00"
+#: pinyin of a word this long (syllables) is no English word: it hits without CJK characters around it
+LONG = 3
+MAX_PINYIN_CHARS = 6
 #: a dictionary word this rare is no evidence that the characters are an ordinary word
 _MIN_FREQUENCY = 3
 
@@ -65,187 +72,133 @@ def initials(word: str) -> dict[str, str]:
     return {ch: syllable(ch)[0] for ch in word if is_cjk(ch) and syllable(ch)}
 
 
-class _Units(dict[str, str]):
-    """Normalised character -> its unit in the text's reading, filled on first use."""
-
-    def __missing__(self, ch: str) -> str:
-        if "a" <= ch <= "z":
-            unit = ch
-        elif is_cjk(ch):
-            unit = syllable(ch) or _BREAK
-        else:
-            unit = _BREAK
-        if len(self) < 1 << 16:
-            self[ch] = unit
-        return unit
-
-
-_UNITS = _Units()
+@cache
+def dictionary() -> dict[str, float]:
+    """Ordinary Chinese words of one to four characters -> the log of their frequency (jieba's dictionary, MIT
+    licence; the rarest left out)."""
+    text = resources.files("jieba").joinpath("dict.txt").read_text("utf-8")
+    counts: dict[str, int] = {}
+    for line in text.splitlines():
+        fields = line.split(" ")
+        if len(fields) >= 2 and 1 <= len(fields[0]) <= 4 and fields[1].isdigit() and int(fields[1]) >= _MIN_FREQUENCY:
+            counts[fields[0]] = int(fields[1])
+    total = math.log(sum(counts.values()))
+    return {word: math.log(count) - total for word, count in counts.items()}
 
 
 @cache
-def dictionary() -> frozenset[str]:
-    """Ordinary Chinese words of two to four characters (jieba's dictionary, MIT licence)."""
-    text = resources.files("jieba").joinpath("dict.txt").read_text("utf-8")
-    words: set[str] = set()
-    for line in text.splitlines():
-        fields = line.split(" ")
-        if len(fields) >= 2 and 2 <= len(fields[0]) <= 4 and fields[1].isdigit() and int(fields[1]) >= _MIN_FREQUENCY:
-            words.add(fields[0])
-    return frozenset(words)
+def _unknown() -> float:
+    """The log frequency of a character the dictionary does not have: below its rarest word."""
+    words = dictionary()
+    return min(words.values()) - 1.0 if words else -20.0
 
 
-@dataclass(frozen=True, slots=True)
-class _Key:
-    key: str  # the folded lexicon word
-    payload: object  # what the matcher gave for it (handed back with each hit)
-    starts: dict[int, str]  # offset of each syllable in the reading -> the key's character there
+def _segment_bounds(text: str) -> set[int]:
+    """Where the most likely segmentation of ``text`` into dictionary words cuts it (jieba's way: the path of
+    the highest product of word frequencies; a character not in the dictionary is a word of its own)."""
+    words = dictionary()
+    unknown = _unknown()
+    n = len(text)
+    best: list[tuple[float, int]] = [(0.0, n)] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        options = [(words.get(text[i], unknown) + best[i + 1][0], i + 1)]
+        for length in range(2, 5):
+            piece = text[i : i + length]
+            if len(piece) == length and piece in words:
+                options.append((words[piece] + best[i + length][0], i + length))
+        best[i] = max(options)
+    bounds = {0}
+    i = 0
+    while i < n:
+        i = best[i][1]
+        bounds.add(i)
+    return bounds
 
 
-@dataclass(frozen=True, slots=True)
-class PhoneticHit:
-    payload: object
-    first: int  # normalised index of the first and last characters found
-    last: int
-    bits: int
+@cache
+def _syllable_codes() -> dict[str, str]:
+    """Each reading with its tone -> a private-use character standing for that sound."""
+    readings = sorted({r for value in _readings().values() for r in value.split(",")})
+    return {reading: chr(0xF0000 + i) for i, reading in enumerate(readings)}
 
 
-def _spellings(key: str) -> list[tuple[str, dict[int, str]]]:
-    """The readings of a folded key: (reading, syllable offset -> character), the phrase's and the characters'."""
-    from pypinyin import Style, pinyin
+@cache
+def sound_table() -> dict[int, str]:
+    """For ``str.translate``: each CJK character -> the code of its first reading (with its tone), so that
+    homophones read alike; every other character stays as it is."""
+    codes = _syllable_codes()
+    return {cp: codes[value.split(",")[0]] for cp, value in _readings().items()}
 
-    phrase = [_toneless(p[0]) for p in pinyin(key, style=Style.TONE, errors="default")]
-    per_char = [syllable(ch) if is_cjk(ch) else ch for ch in key]
-    out: dict[str, dict[int, str]] = {}
-    for units in (phrase, per_char):
-        if len(units) != len(key) or any(not u or not u.isascii() or not u.isalpha() for u in units):
-            continue
-        starts: dict[int, str] = {}
-        offset = 0
-        for ch, unit in zip(key, units, strict=True):
-            if is_cjk(ch):
-                starts[offset] = ch
-            offset += len(unit)
-        out.setdefault("".join(units), starts)
+
+def sound_keys(key: str) -> list[tuple[str, int]]:
+    """A folded key as it sounds (``sound_table``), for each of its readings: (sound spelling, syllables)."""
+    if not _phonetic_key(key):
+        return []
+    codes = _syllable_codes()
+    syllables = sum(1 for ch in key if is_cjk(ch))
+    out: dict[str, int] = {}
+    for units in _readings_of(key):
+        spelled = "".join(codes.get(unit, "\ufffd") if is_cjk(ch) else ch for ch, unit in zip(key, units, strict=True))
+        if "\ufffd" not in spelled:
+            out.setdefault(spelled, syllables)
     return list(out.items())
 
 
-class Phonetic:
-    """The readings of the CJK lexicon words in one automaton; ``find`` gives the hits in a text."""
+def _readings_of(key: str) -> list[list[str]]:
+    """The readings of a folded key, one toned syllable per character (a Latin letter stands for itself): the
+    phrase's and the characters' first readings."""
+    from pypinyin import Style, pinyin
 
-    __slots__ = ("_automaton",)
-
-    def __init__(self, keys: list[tuple[str, object]]) -> None:
-        by_reading: dict[str, list[_Key]] = {}
-        for key, payload in keys:
-            if sum(1 for ch in key if is_cjk(ch)) < 2 or not all(is_cjk(ch) or "a" <= ch <= "z" for ch in key):
-                continue
-            for reading, starts in _spellings(key):
-                by_reading.setdefault(reading, []).append(_Key(key, payload, starts))
-        self._automaton: ahocorasick.Automaton | None = None
-        if by_reading:
-            dictionary()  # loaded now, not on the first hit
-            automaton = ahocorasick.Automaton(ahocorasick.STORE_ANY)
-            for reading, found in by_reading.items():
-                automaton.add_word(reading, (len(reading), found))
-            automaton.make_automaton()
-            self._automaton = automaton
-
-    def find(self, original: str, normalized: Normalized) -> list[PhoneticHit]:
-        if self._automaton is None:
-            return []
-        text = normalized.text
-        units = list(map(_UNITS.__getitem__, text))
-        reading = "".join(units)
-        if len(reading) < 2:
-            return []
-        ends = list(accumulate(map(len, units)))
-        hits: list[PhoneticHit] = []
-        has_cjk: bool | None = None
-        for last_char, (length, found) in self._automaton.iter(reading):
-            start = last_char - length + 1
-            span = _whole_units(original, normalized, ends, start, last_char)
-            if span is None:
-                continue
-            first, last = span
-            chars = text[first : last + 1]
-            for key in found:
-                bits = self._bits(key, chars, units, first, start)
-                if bits is None:
-                    continue
-                if bits & PINYIN and not any(is_cjk(ch) for ch in chars):
-                    if has_cjk is None:
-                        has_cjk = any(is_cjk(ch) for ch in text)
-                    if not has_cjk:
-                        continue
-                if bits & HOMOPHONE and _ordinary(text, first, last + 1):
-                    continue
-                hits.append(PhoneticHit(key.payload, first, last, bits))
-        return hits
-
-    @staticmethod
-    def _bits(key: _Key, chars: str, units: list[str], first: int, start: int) -> int | None:
-        """The rules a match needs (None: not a match: a character off the key's syllables, or the key itself)."""
-        if chars == key.key:
-            return None
-        bits = 0
-        offset = start
-        for k, ch in enumerate(chars):
-            if is_cjk(ch):
-                expected = key.starts.get(offset - start)
-                if expected is None:
-                    return None
-                if expected != ch:
-                    bits |= HOMOPHONE
-            else:
-                bits |= PINYIN
-            offset += len(units[first + k])
-        return bits or None
+    phrase = [p[0] for p in pinyin(key, style=Style.TONE, errors="default")]
+    per_char = [(_readings().get(ord(ch), "").split(",")[0] if is_cjk(ch) else ch) for ch in key]
+    out: list[list[str]] = []
+    for units in (phrase, per_char):
+        plain = [_toneless(u) for u in units]
+        if len(units) == len(key) and all(u and u.isascii() and u.isalpha() for u in plain) and units not in out:
+            out.append(units)
+    return out
 
 
-def _whole_units(
-    original: str, normalized: Normalized, ends: list[int], start: int, last_char: int
-) -> tuple[int, int] | None:
-    """The normalised characters a match of the reading [start, last_char] covers, when it starts and ends on
-    whole units (and, for Latin letters, on words of the original text); else None."""
-    first = bisect_right(ends, start)
-    if (ends[first - 1] if first else 0) != start:
-        return None
-    last = bisect_left(ends, last_char + 1)
-    if last >= len(ends) or ends[last] != last_char + 1:
-        return None
-    text = normalized.text
-    if "a" <= text[first] <= "z" and not _latin_start(original, normalized.offsets[first]):
-        return None
-    if "a" <= text[last] <= "z" and not _latin_end(original, normalized.ends[last]):
-        return None
-    return first, last
+def _phonetic_key(key: str) -> bool:
+    return sum(1 for ch in key if is_cjk(ch)) >= 2 and all(is_cjk(ch) or "a" <= ch <= "z" for ch in key)
 
 
-def _latin(ch: str) -> bool:
-    return ch.isalpha() and not is_cjk(ch)
+def spellings(key: str) -> list[tuple[str, int, int]]:
+    """The pinyin spellings of a folded lexicon key: (spelling, rule bit, syllables); none for a key of fewer
+    than two CJK characters or with other characters than CJK and Latin letters."""
+    if not _phonetic_key(key):
+        return []
+    cjk = [i for i, ch in enumerate(key) if is_cjk(ch)]
+    found: dict[str, tuple[int, int]] = {}
+    for units in _readings_of(key):
+        if len(cjk) <= MAX_PINYIN_CHARS:
+            choices = [c for size in range(1, len(cjk) + 1) for c in combinations(cjk, size)]
+        else:
+            choices = [(i,) for i in cjk] + [tuple(cjk)]
+        for chosen in choices:
+            spelled = "".join(_toneless(units[i]) if i in chosen else ch for i, ch in enumerate(key))
+            found.setdefault(spelled, (PINYIN, len(cjk)))
+    found.pop(key, None)
+    return [(spelling, bits, syllables) for spelling, (bits, syllables) in found.items()]
 
 
-def _latin_start(original: str, start: int) -> bool:
-    return start == 0 or not _latin(original[start - 1])
-
-
-def _latin_end(original: str, end: int) -> bool:
-    return end >= len(original) or not _latin(original[end])
+def plausible(text: str, first: int, last: int, syllables: int) -> bool:
+    """Whether a pinyin or homophone spelling found at ``text[first:last + 1]`` (normalised text) may stand for
+    the word (see the module docstring)."""
+    if any(is_cjk(ch) for ch in text[first : last + 1]):
+        return not _ordinary(text, first, last + 1)
+    return syllables >= LONG or any(is_cjk(ch) for ch in text)
 
 
 def _ordinary(text: str, start: int, end: int) -> bool:
-    """Whether text[start:end] is a dictionary word, or a dictionary word crosses either of its ends."""
+    """Whether text[start:end] (CJK at either end) reads as ordinary words: it is one dictionary word itself, or
+    the text's most likely segmentation cuts a word across its CJK start or end (士兵|毒死 for 兵毒)."""
     words = dictionary()
-    if text[start:end] in words:
+    found = text[start:end]
+    if len(found) > 1 and found in words:
         return True
-    n = len(text)
-    for a in range(max(0, start - 3), start):  # words that begin before and end inside or after
-        for b in range(start + 1, min(n, a + 4) + 1):
-            if b - a >= 2 and text[a:b] in words:
-                return True
-    for a in range(start + 1, end):  # words that begin inside and end after
-        for b in range(end + 1, min(n, a + 4) + 1):
-            if text[a:b] in words:
-                return True
-    return False
+    low = max(0, start - 4)
+    bounds = _segment_bounds(text[low : min(len(text), end + 4)])
+    if is_cjk(text[start]) and start - low not in bounds:
+        return True
+    return is_cjk(text[end - 1]) and end - low not in bounds

@@ -9,9 +9,11 @@ the original characters stays exact:
 * ``t2s`` traditional Chinese characters to simplified ones (OpenCC's ``t2s`` dictionary, character by
   character: 賭博 -> 赌博);
 * ``variant`` CJK variant forms to the standard one (OpenCC's Taiwan, Hong Kong and Japanese shinjitai
-  variant dictionaries, and a small table of old forms they do not cover: 靑 -> 青, 砲 -> 炮);
+  variant dictionaries, for characters outside GB 2312 only, and a small table of old forms they do not cover:
+  靑 -> 青, 砲 -> 炮);
 * ``confusable`` look-alike letters to their Latin skeleton inside Latin-script words (Cyrillic ``а``,
-  Greek ``ο`` … in ``cаsinο``; the Unicode confusables table, ``confusable-homoglyphs``' data), and CJK
+  Greek ``ο`` … in ``cаsinο``; the Unicode confusables table, ``confusable-homoglyphs``' data, and a table of
+  the Cyrillic, Greek, Armenian and small-capital look-alikes it leaves out), and CJK
   radicals and strokes to the ideograph they look like (⺟ -> 母);
 * ``leet`` digits and symbols for letters inside a word that has Latin letters (``f@ke p4ssport``,
   ``c0ca1ne``): ``4 @`` -> a, ``3 €`` -> e, ``0`` -> o, ``5 $`` -> s, ``7 +`` -> t, ``8`` -> b, ``9`` -> g;
@@ -25,8 +27,8 @@ the same pinyin). Hits that need ``pinyin``, ``homophone`` or ``letter`` are fuz
 severity is lowered so that they are never more than REVIEW.
 
 ``Folded.masks[i]`` holds the bits (``RULE_BITS``) of the rules that changed normalised character ``i``;
-``masks`` is ``None`` when no rule changed anything (the common case, which costs one regular-expression
-scan and one ``str.translate`` more than ``normalize``).
+``masks`` is ``None`` when no rule changed anything. A text without any character a rule may change (most
+texts) costs one set look-up per character more than ``normalize``.
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from itertools import compress
 
 from worker_svc.text.normalize import Normalized, normalize
 
@@ -156,6 +159,7 @@ _VARIANTS_EXTRA = {
     "硏": "研", "衞": "卫", "敎": "教", "眞": "真", "戶": "户", "卽": "即", "旣": "既", "麽": "么",
     "菸": "烟", "姦": "奸", "汙": "污", "叄": "叁", "粧": "妆", "傌": "骂", "氷": "冰", "歺": "歹",
     "冐": "冒", "冩": "写", "咊": "和", "秊": "年", "鎚": "锤", "鑚": "钻", "錬": "炼", "縂": "总",
+    "愽": "博", "躶": "裸", "勅": "敕", "皷": "鼓", "釼": "剑", "劔": "剑", "刼": "劫", "獃": "呆",
 }  # fmt: skip
 
 _CJK_RANGES = ((0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF), (0x20000, 0x2A6DF))
@@ -180,7 +184,7 @@ def _cjk_table() -> dict[int, str]:
             table[ord(source)] = target
     variants = [convert("tw2s", chars), convert("hk2s", chars), convert("t2s", "".join(_one(convert("jp2t", chars))))]
     for i, source in enumerate(chars):
-        if ord(source) in table:
+        if ord(source) in table or _simplified(source):
             continue
         for converted in variants:
             target = converted[i]
@@ -192,8 +196,23 @@ def _cjk_table() -> dict[int, str]:
     return table
 
 
+def _simplified(ch: str) -> bool:
+    """A character of GB 2312, the simplified Chinese set: an ordinary character of Chinese text, whatever the
+    Japanese or regional dictionaries make of it (欠 is Japanese for 缺, and "owe" in Chinese)."""
+    try:
+        ch.encode("gb2312")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _one(items: list[str]) -> list[str]:
     return [item if len(item) == 1 else "\ufffd" for item in items]
+
+
+@cache
+def _cjk_sources() -> frozenset[str]:
+    return frozenset(chr(cp) for cp in _cjk_table())
 
 
 @cache
@@ -203,6 +222,26 @@ def _cjk_rule() -> dict[str, int]:
 
     converter = opencc.OpenCC("t2s")
     return {chr(cp): (T2S if converter.convert(chr(cp)) == target else VARIANT) for cp, target in _cjk_table().items()}
+
+
+#: look-alikes of Latin letters that the confusables data leaves out or maps elsewhere (its skeletons map some
+#: lower-case Greek and Cyrillic letters to other look-alikes, such as kappa to kra): Cyrillic, Greek, Armenian
+#: and small capitals, as they are used to disguise Latin words
+_LATIN_EXTRA = {
+    "а": "a", "в": "b", "е": "e", "ё": "e", "к": "k", "м": "m", "н": "h", "о": "o", "р": "p", "с": "c",
+    "т": "t", "у": "y", "х": "x", "ѕ": "s", "і": "i", "ї": "i", "ј": "j", "ԁ": "d", "һ": "h", "ь": "b",
+    "п": "n", "г": "r", "ш": "w", "ӏ": "l", "ԛ": "q", "ԝ": "w", "ѡ": "w", "ү": "y", "ѵ": "v",
+    "А": "a", "В": "b", "Е": "e", "К": "k", "М": "m", "Н": "h", "О": "o", "Р": "p", "С": "c", "Т": "t",
+    "У": "y", "Х": "x", "Ѕ": "s", "І": "i", "Ј": "j", "Ь": "b", "Ԛ": "q", "Ԝ": "w", "Ү": "y",
+    "α": "a", "β": "b", "γ": "y", "ε": "e", "η": "n", "ι": "i", "κ": "k", "ν": "v", "ο": "o", "ρ": "p",
+    "σ": "o", "τ": "t", "υ": "u", "χ": "x", "ω": "w", "ϲ": "c", "ϳ": "j",
+    "Α": "a", "Β": "b", "Ε": "e", "Ζ": "z", "Η": "h", "Ι": "i", "Κ": "k", "Μ": "m", "Ν": "n", "Ο": "o",
+    "Ρ": "p", "Τ": "t", "Υ": "y", "Χ": "x",
+    "օ": "o", "ս": "u", "հ": "h", "ո": "n", "զ": "q", "ց": "g",
+    "ɑ": "a", "ɡ": "g", "ɩ": "i", "ı": "i", "ȷ": "j", "ʏ": "y", "ɪ": "i", "ᴄ": "c", "ᴏ": "o", "ᴜ": "u",
+    "ᴠ": "v", "ᴡ": "w", "ᴢ": "z", "ʀ": "r", "ɴ": "n", "ʜ": "h", "ᴋ": "k", "ᴍ": "m", "ᴛ": "t", "ᴘ": "p",
+    "ꜱ": "s", "ʙ": "b", "ᴅ": "d", "ᴇ": "e", "ꜰ": "f", "ʟ": "l", "ᴊ": "j",
+}  # fmt: skip
 
 
 @cache
@@ -228,7 +267,9 @@ def _confusables() -> tuple[dict[str, str], dict[str, str]]:
                 if (0x2E80 <= cp <= 0x2FDF or 0x31C0 <= cp <= 0x31EF) and unicodedata.normalize("NFKC", c) != target:
                     cjk.setdefault(c, target)
     # digits of other scripts that look like Latin letters (Devanagari zero ...) are no disguise of a letter
-    return {c: t for c, t in latin.items() if not unicodedata.category(c).startswith("N")}, cjk
+    latin = {c: t for c, t in latin.items() if not unicodedata.category(c).startswith("N")}
+    latin.update(_LATIN_EXTRA)
+    return latin, cjk
 
 
 #: symbols standing for letters; 1, !, | stand for i or l and stay "1" (the lexicon side expands them)
@@ -239,92 +280,175 @@ AMBIGUOUS = "1"
 
 
 @cache
-def _trigger() -> re.Pattern[str]:
-    """A text can need the contextual rewrite only where this matches: a digit or leet symbol next to a Latin
-    letter (half- or full-width), or a look-alike character."""
+def _special() -> tuple[frozenset[str], frozenset[str]]:
+    """(every character a rule may change, those of them the contextual rewrite looks at): leet digits and
+    symbols (half- and full-width), look-alikes, and the ideographs of the CJK table. A text with none of them
+    is folded as ``normalize`` folds it."""
     latin, cjk = _confusables()
-    letter = "A-Za-zＡ-Ｚａ-ｚ"
-    leet = "0-9０-９" + re.escape("".join(LEET_SYMBOLS))
-    looks = re.escape("".join(sorted({*latin, *cjk})))
-    return re.compile(f"[{letter}][{leet}]|[{leet}][{letter}]|[{looks}]")
+    contextual = {*LEET_SYMBOLS, *LEET_DIGITS, *latin, *cjk}
+    contextual |= {chr(ord(c) + 0xFEE0) for c in (*LEET_SYMBOLS, *LEET_DIGITS) if "!" <= c <= "~"}
+    return frozenset(contextual | {chr(cp) for cp in _cjk_table()}), frozenset(contextual)
 
 
-def _rewrite(text: str) -> tuple[str, list[int]] | None:
+def _rewrite(text: str, contextual: frozenset[str], grams: frozenset[str] | None) -> tuple[str, list[int]] | None:
     """The contextual rewrite, one code point for one: (rewritten text, rule bits per original character), or
-    None when nothing changed. Words are maximal runs of letters, digits, leet symbols and invisible characters;
-    leet and Latin look-alikes are folded only in a word with at least one Latin letter (or a word made only of
-    look-alikes, such as an all-Cyrillic ``ѕех``)."""
+    None when nothing changed. Only the words around the ``contextual`` characters are looked at. Words are maximal
+    runs of letters, digits, leet symbols and invisible characters; leet and Latin look-alikes are folded only in
+    a word with at least one Latin letter (or a word made only of look-alikes: an all-Cyrillic ``ѕех``, or a
+    single one next to a Latin word)."""
     latin, cjk = _confusables()
-    chars = list(text)
-    masks = [0] * len(chars)
+    n = len(text)
+    chars: list[str] = []
+    masks: list[int] = []
     changed = False
-    n = len(chars)
-    i = 0
-    while i < n:
-        ch = chars[i]
-        target = cjk.get(ch)
+    done = 0  # everything before this index has been looked at
+    for i in compress(range(n), map(contextual.__contains__, text)):
+        if i < done:
+            continue
+        target = cjk.get(text[i])
+        alone = (i == 0 or not _in_word(text[i - 1])) and (i + 1 == n or not _in_word(text[i + 1]))
+        if target is None and alone and text[i] not in latin:
+            continue  # a digit or symbol on its own ("5 %", "！")
+        if not chars:
+            chars = list(text)
+            masks = [0] * n
         if target is not None:
             chars[i] = target
             masks[i] = CONFUSABLE
             changed = True
-            i += 1
+            done = i + 1
             continue
-        if not _in_word(ch, latin):
-            i += 1
-            continue
+        while i > done and _in_word(chars[i - 1]):
+            i -= 1
         j = i
-        while j < n and _in_word(chars[j], latin) and chars[j] not in cjk:
+        while j < n and _in_word(chars[j]):
             j += 1
-        changed = _rewrite_word(chars, masks, i, j, latin) or changed
-        i = j
+        if j == i:
+            done = i + 1
+            continue
+        changed = _rewrite_word(chars, masks, i, j, latin, grams) or changed
+        done = j
     return ("".join(chars), masks) if changed else None
 
 
-def _in_word(ch: str, latin: dict[str, str]) -> bool:
-    if ch in LEET_SYMBOLS or ch in latin:
-        return True
-    if is_cjk(ch):
+@cache
+def _in_word(ch: str) -> bool:
+    """A character of a word for the contextual rewrite (not an ideograph, nor a CJK look-alike)."""
+    latin, cjk = _confusables()
+    if ch in cjk or is_cjk(ch):
         return False
+    if ch in LEET_SYMBOLS or ch in latin or unicodedata.normalize("NFKC", ch) in LEET_SYMBOLS:
+        return True
     category = unicodedata.category(ch)
     return category[0] in "LNM" or category == "Cf"
 
 
+@cache
 def _latin_letter(ch: str) -> bool:
     folded = unicodedata.normalize("NFKC", ch)
     return len(folded) == 1 and "a" <= folded.casefold() <= "z"
 
 
-def _rewrite_word(chars: list[str], masks: list[int], start: int, end: int, latin: dict[str, str]) -> bool:
-    word = chars[start:end]
-    has_latin = any(_latin_letter(c) for c in word)
-    letters = [c for c in word if unicodedata.category(c)[0] == "L"]
-    if not has_latin and not (len(letters) >= 2 and all(c in latin for c in letters)):
+def _near_latin(chars: list[str], start: int, end: int, latin: dict[str, str]) -> bool:
+    """Whether the nearest word before or after chars[start:end] (past blanks) ends / starts with a Latin letter
+    or a look-alike of one."""
+    before = start - 1
+    while before >= 0 and chars[before] in " \t":
+        before -= 1
+    after = end
+    while after < len(chars) and chars[after] in " \t":
+        after += 1
+    return any(
+        0 <= k < len(chars) and k not in range(start, end) and (_latin_letter(chars[k]) or chars[k] in latin)
+        for k in (before, after)
+    )
+
+
+def _rewrite_word(
+    chars: list[str], masks: list[int], start: int, end: int, latin: dict[str, str], grams: frozenset[str] | None
+) -> bool:
+    if not _eligible(chars, start, end, latin):
         return False
-    changed = False
-    for k in range(start, end):
-        c = chars[k]
+    new, bits = _mapped(chars[start:end], latin)
+    if not any(bits):
+        return False
+    if grams is not None:
+        # only what may lie inside a Latin word of the lexicon is worth it (not 5G, 4K, 7pm); symbols at the
+        # ends of a word may be punctuation (p0rn!!!)
+        a, b = 0, len(new)
+        if not _worth(new, grams):
+            while a < b and chars[start + a] in LEET_SYMBOLS:
+                a += 1
+            while b > a and chars[start + b - 1] in LEET_SYMBOLS:
+                b -= 1
+            if (a, b) == (0, len(new)) or not any(bits[a:b]) or not _worth(new[a:b], grams):
+                return False
+        new, bits, start, end = new[a:b], bits[a:b], start + a, start + b
+    chars[start:end] = new
+    masks[start:end] = bits
+    return True
+
+
+def _eligible(chars: list[str], start: int, end: int, latin: dict[str, str]) -> bool:
+    """A word with a Latin letter, or of look-alikes only: two letters or more (ѕех), or one next to a Latin word
+    (buy α gun)."""
+    word = chars[start:end]
+    if any(_latin_letter(c) for c in word):
+        return True
+    letters = [c for c in word if unicodedata.category(c)[0] == "L"]
+    if not letters or not all(c in latin for c in letters):
+        return False
+    return len(letters) > 1 or _near_latin(chars, start, end, latin)
+
+
+def _mapped(word: list[str], latin: dict[str, str]) -> tuple[list[str], list[int]]:
+    """The word with its look-alikes and leet characters as letters, and the rule of each character."""
+    new = list(word)
+    bits = [0] * len(word)
+    for k, c in enumerate(word):
         look = latin.get(c)
         if look is not None:
-            chars[k] = look
-            masks[k] = CONFUSABLE
-            changed = True
+            new[k] = look
+            bits[k] = CONFUSABLE
             continue
         digit = unicodedata.normalize("NFKC", c)
-        leet = LEET_SYMBOLS.get(c) or LEET_DIGITS.get(digit)
-        if leet is not None and leet != digit:
-            chars[k] = leet
-            masks[k] = LEET
-            changed = True
-        elif leet is not None:
-            masks[k] = LEET  # "1": kept, but a hit through it used the rule
-            changed = True
-    return changed
+        leet = LEET_SYMBOLS.get(digit) or LEET_DIGITS.get(digit)
+        if leet is not None:
+            new[k] = leet
+            bits[k] = LEET  # also for a "1" kept as it is: a hit through it used the rule
+    return new, bits
 
 
-def fold(text: str) -> Folded:
+def _worth(new: list[str], grams: frozenset[str]) -> bool:
+    plain = "".join(new).casefold()
+    return not (plain.isascii() and plain.isalnum()) or _in_some_key(plain, grams)
+
+
+def _in_some_key(word: str, grams: frozenset[str]) -> bool:
+    """Whether ``word`` may lie inside a lexicon word whose pieces of up to three characters are ``grams``."""
+    if len(word) < 3:
+        return word in grams
+    return all(word[i : i + 3] in grams for i in range(len(word) - 2))
+
+
+def key_grams(keys: Iterable[str]) -> frozenset[str]:
+    """The pieces of one to three characters of the Latin runs of folded lexicon keys (for ``fold``'s ``grams``)."""
+    grams: set[str] = set()
+    for key in keys:
+        for run in re.findall(r"[a-z0-9]+", key):
+            for size in (1, 2, 3):
+                grams.update(run[i : i + size] for i in range(len(run) - size + 1))
+    return frozenset(grams)
+
+
+def fold(text: str, grams: frozenset[str] | None = None) -> Folded:
     """Normalise ``text`` (``normalize``) after the contextual rewrite, then fold CJK forms; the rule bits of
-    every normalised character that a rule changed."""
-    rewritten = _rewrite(text) if _trigger().search(text) is not None else None
+    every normalised character that a rule changed. With ``grams`` (``key_grams`` of the lexicon), a word is
+    rewritten only when its rewritten form may lie inside a Latin lexicon word (a hit must hold whole words)."""
+    special, contextual = _special()
+    if special.isdisjoint(text):
+        return Folded(normalize(text), None)
+    rewritten = _rewrite(text, contextual, grams)
     if rewritten is None:
         normalized = normalize(text)
         pre: list[int] | None = None
@@ -332,7 +456,7 @@ def fold(text: str) -> Folded:
         normalized = normalize(rewritten[0])
         pre = rewritten[1]
     plain = normalized.text
-    folded = plain.translate(_cjk_table())
+    folded = plain if _cjk_sources().isdisjoint(plain) else plain.translate(_cjk_table())
     if pre is None and folded == plain:
         return Folded(normalized, None)
     offsets = normalized.offsets

@@ -3,7 +3,7 @@ rules of ``worker_svc.text.rules``), each the folded text of a key of the matche
 
 * ``leet``: ``1``, ``!`` and ``|`` stand for ``i`` or ``l``; the text keeps them as ``1`` and a Latin word gets
   the spellings with ``1`` for its ``i``/``l`` (all of them for up to ``MAX_AMBIGUOUS`` such letters, else one
-  at a time and all at once).
+  at a time and all at once), and a phrase's one-letter words as digits (``buy 4 gun``).
 * ``letter``: a Latin letter standing for a character: ``LETTERS`` (V for 微, P for 炮 …, the well-known ones,
   in words of two characters or more) and, in words of three CJK characters or more, the initial of a
   character's pinyin (加w信, 六h彩); at most two characters of a word, and at least one stays a character.
@@ -18,7 +18,7 @@ from itertools import combinations, product
 
 from worker_svc.text.rules import AMBIGUOUS, is_cjk
 
-__all__ = ["DECOMPOSE", "LETTERS", "decomposed", "leet_spellings", "letter_spellings"]
+__all__ = ["DECOMPOSE", "LETTERS", "decomposed", "leet_spellings", "leet_words", "letter_spellings"]
 
 MAX_AMBIGUOUS = 5
 
@@ -66,6 +66,18 @@ def leet_spellings(key: str) -> Iterator[str]:
             if replaced:
                 chars[position] = AMBIGUOUS
         yield "".join(chars)
+
+
+#: a word of one letter written as a digit (buy 4 gun)
+_LEET_LETTER_WORDS = {"a": "4", "o": "0"}
+
+
+def leet_words(word: str) -> str | None:
+    """A lexicon phrase with its one-letter words as digits (``buy a gun`` -> ``buy 4 gun``), or None."""
+    parts = word.split(" ")
+    if len(parts) < 2 or not any(p.lower() in _LEET_LETTER_WORDS for p in parts):
+        return None
+    return " ".join(_LEET_LETTER_WORDS.get(p.lower(), p) for p in parts)
 
 
 def letter_spellings(key: str, initials: dict[str, str]) -> Iterator[str]:
