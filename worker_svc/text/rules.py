@@ -390,13 +390,16 @@ def _rewrite_word(
 
 
 def _eligible(chars: list[str], start: int, end: int, latin: dict[str, str]) -> bool:
-    """A word with a Latin letter, or of look-alikes only: two letters or more (ѕех), or one next to a Latin word
-    (buy α gun)."""
+    """A word with a Latin letter, or of look-alikes only in a text that is not Greek, Cyrillic or Armenian (no
+    other letter of those scripts in it: ``как`` in a Russian sentence stays): two letters or more (ѕех), or one
+    next to a Latin word (buy α gun)."""
     word = chars[start:end]
     if any(_latin_letter(c) for c in word):
         return True
     letters = [c for c in word if unicodedata.category(c)[0] == "L"]
     if not letters or not all(c in latin for c in letters):
+        return False
+    if any(0x0370 <= ord(c) <= 0x058F and c not in latin and unicodedata.category(c)[0] == "L" for c in chars):
         return False
     return len(letters) > 1 or _near_latin(chars, start, end, latin)
 
