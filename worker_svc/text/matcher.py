@@ -256,6 +256,8 @@ class Matcher:
         self._scan(text, folded, self._automaton, normalized.text, found)
         if self._sound_automaton is not None and not normalized.text.isascii():
             self._scan(text, folded, self._sound_automaton, normalized.text.translate(self._sound_table), found)
+        if not found:
+            return MatchResult((), Verdict.PASS, normalized.text)
         hits = [self._hit(text, entry, start, end, bits) for (_, start, end), (bits, entry) in found.items()]
         hits.sort(key=_hit_order)
         return MatchResult(tuple(hits), self._verdict(hits), normalized.text)

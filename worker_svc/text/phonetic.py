@@ -197,8 +197,21 @@ def _ordinary(text: str, start: int, end: int) -> bool:
     found = text[start:end]
     if len(found) > 1 and found in words:
         return True
+    if not (is_cjk(text[start]) and _crossed(text, start, words)) and not (
+        is_cjk(text[end - 1]) and _crossed(text, end, words)
+    ):
+        return False  # no dictionary word even crosses its CJK ends: no segmentation can cut one there
     low = max(0, start - 4)
     bounds = _segment_bounds(text[low : min(len(text), end + 4)])
     if is_cjk(text[start]) and start - low not in bounds:
         return True
     return is_cjk(text[end - 1]) and end - low not in bounds
+
+
+def _crossed(text: str, at: int, words: dict[str, float]) -> bool:
+    """Whether some dictionary word of the text starts before ``at`` and ends after it."""
+    for a in range(max(0, at - 3), at):
+        for b in range(at + 1, min(len(text), a + 4) + 1):
+            if text[a:b] in words:
+                return True
+    return False

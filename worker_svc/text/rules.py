@@ -280,14 +280,21 @@ AMBIGUOUS = "1"
 
 
 @cache
-def _special() -> tuple[frozenset[str], frozenset[str]]:
-    """(every character a rule may change, those of them the contextual rewrite looks at): leet digits and
-    symbols (half- and full-width), look-alikes, and the ideographs of the CJK table. A text with none of them
-    is folded as ``normalize`` folds it."""
+def _special() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    """(every character a rule may change, those of them the contextual rewrite looks at, the characters without
+    one of which it has nothing to do: Latin letters and look-alikes): leet digits and symbols (half- and
+    full-width), look-alikes, and the ideographs of the CJK table. A text with none of them is folded as
+    ``normalize`` folds it."""
     latin, cjk = _confusables()
     contextual = {*LEET_SYMBOLS, *LEET_DIGITS, *latin, *cjk}
     contextual |= {chr(ord(c) + 0xFEE0) for c in (*LEET_SYMBOLS, *LEET_DIGITS) if "!" <= c <= "~"}
-    return frozenset(contextual | {chr(cp) for cp in _cjk_table()}), frozenset(contextual)
+    letters = {chr(c) for c in range(ord("a"), ord("z") + 1)}
+    letters |= {c.upper() for c in letters} | {chr(ord(c) + 0xFEE0) for c in {*letters, *(c.upper() for c in letters)}}
+    return (
+        frozenset(contextual | {chr(cp) for cp in _cjk_table()}),
+        frozenset(contextual),
+        frozenset(letters | latin.keys() | cjk.keys()),
+    )
 
 
 def _rewrite(text: str, contextual: frozenset[str], grams: frozenset[str] | None) -> tuple[str, list[int]] | None:
@@ -448,10 +455,10 @@ def fold(text: str, grams: frozenset[str] | None = None) -> Folded:
     """Normalise ``text`` (``normalize``) after the contextual rewrite, then fold CJK forms; the rule bits of
     every normalised character that a rule changed. With ``grams`` (``key_grams`` of the lexicon), a word is
     rewritten only when its rewritten form may lie inside a Latin lexicon word (a hit must hold whole words)."""
-    special, contextual = _special()
+    special, contextual, needed = _special()
     if special.isdisjoint(text):
         return Folded(normalize(text), None)
-    rewritten = _rewrite(text, contextual, grams)
+    rewritten = None if needed.isdisjoint(text) else _rewrite(text, contextual, grams)
     if rewritten is None:
         normalized = normalize(text)
         pre: list[int] | None = None
