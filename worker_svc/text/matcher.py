@@ -105,6 +105,7 @@ class _Key:
     latin_end: bool
     allowed: int
     syllables: int  # a pinyin or homophone spelling: the word's syllables (phonetic.plausible); else 0
+    base: str  # the folded lexicon word
 
 
 def _automaton(keys: dict[str, _Key]) -> ahocorasick.Automaton | None:
@@ -187,7 +188,7 @@ class Matcher:
         for key, (entry, _) in chosen.items():
             for spelling, bits, syllables in self._spellings(key, entry):
                 if spelling not in keys:
-                    keys[spelling] = self._key(spelling, entry, bits, None, syllables)
+                    keys[spelling] = self._key(spelling, entry, bits, None, syllables, key)
         self._grams = key_grams(keys)
         self._automaton = _automaton(keys)
         # homophones: the words' sounds, looked for in the text's sound (worker_svc.text.phonetic)
@@ -195,7 +196,9 @@ class Matcher:
         for key, (entry, _) in chosen.items():
             if self._rules.bits(entry.category) & RULE_BITS["homophone"]:
                 for spelling, syllables in phonetic.sound_keys(key):
-                    sounds.setdefault(spelling, self._key(spelling, entry, RULE_BITS["homophone"], None, syllables))
+                    sounds.setdefault(
+                        spelling, self._key(spelling, entry, RULE_BITS["homophone"], None, syllables, key)
+                    )
         self._sound_automaton = _automaton(sounds)
         self._sound_table = phonetic.sound_table() if sounds else {}
 
@@ -206,11 +209,14 @@ class Matcher:
         spellings: list[tuple[str, int, int]] = []
         if allowed & RULE_BITS["leet"]:
             spellings += [(s, RULE_BITS["leet"], 0) for s in variants.leet_spellings(key)]
-            phrase = variants.leet_words(entry.word)
-            if phrase is not None:
-                spellings.append((fold(phrase).normalized.text, RULE_BITS["leet"], 0))
+            spellings += [
+                (fold(phrase).normalized.text, RULE_BITS["leet"], 0) for phrase in variants.leet_words(entry.word)
+            ]
         if allowed & RULE_BITS["letter"]:
-            spellings += [(s, RULE_BITS["letter"], 0) for s in variants.letter_spellings(key, phonetic.initials(key))]
+            initials = phonetic.initials(key)
+            spellings += [(s, RULE_BITS["letter"], 0) for s in variants.letter_spellings(key, initials)]
+            # all initials: Latin letters only, so a Latin word needing CJK text around it (syllables 1)
+            spellings += [(s, RULE_BITS["letter"], 1) for s in variants.initialisms(key, initials)]
         if allowed & RULE_BITS["decompose"]:
             spellings += [(s, RULE_BITS["decompose"], 0) for s in variants.decomposed(key)]
         if allowed & (RULE_BITS["pinyin"] | RULE_BITS["homophone"]):
@@ -218,7 +224,13 @@ class Matcher:
         return spellings
 
     def _key(
-        self, spelling: str, entry: LexiconEntry, bits: int, word_masks: tuple[int, ...] | None, syllables: int = 0
+        self,
+        spelling: str,
+        entry: LexiconEntry,
+        bits: int,
+        word_masks: tuple[int, ...] | None,
+        syllables: int = 0,
+        base: str = "",
     ) -> _Key:
         return _Key(
             len(spelling),
@@ -229,6 +241,7 @@ class Matcher:
             _latin(spelling[-1]),
             self._rules.bits(entry.category),
             syllables,
+            base,
         )
 
     @property
@@ -294,7 +307,7 @@ class Matcher:
             if key.syllables:
                 if scanned is not normalized.text and normalized.text[first : last + 1] in self._entries:
                     continue  # the sound of a word found as itself
-                if not phonetic.plausible(normalized.text, first, last, key.syllables):
+                if not phonetic.plausible(text, normalized.text, first, last, key.syllables, key.base):
                     continue
             self._keep(found, key.entry, start, end, bits)
 

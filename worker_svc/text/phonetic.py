@@ -20,7 +20,7 @@ The pinyin spellings are keys of the matcher's own automaton. A hit through eith
   dictionary words does not cut a word at a CJK end of them (士兵|毒死: 兵毒 is cut out of 士兵; Du博士);
 * all in Latin letters: the text has CJK characters somewhere (pinyin as a disguise is a thing of Chinese text:
   ``Dupin`` in an English sentence is a name), or the word has ``LONG`` syllables or more (``mianfeilingqu`` is
-  no English word).
+  no English word), or every Latin word of the text reads as pinyin (a text in pinyin only: ``dubo wangzhan``).
 
 Like any Latin word, a spelling that starts (ends) with a Latin letter hits only on a word boundary of the
 original text. Hits through these rules are fuzzier than the others and are never more than REVIEW
@@ -30,6 +30,7 @@ original text. Hits through these rules are fuzzier than the others and are neve
 from __future__ import annotations
 
 import math
+import re
 import unicodedata
 from functools import cache
 from importlib import resources
@@ -46,6 +47,10 @@ LONG = 3
 MAX_PINYIN_CHARS = 6
 #: a dictionary word this rare is no evidence that the characters are an ordinary word
 _MIN_FREQUENCY = 3
+#: the log-likelihood, in a segmentation, of a run of Latin letters, and the least of a lexicon word read as
+#: itself (that of a word seen ~100 times in jieba's 60 million)
+_LATIN = math.log(100 / 60e6)
+_LEXICON = math.log(100 / 60e6)
 
 
 @cache
@@ -93,26 +98,31 @@ def _unknown() -> float:
     return min(words.values()) - 1.0 if words else -20.0
 
 
-def _segment_bounds(text: str) -> set[int]:
-    """Where the most likely segmentation of ``text`` into dictionary words cuts it (jieba's way: the path of
-    the highest product of word frequencies; a character not in the dictionary is a word of its own)."""
+def _best(text: str) -> float:
+    """The log-likelihood of the most likely segmentation of ``text`` into dictionary words (jieba's way: the
+    highest product of word frequencies); a character the dictionary lacks is a word of its own, and a run of
+    Latin letters one word of ``_LATIN`` likelihood."""
     words = dictionary()
     unknown = _unknown()
     n = len(text)
-    best: list[tuple[float, int]] = [(0.0, n)] * (n + 1)
+    best = [0.0] * (n + 1)
     for i in range(n - 1, -1, -1):
-        options = [(words.get(text[i], unknown) + best[i + 1][0], i + 1)]
+        if "a" <= text[i] <= "z":
+            j = i + 1
+            while j < n and "a" <= text[j] <= "z":
+                j += 1
+            if i == 0 or not "a" <= text[i - 1] <= "z":
+                best[i] = _LATIN + best[j]
+            else:
+                best[i] = best[j]  # inside a run: only its start is a token's start
+            continue
+        score = words.get(text[i], unknown) + best[i + 1]
         for length in range(2, 5):
             piece = text[i : i + length]
             if len(piece) == length and piece in words:
-                options.append((words[piece] + best[i + length][0], i + length))
-        best[i] = max(options)
-    bounds = {0}
-    i = 0
-    while i < n:
-        i = best[i][1]
-        bounds.add(i)
-    return bounds
+                score = max(score, words[piece] + best[i + length])
+        best[i] = score
+    return best[0]
 
 
 @cache
@@ -182,30 +192,55 @@ def spellings(key: str) -> list[tuple[str, int, int]]:
     return [(spelling, bits, syllables) for spelling, (bits, syllables) in found.items()]
 
 
-def plausible(text: str, first: int, last: int, syllables: int) -> bool:
-    """Whether a pinyin or homophone spelling found at ``text[first:last + 1]`` (normalised text) may stand for
-    the word (see the module docstring)."""
+def plausible(original: str, text: str, first: int, last: int, syllables: int, word: str) -> bool:
+    """Whether a pinyin or homophone spelling found at ``text[first:last + 1]`` (``original`` normalised) may
+    stand for the lexicon word ``word`` (folded; see the module docstring)."""
     if any(is_cjk(ch) for ch in text[first : last + 1]):
-        return not _ordinary(text, first, last + 1)
-    return syllables >= LONG or any(is_cjk(ch) for ch in text)
+        return not _ordinary(text, first, last + 1, word)
+    return syllables >= LONG or any(is_cjk(ch) for ch in text) or _all_pinyin(original)
 
 
-def _ordinary(text: str, start: int, end: int) -> bool:
-    """Whether text[start:end] (CJK at either end) reads as ordinary words: it is one dictionary word itself, or
-    the text's most likely segmentation cuts a word across its CJK start or end (士兵|毒死 for 兵毒)."""
+@cache
+def _syllables() -> frozenset[str]:
+    return frozenset(_toneless(r) for value in _readings().values() for r in value.split(","))
+
+
+def _all_pinyin(original: str) -> bool:
+    """Whether every Latin word of the text reads as pinyin syllables (a text written in pinyin only)."""
+    syllables = _syllables()
+    found = re.findall(r"[A-Za-z]+", original)
+    for word in found:
+        word = word.lower()
+        reachable = [True] + [False] * len(word)
+        for i in range(len(word)):
+            if reachable[i]:
+                for j in range(i + 1, min(len(word), i + 6) + 1):
+                    if word[i:j] in syllables:
+                        reachable[j] = True
+        if not reachable[-1]:
+            return False
+    return bool(found)
+
+
+def _ordinary(text: str, start: int, end: int, word: str) -> bool:
+    """Whether text[start:end] (CJK in it) reads better as ordinary words than as ``word``: its characters are a
+    dictionary word themselves, or the most likely segmentation of the text around it into dictionary words is
+    more likely than the one that reads it as ``word`` (士兵|毒死 rather than 士|冰毒|死). Pinyin stands for the
+    word's own characters, so a span with Latin letters in it is read as the word's characters for the ordinary
+    reading too (Du博士 reads 赌|博士 rather than 赌博|士)."""
     words = dictionary()
     found = text[start:end]
-    if len(found) > 1 and found in words:
+    latin = any("a" <= ch <= "z" for ch in found)
+    if not latin and found in words:
         return True
-    if not (is_cjk(text[start]) and _crossed(text, start, words)) and not (
-        is_cjk(text[end - 1]) and _crossed(text, end, words)
-    ):
-        return False  # no dictionary word even crosses its CJK ends: no segmentation can cut one there
-    low = max(0, start - 4)
-    bounds = _segment_bounds(text[low : min(len(text), end + 4)])
-    if is_cjk(text[start]) and start - low not in bounds:
-        return True
-    return is_cjk(text[end - 1]) and end - low not in bounds
+    low, high = max(0, start - 4), min(len(text), end + 4)
+    left, right = text[low:start], text[end:high]
+    middle = word if latin else found
+    window = left + middle + right
+    if not _crossed(window, len(left), words) and not _crossed(window, len(left) + len(middle), words):
+        return False  # no dictionary word even crosses its ends: nothing else to read there
+    read_as_word = _best(left) + max(words.get(word, _LEXICON), _LEXICON) + _best(right)
+    return _best(window) > read_as_word + 1e-9
 
 
 def _crossed(text: str, at: int, words: dict[str, float]) -> bool:

@@ -6,7 +6,9 @@ rules of ``worker_svc.text.rules``), each the folded text of a key of the matche
   at a time and all at once), and a phrase's one-letter words as digits (``buy 4 gun``).
 * ``letter``: a Latin letter standing for a character: ``LETTERS`` (V for 微, P for 炮 …, the well-known ones,
   in words of two characters or more) and, in words of three CJK characters or more, the initial of a
-  character's pinyin (加w信, 六h彩); at most two characters of a word, and at least one stays a character.
+  character's pinyin (加w信, 六h彩); at most two characters of a word, and at least one stays a character; and a
+  word of three characters or more as the initials of all of them (lhc for 六合彩), which like pinyin hits only in
+  a text with CJK characters (``worker_svc.text.phonetic.plausible``).
 * ``decompose``: a character written as its parts (``DECOMPOSE``: 木仓 for 枪, 弓长 for 张), one character at a
   time and all of them at once.
 """
@@ -18,7 +20,7 @@ from itertools import combinations, product
 
 from worker_svc.text.rules import AMBIGUOUS, is_cjk
 
-__all__ = ["DECOMPOSE", "LETTERS", "decomposed", "leet_spellings", "leet_words", "letter_spellings"]
+__all__ = ["DECOMPOSE", "LETTERS", "decomposed", "initialisms", "leet_spellings", "leet_words", "letter_spellings"]
 
 MAX_AMBIGUOUS = 5
 
@@ -68,16 +70,26 @@ def leet_spellings(key: str) -> Iterator[str]:
         yield "".join(chars)
 
 
-#: a word of one letter written as a digit (buy 4 gun)
-_LEET_LETTER_WORDS = {"a": "4", "o": "0"}
+#: a word of one letter written as a digit or a symbol (buy 4 gun, buy @ gun)
+_LEET_LETTER_WORDS = {"a": ("4", "@"), "o": ("0",)}
 
 
-def leet_words(word: str) -> str | None:
-    """A lexicon phrase with its one-letter words as digits (``buy a gun`` -> ``buy 4 gun``), or None."""
+def leet_words(word: str) -> list[str]:
+    """A lexicon phrase with its one-letter words as digits or symbols (``buy a gun`` -> ``buy 4 gun``,
+    ``buy @ gun``)."""
     parts = word.split(" ")
     if len(parts) < 2 or not any(p.lower() in _LEET_LETTER_WORDS for p in parts):
-        return None
-    return " ".join(_LEET_LETTER_WORDS.get(p.lower(), p) for p in parts)
+        return []
+    options = [_LEET_LETTER_WORDS.get(p.lower(), (p,)) for p in parts]
+    return [" ".join(choice) for choice in product(*options)]
+
+
+def initialisms(key: str, initials: dict[str, str]) -> list[str]:
+    """A folded key of three CJK characters or more (and nothing else) as the initials of their pinyin
+    (六合彩 -> lhc, 时时彩 -> ssc)."""
+    if len(key) < 3 or not all(ch in initials for ch in key):
+        return []
+    return ["".join(initials[ch] for ch in key)]
 
 
 def letter_spellings(key: str, initials: dict[str, str]) -> Iterator[str]:

@@ -48,11 +48,13 @@ FOLDINGS = [
     ("leet", "heroin", "h3ro|n"),  # | for i
     ("leet", "casino", "ca$ino"),
     ("leet", "buy a gun", "8uy 4 9un"),
+    ("leet", "buy a gun", "buy @ gun"),
     ("leet", "porn", "ｐ０ｒｎ"),  # full-width digits count too
     ("letter", "加微信", "加V信"),
     ("letter", "加微信", "加vx"),
     ("letter", "约炮", "约P"),
     ("letter", "六合彩", "六h彩"),
+    ("letter", "时时彩", "SSC"),  # all initials, in a Chinese text
     ("decompose", "枪支", "木仓支"),
     ("decompose", "赌博", "贝者博"),
     ("decompose", "毒品", "毒口口口"),
@@ -158,6 +160,15 @@ def test_a_word_of_look_alikes_is_read_as_latin_outside_greek_and_cyrillic_text(
 )
 def test_ordinary_words_that_sound_like_lexicon_words_do_not_hit(default_matcher: Matcher, text: str) -> None:
     assert default_matcher.match(text).hits == ()
+
+
+def test_pinyin_in_latin_letters_only_needs_a_chinese_text_or_a_pinyin_one() -> None:
+    matcher = _matcher(("赌博", "gambling", 3), ("时时彩", "gambling", 3))
+
+    assert [h.matched_text for h in matcher.match("一起 dubo 吗").hits] == ["dubo"]  # a Chinese text
+    assert [h.matched_text for h in matcher.match("dubo wangzhan").hits] == ["dubo"]  # a text in pinyin
+    assert matcher.match("Dubo is a surname, Dubois too").hits == ()  # an English one
+    assert matcher.match("the SSC results are out").hits == ()
 
 
 def test_fuzzy_hits_are_never_more_than_review() -> None:
