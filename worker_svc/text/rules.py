@@ -70,8 +70,13 @@ LEET = RULE_BITS["leet"]
 
 
 def rule_names(bits: int) -> list[str]:
-    """The names of the rules in ``bits``, in ``RULES`` order."""
-    return [name for name in RULES if bits & RULE_BITS[name]]
+    """The names of the rules in ``bits``, in ``RULES`` order (a new list each time)."""
+    return list(_rule_names(bits))
+
+
+@cache
+def _rule_names(bits: int) -> tuple[str, ...]:
+    return tuple(name for name in RULES if bits & RULE_BITS[name])
 
 
 def is_cjk(ch: str) -> bool:
@@ -281,20 +286,25 @@ AMBIGUOUS = "1"
 
 @cache
 def _special() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
-    """(every character a rule may change, those of them the contextual rewrite looks at, the characters without
-    one of which it has nothing to do: Latin letters and look-alikes): leet digits and symbols (half- and
-    full-width), look-alikes, and the ideographs of the CJK table. A text with none of them is folded as
-    ``normalize`` folds it."""
+    """(every character a rule may change, those of them the contextual rewrite looks at, the look-alikes): leet
+    digits and symbols (half- and full-width), look-alikes, and the ideographs of the CJK table. A text with none
+    of them is folded as ``normalize`` folds it; one without look-alikes needs the contextual rewrite only where
+    ``_LEET_NEAR_LETTER`` finds a leet character next to a Latin letter."""
     latin, cjk = _confusables()
     contextual = {*LEET_SYMBOLS, *LEET_DIGITS, *latin, *cjk}
     contextual |= {chr(ord(c) + 0xFEE0) for c in (*LEET_SYMBOLS, *LEET_DIGITS) if "!" <= c <= "~"}
-    letters = {chr(c) for c in range(ord("a"), ord("z") + 1)}
-    letters |= {c.upper() for c in letters} | {chr(ord(c) + 0xFEE0) for c in {*letters, *(c.upper() for c in letters)}}
     return (
         frozenset(contextual | {chr(cp) for cp in _cjk_table()}),
         frozenset(contextual),
-        frozenset(letters | latin.keys() | cjk.keys()),
+        frozenset(latin.keys() | cjk.keys()),
     )
+
+
+#: a digit or leet symbol next to a Latin letter (half- or full-width); "!" only before one (after a word it is
+#: punctuation, which the rewrite would leave alone anyway)
+_LEET_NEAR_LETTER = re.compile(
+    r"[A-Za-zＡ-Ｚａ-ｚ][0-9０-９@$|+€＠＄｜＋]|[0-9０-９@$!|+€¡＠＄！｜＋][A-Za-zＡ-Ｚａ-ｚ]"
+)
 
 
 def _rewrite(text: str, contextual: frozenset[str], grams: frozenset[str] | None) -> tuple[str, list[int]] | None:
@@ -411,6 +421,13 @@ def _eligible(chars: list[str], start: int, end: int, latin: dict[str, str]) -> 
     return len(letters) > 1 or _near_latin(chars, start, end, latin)
 
 
+@cache
+def _leet(ch: str) -> str | None:
+    """The letter a digit or leet symbol (half- or full-width) stands for ("1" for i or l), else None."""
+    plain = unicodedata.normalize("NFKC", ch)
+    return LEET_SYMBOLS.get(plain) or LEET_DIGITS.get(plain)
+
+
 def _mapped(word: list[str], latin: dict[str, str]) -> tuple[list[str], list[int]]:
     """The word with its look-alikes and leet characters as letters, and the rule of each character."""
     new = list(word)
@@ -421,8 +438,7 @@ def _mapped(word: list[str], latin: dict[str, str]) -> tuple[list[str], list[int
             new[k] = look
             bits[k] = CONFUSABLE
             continue
-        digit = unicodedata.normalize("NFKC", c)
-        leet = LEET_SYMBOLS.get(digit) or LEET_DIGITS.get(digit)
+        leet = _leet(c)
         if leet is not None:
             new[k] = leet
             bits[k] = LEET  # also for a "1" kept as it is: a hit through it used the rule
@@ -455,10 +471,11 @@ def fold(text: str, grams: frozenset[str] | None = None) -> Folded:
     """Normalise ``text`` (``normalize``) after the contextual rewrite, then fold CJK forms; the rule bits of
     every normalised character that a rule changed. With ``grams`` (``key_grams`` of the lexicon), a word is
     rewritten only when its rewritten form may lie inside a Latin lexicon word (a hit must hold whole words)."""
-    special, contextual, needed = _special()
+    special, contextual, looks = _special()
     if special.isdisjoint(text):
         return Folded(normalize(text), None)
-    rewritten = None if needed.isdisjoint(text) else _rewrite(text, contextual, grams)
+    needs_rewrite = not looks.isdisjoint(text) or _LEET_NEAR_LETTER.search(text) is not None
+    rewritten = _rewrite(text, contextual, grams) if needs_rewrite else None
     if rewritten is None:
         normalized = normalize(text)
         pre: list[int] | None = None
