@@ -21,10 +21,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import chain
 
 import ahocorasick
 
 from worker_svc.text import phonetic, variants
+from worker_svc.text.normalize import Normalized, normalize
 from worker_svc.text.rules import (
     FUZZY_BITS,
     RULE_BITS,
@@ -34,6 +36,7 @@ from worker_svc.text.rules import (
     is_cjk,
     key_grams,
     rule_names,
+    special_chars,
 )
 
 __all__ = ["Hit", "LexiconEntry", "MatchResult", "Matcher", "RuleConfig", "Verdict"]
@@ -158,6 +161,7 @@ class Matcher:
         "_rules",
         "_sound_automaton",
         "_sound_table",
+        "_special",
         "version",
     )
 
@@ -190,6 +194,7 @@ class Matcher:
                 if spelling not in keys:
                     keys[spelling] = self._key(spelling, entry, bits, None, syllables, key)
         self._grams = key_grams(keys)
+        self._special = special_chars()
         self._automaton = _automaton(keys)
         # homophones: the words' sounds, looked for in the text's sound (worker_svc.text.phonetic)
         sounds: dict[str, _Key] = {}
@@ -261,35 +266,45 @@ class Matcher:
 
     def match(self, text: str) -> MatchResult:
         """Find every lexicon word in ``text`` and decide the verdict."""
-        folded = fold(text, self._grams)
-        normalized = folded.normalized
-        if self._automaton is None or not normalized.text:
-            return MatchResult((), Verdict.PASS, normalized.text)
+        if self._special.isdisjoint(text):  # no character any rule would change: the plain normalisation
+            normalized = normalize(text)
+            masks = None
+        else:
+            folded = fold(text, self._grams)
+            normalized, masks = folded.normalized, folded.masks
+        plain = normalized.text
+        if self._automaton is None or not plain:
+            return MatchResult((), Verdict.PASS, plain)
         found: dict[tuple[str, int, int], tuple[int, LexiconEntry]] = {}
-        self._scan(text, folded, self._automaton, normalized.text, found)
-        if self._sound_automaton is not None and not normalized.text.isascii():
-            self._scan(text, folded, self._sound_automaton, normalized.text.translate(self._sound_table), found)
+        matches = self._automaton.iter(plain)
+        first = next(matches, None)
+        if first is not None:
+            self._scan(text, normalized, masks, chain((first,), matches), False, found)
+        if self._sound_automaton is not None and not plain.isascii():
+            matches = self._sound_automaton.iter(plain.translate(self._sound_table))
+            first = next(matches, None)
+            if first is not None:
+                self._scan(text, normalized, masks, chain((first,), matches), True, found)
         if not found:
-            return MatchResult((), Verdict.PASS, normalized.text)
+            return MatchResult((), Verdict.PASS, plain)
         hits = [self._hit(text, entry, start, end, bits) for (_, start, end), (bits, entry) in found.items()]
         hits.sort(key=_hit_order)
-        return MatchResult(tuple(hits), self._verdict(hits), normalized.text)
+        return MatchResult(tuple(hits), self._verdict(hits), plain)
 
     def _scan(
         self,
         text: str,
-        folded: Folded,
-        automaton: ahocorasick.Automaton,
-        scanned: str,
+        normalized: Normalized,
+        masks: tuple[int, ...] | None,
+        matches: Iterable[tuple[int, _Key]],
+        by_sound: bool,
         found: dict[tuple[str, int, int], tuple[int, LexiconEntry]],
     ) -> None:
-        """Every key of ``automaton`` in ``scanned`` (the normalised text, or its sound: one character for one)
-        that passes the boundaries, the category's rules and, for a phonetic key, ``phonetic.plausible``."""
-        normalized = folded.normalized
+        """The automaton's ``matches`` in the normalised text (or its sound: one character for one) that pass the
+        boundaries, the category's rules and, for a phonetic key, ``phonetic.plausible``."""
         offsets = normalized.offsets
         ends = normalized.ends
-        masks = folded.masks
-        for last, key in automaton.iter(scanned):
+        for last, key in matches:
             first = last - key.length + 1
             start = offsets[first]
             end = ends[last]
@@ -305,7 +320,7 @@ class Matcher:
             if bits & ~key.allowed:
                 continue
             if key.syllables:
-                if scanned is not normalized.text and normalized.text[first : last + 1] in self._entries:
+                if by_sound and normalized.text[first : last + 1] in self._entries:
                     continue  # the sound of a word found as itself
                 if not phonetic.plausible(text, normalized.text, first, last, key.syllables, key.base):
                     continue

@@ -467,6 +467,11 @@ def key_grams(keys: Iterable[str]) -> frozenset[str]:
     return frozenset(grams)
 
 
+def special_chars() -> frozenset[str]:
+    """Every character a rule may change: a text with none of them folds as ``normalize`` folds it."""
+    return _special()[0]
+
+
 def fold(text: str, grams: frozenset[str] | None = None) -> Folded:
     """Normalise ``text`` (``normalize``) after the contextual rewrite, then fold CJK forms; the rule bits of
     every normalised character that a rule changed. With ``grams`` (``key_grams`` of the lexicon), a word is

@@ -4,9 +4,13 @@ the rules switch per category; Latin words hit only on word boundaries of the or
 
 from __future__ import annotations
 
+from typing import cast
+
+import asyncpg
 import pytest
 
 from sieve.settings import Settings, SettingsError
+from worker_svc.lexicon import Lexicon
 from worker_svc.text import Matcher, RuleConfig, fold, normalize
 from worker_svc.text.lexicon_file import load_lexicon_file
 from worker_svc.text.matcher import Hit, LexiconEntry, MatchResult, Verdict
@@ -200,6 +204,17 @@ def test_the_rule_setting_is_parsed() -> None:
 def test_a_bad_rule_setting_is_refused(spec: str) -> None:
     with pytest.raises(ValueError):
         RuleConfig.parse(spec)
+
+
+def test_the_worker_refuses_an_unknown_rule_naming_the_setting() -> None:
+    settings = Settings.from_env({"SIEVE_TEXT_RULES": "drugs=t2s,nope"})  # well formed, unknown rule
+
+    with pytest.raises(ValueError, match="SIEVE_TEXT_RULES: unknown rule 'nope'"):
+        Lexicon(cast("asyncpg.Pool", None), settings)
+    assert (
+        Lexicon(cast("asyncpg.Pool", None), Settings.from_env({"SIEVE_TEXT_RULES": "drugs=t2s"})).rules.bits("drugs")
+        == RuleConfig.parse("*=t2s").default
+    )
 
 
 def test_the_settings_refuse_a_malformed_rule_setting() -> None:
