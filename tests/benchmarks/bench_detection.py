@@ -23,7 +23,7 @@ import ahocorasick
 
 from tests.benchmarks.report import Row
 from tests.support import detection_corpus as corpus
-from worker_svc.text import LexiconEntry, Matcher, load_lexicon_file, normalize, normalize_word
+from worker_svc.text import LexiconEntry, Matcher, MatchResult, Verdict, load_lexicon_file, normalize, normalize_word
 
 RECALL_TARGET = 0.95
 FPR_TARGET = 0.005
@@ -42,7 +42,9 @@ class _PlainHit:
     matched_text: str
 
 
-def _plain_match(entries: list[LexiconEntry], block_severity: int = 3) -> Callable[[str], tuple[list[_PlainHit], int]]:
+def _plain_match(
+    entries: list[LexiconEntry], block_severity: int = 3
+) -> Callable[[str], tuple[list[_PlainHit], MatchResult]]:
     """The matching of before the disguise rules, as `Matcher.match` did it: the normalised text through one
     automaton of the plain words, each hit mapped back to its original span once, sorted, and the verdict."""
     chosen: dict[str, LexiconEntry] = {}
@@ -55,10 +57,10 @@ def _plain_match(entries: list[LexiconEntry], block_severity: int = 3) -> Callab
         automaton.add_word(key, (len(key), entry))
     automaton.make_automaton()
 
-    def match(text: str) -> tuple[list[_PlainHit], int]:
+    def match(text: str) -> tuple[list[_PlainHit], MatchResult]:
         normalized = normalize(text)
         if not normalized.text:
-            return [], 1
+            return [], MatchResult((), Verdict.PASS, normalized.text)
         offsets, ends = normalized.offsets, normalized.ends
         hits: list[_PlainHit] = []
         seen: set[tuple[str, int, int]] = set()
@@ -70,8 +72,15 @@ def _plain_match(entries: list[LexiconEntry], block_severity: int = 3) -> Callab
             seen.add(key)
             hits.append(_PlainHit(entry.word, entry.category, entry.severity, start, end, text[start:end]))
         hits.sort(key=lambda h: (h.start, h.start - h.end, h.word))
-        verdict = 1 if not hits else 3 if max(h.severity for h in hits) >= block_severity else 2
-        return hits, verdict
+        verdict = (
+            Verdict.PASS
+            if not hits
+            else Verdict.BLOCK
+            if max(h.severity for h in hits) >= block_severity
+            else Verdict.REVIEW
+        )
+        # the result object, as Matcher.match made one for every text (holding the six-field hits above)
+        return hits, MatchResult((), verdict, normalized.text)
 
     return match
 

@@ -291,8 +291,9 @@ def _special() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
     of them is folded as ``normalize`` folds it; one without look-alikes needs the contextual rewrite only where
     ``_LEET_NEAR_LETTER`` finds a leet character next to a Latin letter."""
     latin, cjk = _confusables()
-    contextual = {*LEET_SYMBOLS, *LEET_DIGITS, *latin, *cjk}
-    contextual |= {chr(ord(c) + 0xFEE0) for c in (*LEET_SYMBOLS, *LEET_DIGITS) if "!" <= c <= "~"}
+    # full-width digits too (ｐ０ｒｎ), not full-width symbols: ！ is Chinese punctuation, and would send most
+    # Chinese chat down the slow path for nothing
+    contextual = {*LEET_SYMBOLS, *LEET_DIGITS, *latin, *cjk, *(chr(ord(c) + 0xFEE0) for c in LEET_DIGITS)}
     return (
         frozenset(contextual | {chr(cp) for cp in _cjk_table()}),
         frozenset(contextual),
@@ -302,9 +303,7 @@ def _special() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
 
 #: a digit or leet symbol next to a Latin letter (half- or full-width); "!" only before one (after a word it is
 #: punctuation, which the rewrite would leave alone anyway)
-_LEET_NEAR_LETTER = re.compile(
-    r"[A-Za-zＡ-Ｚａ-ｚ][0-9０-９@$|+€＠＄｜＋]|[0-9０-９@$!|+€¡＠＄！｜＋][A-Za-zＡ-Ｚａ-ｚ]"
-)
+_LEET_NEAR_LETTER = re.compile(r"[A-Za-zＡ-Ｚａ-ｚ][0-9０-９@$|+€]|[0-9０-９@$!|+€¡][A-Za-zＡ-Ｚａ-ｚ]")
 
 
 def _rewrite(text: str, contextual: frozenset[str], grams: frozenset[str] | None) -> tuple[str, list[int]] | None:
