@@ -109,14 +109,16 @@ class _Key:
     allowed: int
     syllables: int  # a pinyin or homophone spelling: the word's syllables (phonetic.plausible); else 0
     base: str  # the folded lexicon word
+    spelling: str  # the characters this key stands for (the automaton holds their sound)
+    homophones: int  # the word's CJK characters when other characters of the same sound may stand for them, else 0
 
 
-def _automaton(keys: dict[str, _Key]) -> ahocorasick.Automaton | None:
+def _automaton(keys: dict[str, list[_Key]]) -> ahocorasick.Automaton | None:
     if not keys:
         return None
     automaton = ahocorasick.Automaton(ahocorasick.STORE_ANY)
-    for spelling, key in keys.items():
-        automaton.add_word(spelling, key)
+    for spelling, found in keys.items():
+        automaton.add_word(spelling, (len(spelling), tuple(found)))
     automaton.make_automaton()
     return automaton
 
@@ -159,7 +161,6 @@ class Matcher:
         "_entries",
         "_grams",
         "_rules",
-        "_sound_automaton",
         "_sound_table",
         "_special",
         "version",
@@ -188,24 +189,34 @@ class Matcher:
         self._block_severity = block_severity
         keys: dict[str, _Key] = {}
         for key, (entry, folded) in chosen.items():
-            keys[key] = self._key(key, entry, 0, folded.masks)
+            keys[key] = self._key(key, entry, 0, folded.masks, base=key)
         for key, (entry, _) in chosen.items():
             for spelling, bits, syllables in self._spellings(key, entry):
                 if spelling not in keys:
                     keys[spelling] = self._key(spelling, entry, bits, None, syllables, key)
         self._grams = key_grams(keys)
         self._special = special_chars()
-        self._automaton = _automaton(keys)
-        # homophones: the words' sounds, looked for in the text's sound (worker_svc.text.phonetic)
-        sounds: dict[str, _Key] = {}
-        for key, (entry, _) in chosen.items():
-            if self._rules.bits(entry.category) & RULE_BITS["homophone"]:
-                for spelling, syllables in phonetic.sound_keys(key):
-                    sounds.setdefault(
-                        spelling, self._key(spelling, entry, RULE_BITS["homophone"], None, syllables, key)
-                    )
-        self._sound_automaton = _automaton(sounds)
-        self._sound_table = phonetic.sound_table() if sounds else {}
+        self._sound_table: dict[int, str] | None = None
+        self._automaton = self._sounds(keys, chosen)
+
+    def _sounds(
+        self, keys: dict[str, _Key], chosen: dict[str, tuple[LexiconEntry, Folded]]
+    ) -> ahocorasick.Automaton | None:
+        """One automaton, of the keys' sounds when homophones are on anywhere (worker_svc.text.phonetic): a CJK
+        character is looked for as the code of its first reading, so that one pass over the text's sound finds
+        the keys and, for a lexicon word itself, its homophones; a match is then told apart by its characters."""
+        if any(self._rules.bits(entry.category) & RULE_BITS["homophone"] for entry, _ in chosen.values()):
+            self._sound_table = phonetic.sound_table()
+        table = self._sound_table or {}
+        sounds: dict[str, list[_Key]] = {}
+        for found in keys.values():
+            sounds.setdefault(found.spelling.translate(table), []).append(found)
+        for word, (entry, _) in chosen.items():
+            if table and self._rules.bits(entry.category) & RULE_BITS["homophone"]:
+                for sound, _syllables in phonetic.sound_keys(word):  # the phrase's own reading, if another
+                    if sound != word.translate(table):
+                        sounds.setdefault(sound, []).append(keys[word])
+        return _automaton(sounds)
 
     def _spellings(self, key: str, entry: LexiconEntry) -> list[tuple[str, int, int]]:
         """The other spellings of a folded lexicon word: (spelling, the rule it needs, syllables for a pinyin or
@@ -237,6 +248,9 @@ class Matcher:
         syllables: int = 0,
         base: str = "",
     ) -> _Key:
+        allowed = self._rules.bits(entry.category)
+        cjk = sum(1 for ch in spelling if is_cjk(ch))
+        homophones = cjk if bits == 0 and cjk >= 2 and allowed & RULE_BITS["homophone"] else 0
         return _Key(
             len(spelling),
             entry,
@@ -244,9 +258,11 @@ class Matcher:
             word_masks,
             _latin(spelling[0]),
             _latin(spelling[-1]),
-            self._rules.bits(entry.category),
+            allowed,
             syllables,
             base,
+            spelling,
+            homophones,
         )
 
     @property
@@ -276,15 +292,11 @@ class Matcher:
         if self._automaton is None or not plain:
             return MatchResult((), Verdict.PASS, plain)
         found: dict[tuple[str, int, int], tuple[int, LexiconEntry]] = {}
-        matches = self._automaton.iter(plain)
+        table = self._sound_table
+        matches = self._automaton.iter(plain if table is None or plain.isascii() else plain.translate(table))
         first = next(matches, None)
         if first is not None:
-            self._scan(text, normalized, masks, chain((first,), matches), False, found)
-        if self._sound_automaton is not None and not plain.isascii():
-            matches = self._sound_automaton.iter(plain.translate(self._sound_table))
-            first = next(matches, None)
-            if first is not None:
-                self._scan(text, normalized, masks, chain((first,), matches), True, found)
+            self._scan(text, normalized, masks, chain((first,), matches), found)
         if not found:
             return MatchResult((), Verdict.PASS, plain)
         hits = [self._hit(text, entry, start, end, bits) for (_, start, end), (bits, entry) in found.items()]
@@ -296,35 +308,41 @@ class Matcher:
         text: str,
         normalized: Normalized,
         masks: tuple[int, ...] | None,
-        matches: Iterable[tuple[int, _Key]],
-        by_sound: bool,
+        matches: Iterable[tuple[int, tuple[int, tuple[_Key, ...]]]],
         found: dict[tuple[str, int, int], tuple[int, LexiconEntry]],
     ) -> None:
-        """The automaton's ``matches`` in the normalised text (or its sound: one character for one) that pass the
-        boundaries, the category's rules and, for a phonetic key, ``phonetic.plausible``."""
+        """The automaton's matches (in the text's sound: one character for one) that are a key's characters, or
+        a lexicon word's homophone, and pass the boundaries, the category's rules and, for a phonetic spelling,
+        ``phonetic.plausible``."""
+        plain = normalized.text
         offsets = normalized.offsets
         ends = normalized.ends
-        for last, key in matches:
-            first = last - key.length + 1
+        for last, (length, keys) in matches:
+            first = last - length + 1
+            chars = plain[first : last + 1]
             start = offsets[first]
             end = ends[last]
-            if key.latin_start and not _starts_word(text, start):
-                continue
-            if key.latin_end and not _ends_word(text, end):
-                continue
-            bits = key.bits
-            if masks is not None:
-                word_masks = key.word_masks
-                for k in range(key.length):
-                    bits |= masks[first + k] & ~(word_masks[k] if word_masks is not None else 0)
-            if bits & ~key.allowed:
-                continue
-            if key.syllables:
-                if by_sound and normalized.text[first : last + 1] in self._entries:
-                    continue  # the sound of a word found as itself
-                if not phonetic.plausible(text, normalized.text, first, last, key.syllables, key.base):
+            for key in keys:
+                bits = key.bits
+                syllables = key.syllables
+                if chars != key.spelling:
+                    if not key.homophones or chars in self._entries:
+                        continue  # another key's characters, or another word found as itself
+                    bits |= RULE_BITS["homophone"]
+                    syllables = key.homophones
+                if key.latin_start and not _starts_word(text, start):
                     continue
-            self._keep(found, key.entry, start, end, bits)
+                if key.latin_end and not _ends_word(text, end):
+                    continue
+                if masks is not None:
+                    word_masks = key.word_masks
+                    for k in range(length):
+                        bits |= masks[first + k] & ~(word_masks[k] if word_masks is not None else 0)
+                if bits & ~key.allowed:
+                    continue
+                if syllables and not phonetic.plausible(text, plain, first, last, syllables, key.base):
+                    continue
+                self._keep(found, key.entry, start, end, bits)
 
     @staticmethod
     def _keep(
