@@ -8,16 +8,18 @@ first reading):
   text's separators are gone once normalised, so ``bing du`` too): every choice for words of up to
   ``MAX_PINYIN_CHARS`` characters, else one character at a time and all of them;
 * ``homophone``: characters of the same sound, tone included (堵 dǔ for 赌 dǔ; 病 bìng is no 冰 bīng): the
-  word's sound (``sound_keys``: one private-use character for each reading with its tone) is looked for in the
-  text's sound (``sound_table``, each character's first reading), a second automaton read only for texts with
-  other than ASCII characters.
+  matcher's automaton holds every key as it sounds (``sound_table``: each CJK character as a private-use code
+  of its first reading with its tone; ``sound_keys`` adds a word's phrase reading when it differs) and reads the
+  text's sound, so a lexicon word's homophones are found in the same pass as the keys, and told apart from the
+  word itself by their characters.
 
-The pinyin spellings are keys of the matcher's own automaton. A hit through either rule must also pass
-``plausible``:
+A hit through either rule must also pass ``plausible``:
 
 * with CJK characters in it: the characters found are no ordinary word of the dictionary (jieba's word list:
-  病毒 is a word and no disguise of 冰毒), and the most likely segmentation of the text around them into
-  dictionary words does not cut a word at a CJK end of them (士兵|毒死: 兵毒 is cut out of 士兵; Du博士);
+  病毒 is a word and no disguise of 冰毒), and the text around them does not read better as ordinary words than
+  with the lexicon word there (the most likely segmentation into dictionary words, by their frequencies, against
+  the one that reads the span as the word: 士兵|毒死 rather than 士|冰毒|死; pinyin stands for the word's own
+  characters, so Du博士 reads 赌|博士 rather than 赌博|士);
 * all in Latin letters: the text has CJK characters somewhere (pinyin as a disguise is a thing of Chinese text:
   ``Dupin`` in an English sentence is a name), or the word has ``LONG`` syllables or more (``mianfeilingqu`` is
   no English word), or every Latin word of the text reads as pinyin (a text in pinyin only: ``dubo wangzhan``).
