@@ -230,7 +230,9 @@ class Matcher:
             ]
         if allowed & RULE_BITS["letter"]:
             initials = phonetic.initials(key)
-            spellings += [(s, RULE_BITS["letter"], 0) for s in variants.letter_spellings(key, initials)]
+            # a letter stands for a sound: judged like pinyin (彩色Q版 reads 彩色|Q版, no 色情 there)
+            syllables = sum(1 for ch in key if is_cjk(ch))
+            spellings += [(s, RULE_BITS["letter"], syllables) for s in variants.letter_spellings(key, initials)]
             # all initials: Latin letters only, so a Latin word needing CJK text around it (syllables 1)
             spellings += [(s, RULE_BITS["letter"], 1) for s in variants.initialisms(key, initials)]
         if allowed & RULE_BITS["decompose"]:
@@ -286,7 +288,7 @@ class Matcher:
             normalized = normalize(text)
             masks = None
         else:
-            folded = fold(text, self._grams)
+            folded = fold(text, self._grams, special=True)
             normalized, masks = folded.normalized, folded.masks
         plain = normalized.text
         if self._automaton is None or not plain:

@@ -53,6 +53,8 @@ _MIN_FREQUENCY = 3
 #: itself (that of a word seen ~100 times in jieba's 60 million)
 _LATIN = math.log(100 / 60e6)
 _LEXICON = math.log(100 / 60e6)
+#: how much more likely than the characters' ordinary reading a homophone's reading as the word must be
+_HOMOPHONE_ODDS = 10.0
 
 
 @cache
@@ -136,10 +138,19 @@ def _syllable_codes() -> dict[str, str]:
 
 @cache
 def sound_table() -> dict[int, str]:
-    """For ``str.translate``: each CJK character -> the code of its first reading (with its tone), so that
-    homophones read alike; every other character stays as it is."""
+    """For ``str.translate``: each character of GB 2312 (the common simplified ones: a homophone is written to be
+    read) -> the code of its first reading (with its tone), so that homophones read alike; every other character
+    stays as it is (and so matches only itself)."""
     codes = _syllable_codes()
-    return {cp: codes[value.split(",")[0]] for cp, value in _readings().items()}
+    return {cp: codes[value.split(",")[0]] for cp, value in _readings().items() if _common(chr(cp))}
+
+
+def _common(ch: str) -> bool:
+    try:
+        ch.encode("gb2312")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def sound_keys(key: str) -> list[tuple[str, int]]:
@@ -150,7 +161,9 @@ def sound_keys(key: str) -> list[tuple[str, int]]:
     syllables = sum(1 for ch in key if is_cjk(ch))
     out: dict[str, int] = {}
     for units in _readings_of(key):
-        spelled = "".join(codes.get(unit, "\ufffd") if is_cjk(ch) else ch for ch, unit in zip(key, units, strict=True))
+        spelled = "".join(
+            codes.get(unit, "\ufffd") if is_cjk(ch) and _common(ch) else ch for ch, unit in zip(key, units, strict=True)
+        )
         if "\ufffd" not in spelled:
             out.setdefault(spelled, syllables)
     return list(out.items())
@@ -225,23 +238,28 @@ def _all_pinyin(original: str) -> bool:
 
 
 def _ordinary(text: str, start: int, end: int, word: str) -> bool:
-    """Whether text[start:end] (CJK in it) reads better as ordinary words than as ``word``: its characters are a
-    dictionary word themselves, or the most likely segmentation of the text around it into dictionary words is
-    more likely than the one that reads it as ``word`` (士兵|毒死 rather than 士|冰毒|死). Pinyin stands for the
-    word's own characters, so a span with Latin letters in it is read as the word's characters for the ordinary
-    reading too (Du博士 reads 赌|博士 rather than 赌博|士)."""
+    """Whether text[start:end] (CJK in it) reads better as ordinary words than as ``word`` (see the module
+    docstring): for pinyin or letters in it, read as the word's own characters, the text around has a more likely
+    segmentation into dictionary words than the one with the word there (Du博士: 赌|博士 rather than 赌博|士); for
+    homophones, the characters are a dictionary word, or reading the word there is not ``_HOMOPHONE_ODDS`` times
+    more likely than the characters' own most likely segmentation (士兵|毒死 for 兵毒, 麻|骨头 for 麻骨)."""
     words = dictionary()
     found = text[start:end]
     latin = any("a" <= ch <= "z" for ch in found)
     if not latin and found in words:
         return True
+    as_word = max(words.get(word, _LEXICON), _LEXICON)
+    if not latin and not _crossed(text, start, words) and not _crossed(text, end, words):
+        # no dictionary word crosses its ends: the text around reads the same either way
+        return _best(found) + math.log(_HOMOPHONE_ODDS) > as_word
     low, high = max(0, start - 4), min(len(text), end + 4)
     left, right = text[low:start], text[end:high]
-    middle = word if latin else found
-    window = left + middle + right
-    if not _crossed(window, len(left), words) and not _crossed(window, len(left) + len(middle), words):
+    read_as_word = _best(left) + as_word + _best(right)
+    if not latin:
+        return _best(text[low:high]) + math.log(_HOMOPHONE_ODDS) > read_as_word
+    window = left + word + right
+    if not _crossed(window, len(left), words) and not _crossed(window, len(left) + len(word), words):
         return False  # no dictionary word even crosses its ends: nothing else to read there
-    read_as_word = _best(left) + max(words.get(word, _LEXICON), _LEXICON) + _best(right)
     return _best(window) > read_as_word + 1e-9
 
 

@@ -471,12 +471,13 @@ def special_chars() -> frozenset[str]:
     return _special()[0]
 
 
-def fold(text: str, grams: frozenset[str] | None = None) -> Folded:
+def fold(text: str, grams: frozenset[str] | None = None, special: bool = False) -> Folded:
     """Normalise ``text`` (``normalize``) after the contextual rewrite, then fold CJK forms; the rule bits of
     every normalised character that a rule changed. With ``grams`` (``key_grams`` of the lexicon), a word is
-    rewritten only when its rewritten form may lie inside a Latin lexicon word (a hit must hold whole words)."""
-    special, contextual, looks = _special()
-    if special.isdisjoint(text):
+    rewritten only when its rewritten form may lie inside a Latin lexicon word (a hit must hold whole words).
+    ``special``: the caller knows that the text has characters of ``special_chars``."""
+    chars, contextual, looks = _special()
+    if not special and chars.isdisjoint(text):
         return Folded(normalize(text), None)
     needs_rewrite = not looks.isdisjoint(text) or _LEET_NEAR_LETTER.search(text) is not None
     rewritten = _rewrite(text, contextual, grams) if needs_rewrite else None

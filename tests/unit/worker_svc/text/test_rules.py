@@ -158,6 +158,7 @@ def test_a_word_of_look_alikes_is_read_as_latin_outside_greek_and_cyrillic_text(
         "Du博士明天来开会",
         "他很会看人",  # 看 kàn is no 砍 kǎn
         "买Q币充值",  # Q is no letter for 枪
+        "换个彩色Q版头像",  # 彩色|Q版: no 色Q for 色情
         "Auguste Dupin solved the case",  # pinyin of 毒品 in an English sentence
         "强制执行的照片",
     ],
