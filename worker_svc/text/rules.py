@@ -21,10 +21,11 @@ the original characters stays exact:
   (``worker_svc.text.variants``). A number on its own (``5 000``, ``2026``) is never touched.
 
 Rules that add spellings to the lexicon side (``worker_svc.text.variants``, ``worker_svc.text.phonetic``):
-``letter`` (a Latin letter for a character: 加V信, 约p), ``decompose`` (a character written as its parts:
-木仓 for 枪), ``pinyin`` (the pinyin of a CJK word in Latin letters) and ``homophone`` (other characters of
-the same pinyin). Hits that need ``pinyin``, ``homophone`` or ``letter`` are fuzzier: ``FUZZY_RULES``, their
-severity is lowered so that they are never more than REVIEW.
+``letter`` (a Latin letter for a character: 加V信, 约p; and, rewritten in the text, a plus sign for 加:
++微信), ``decompose`` (a character written as its parts: 木仓 for 枪), ``pinyin`` (the pinyin of a CJK word in
+Latin letters) and ``homophone`` (other characters of the same sound). Hits that need ``pinyin``,
+``homophone`` or ``letter`` are fuzzier: ``FUZZY_RULES``, their severity is lowered so that they are never
+more than REVIEW.
 
 ``Folded.masks[i]`` holds the bits (``RULE_BITS``) of the rules that changed normalised character ``i``;
 ``masks`` is ``None`` when no rule changed anything. A text without any character a rule may change (most
@@ -67,6 +68,7 @@ T2S = RULE_BITS["t2s"]
 VARIANT = RULE_BITS["variant"]
 CONFUSABLE = RULE_BITS["confusable"]
 LEET = RULE_BITS["leet"]
+LETTER = RULE_BITS["letter"]
 
 
 def rule_names(bits: int) -> list[str]:
@@ -466,6 +468,24 @@ def key_grams(keys: Iterable[str]) -> frozenset[str]:
     return frozenset(grams)
 
 
+def _plus(text: str, rewritten: tuple[str, list[int]] | None) -> tuple[str, list[int]] | None:
+    """The ``letter`` rule's one symbol: a plus sign for 加 ("add") before a CJK character (+微信), or before a
+    Latin letter where it starts a word (+V信, +QQ); not in 5+3, C++, +86."""
+    chars = list(rewritten[0]) if rewritten is not None else list(text)
+    masks = rewritten[1] if rewritten is not None else [0] * len(text)
+    changed = False
+    for i in range(len(text) - 1):
+        if text[i] not in "+＋":
+            continue
+        after = text[i + 1]
+        starts_word = i == 0 or not text[i - 1].isalnum()
+        if is_cjk(after) or (starts_word and _latin_letter(after)):
+            chars[i] = "加"
+            masks[i] = LETTER
+            changed = True
+    return ("".join(chars), masks) if changed else rewritten
+
+
 def special_chars() -> frozenset[str]:
     """Every character a rule may change: a text with none of them folds as ``normalize`` folds it."""
     return _special()[0]
@@ -481,6 +501,8 @@ def fold(text: str, grams: frozenset[str] | None = None, special: bool = False) 
         return Folded(normalize(text), None)
     needs_rewrite = not looks.isdisjoint(text) or _LEET_NEAR_LETTER.search(text) is not None
     rewritten = _rewrite(text, contextual, grams) if needs_rewrite else None
+    if "+" in text or "＋" in text:
+        rewritten = _plus(text, rewritten)
     if rewritten is None:
         normalized = normalize(text)
         pre: list[int] | None = None

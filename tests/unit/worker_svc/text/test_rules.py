@@ -57,6 +57,8 @@ FOLDINGS = [
     ("letter", "加微信", "加V信"),
     ("letter", "加微信", "加vx"),
     ("letter", "约炮", "约P"),
+    ("letter", "加微信", "+微信"),  # a plus sign for 加
+    ("letter", "加微信", "+V信"),
     ("letter", "六合彩", "六h彩"),
     ("letter", "时时彩", "SSC"),  # all initials, in a Chinese text
     ("decompose", "枪支", "木仓支"),
@@ -158,6 +160,7 @@ def test_a_word_of_look_alikes_is_read_as_latin_outside_greek_and_cyrillic_text(
         "Du博士明天来开会",
         "他很会看人",  # 看 kàn is no 砍 kǎn
         "买Q币充值",  # Q is no letter for 枪
+        "微信号+86 138 0000 0000，C++ 和 5+3 都行",  # no plus sign for 加 here
         "换个彩色Q版头像",  # 彩色|Q版: no 色Q for 色情
         "Auguste Dupin solved the case",  # pinyin of 毒品 in an English sentence
         "强制执行的照片",
