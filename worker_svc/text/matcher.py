@@ -111,6 +111,7 @@ class _Key:
     base: str  # the folded lexicon word
     spelling: str  # the characters this key stands for (the automaton holds their sound)
     homophones: int  # the word's CJK characters when other characters of the same sound may stand for them, else 0
+    breaks: frozenset[int] | None  # a Latin word: where its spelling may be split by blanks (its own spaces)
 
 
 def _automaton(keys: dict[str, list[_Key]]) -> ahocorasick.Automaton | None:
@@ -121,6 +122,32 @@ def _automaton(keys: dict[str, list[_Key]]) -> ahocorasick.Automaton | None:
         automaton.add_word(spelling, (len(spelling), tuple(found)))
     automaton.make_automaton()
     return automaton
+
+
+def _breaks(word: str) -> frozenset[int]:
+    """Where a lexicon word's folded spelling has a blank of the word before it (``free money``: 4)."""
+    normalized = fold(word).normalized
+    return frozenset(
+        k
+        for k in range(1, len(normalized.text))
+        if any(c.isspace() for c in word[normalized.ends[k - 1] : normalized.offsets[k]])
+    )
+
+
+def _split_as_written(text: str, normalized: Normalized, first: int, length: int, breaks: frozenset[int]) -> bool:
+    """Whether a Latin word found at normalised ``first`` is split by blanks in the text only where the lexicon
+    word has its own (``free money``), or spelled out letter by letter (``h e r o i n``): ``hero in`` holds no
+    ``heroin``. Other separators (``c-a-s-i-n-o``, ``her.oin``) split it as they like."""
+    start, end = normalized.offsets[first], normalized.ends[first + length - 1]
+    pieces = text[start:end].split()
+    if len(pieces) < 2 or all(sum(c.isalpha() for c in piece) <= 1 for piece in pieces):
+        return True
+    offsets, ends = normalized.offsets, normalized.ends
+    for k in range(1, length):
+        gap = text[ends[first + k - 1] : offsets[first + k]]
+        if gap and k not in breaks and any(c.isspace() for c in gap):
+            return False
+    return True
 
 
 def _latin(ch: str) -> bool:
@@ -189,11 +216,11 @@ class Matcher:
         self._block_severity = block_severity
         keys: dict[str, _Key] = {}
         for key, (entry, folded) in chosen.items():
-            keys[key] = self._key(key, entry, 0, folded.masks, base=key)
+            keys[key] = self._key(key, entry, 0, folded.masks, base=key, breaks=_breaks(entry.word))
         for key, (entry, _) in chosen.items():
-            for spelling, bits, syllables in self._spellings(key, entry):
+            for spelling, bits, syllables, breaks in self._spellings(key, entry):
                 if spelling not in keys:
-                    keys[spelling] = self._key(spelling, entry, bits, None, syllables, key)
+                    keys[spelling] = self._key(spelling, entry, bits, None, syllables, key, breaks)
         self._grams = key_grams(keys)
         self._special = special_chars()
         self._sound_table: dict[int, str] | None = None
@@ -218,27 +245,30 @@ class Matcher:
                         sounds.setdefault(sound, []).append(keys[word])
         return _automaton(sounds)
 
-    def _spellings(self, key: str, entry: LexiconEntry) -> list[tuple[str, int, int]]:
+    def _spellings(self, key: str, entry: LexiconEntry) -> list[tuple[str, int, int, frozenset[int] | None]]:
         """The other spellings of a folded lexicon word: (spelling, the rule it needs, syllables for a pinyin or
-        homophone one, else 0), for the rules its category allows."""
+        homophone one, else 0, where blanks may split it: None for anywhere), for the rules its category
+        allows."""
         allowed = self._rules.bits(entry.category)
-        spellings: list[tuple[str, int, int]] = []
+        spellings: list[tuple[str, int, int, frozenset[int] | None]] = []
         if allowed & RULE_BITS["leet"]:
-            spellings += [(s, RULE_BITS["leet"], 0) for s in variants.leet_spellings(key)]
+            own = _breaks(entry.word)
+            spellings += [(s, RULE_BITS["leet"], 0, own) for s in variants.leet_spellings(key)]
             spellings += [
-                (fold(phrase).normalized.text, RULE_BITS["leet"], 0) for phrase in variants.leet_words(entry.word)
+                (fold(phrase).normalized.text, RULE_BITS["leet"], 0, _breaks(phrase))
+                for phrase in variants.leet_words(entry.word)
             ]
         if allowed & RULE_BITS["letter"]:
             initials = phonetic.initials(key)
             # a letter stands for a sound: judged like pinyin (彩色Q版 reads 彩色|Q版, no 色情 there)
             syllables = sum(1 for ch in key if is_cjk(ch))
-            spellings += [(s, RULE_BITS["letter"], syllables) for s in variants.letter_spellings(key, initials)]
+            spellings += [(s, RULE_BITS["letter"], syllables, None) for s in variants.letter_spellings(key, initials)]
             # all initials: Latin letters only, so a Latin word needing CJK text around it (syllables 1)
-            spellings += [(s, RULE_BITS["letter"], 1) for s in variants.initialisms(key, initials)]
+            spellings += [(s, RULE_BITS["letter"], 1, None) for s in variants.initialisms(key, initials)]
         if allowed & RULE_BITS["decompose"]:
-            spellings += [(s, RULE_BITS["decompose"], 0) for s in variants.decomposed(key)]
+            spellings += [(s, RULE_BITS["decompose"], 0, None) for s in variants.decomposed(key)]
         if allowed & (RULE_BITS["pinyin"] | RULE_BITS["homophone"]):
-            spellings += [(s, bits, n) for s, bits, n in phonetic.spellings(key) if bits & allowed]
+            spellings += [(s, bits, n, None) for s, bits, n in phonetic.spellings(key) if bits & allowed]
         return spellings
 
     def _key(
@@ -249,6 +279,7 @@ class Matcher:
         word_masks: tuple[int, ...] | None,
         syllables: int = 0,
         base: str = "",
+        breaks: frozenset[int] | None = None,
     ) -> _Key:
         allowed = self._rules.bits(entry.category)
         cjk = sum(1 for ch in spelling if is_cjk(ch))
@@ -265,6 +296,7 @@ class Matcher:
             base,
             spelling,
             homophones,
+            breaks,
         )
 
     @property
@@ -335,6 +367,8 @@ class Matcher:
                 if key.latin_start and not _starts_word(text, start):
                     continue
                 if key.latin_end and not _ends_word(text, end):
+                    continue
+                if key.breaks is not None and not _split_as_written(text, normalized, first, length, key.breaks):
                     continue
                 if masks is not None:
                     word_masks = key.word_masks

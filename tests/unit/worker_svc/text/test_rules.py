@@ -274,6 +274,8 @@ def test_a_traditional_lexicon_word_matches_itself_with_t2s_off() -> None:
         "I wanted to buy a gunmetal grey one",
         "John's ex-wife moved to Essex",
         "this is exactly it",
+        "He's a hero in his hometown",  # two words: a blank splits heroin where it has none
+        "a free moneyclip",
     ],
 )
 def test_a_latin_word_inside_a_longer_word_does_not_hit(text: str) -> None:
@@ -299,10 +301,13 @@ def test_a_latin_word_inside_a_longer_word_does_not_hit(text: str) -> None:
         ("去casino玩", "casino"),  # CJK characters are no letters
         ("casino2024 bonus", "casino"),  # nor are digits
         ("(casino)", "casino"),
+        ("h e r o i n for sale", "h e r o i n"),  # spelled out
+        ("her.oin", "her.oin"),  # other separators split it as they like
+        ("free\n money today", "free\n money"),  # the lexicon word's own blank
     ],
 )
 def test_a_latin_word_on_word_boundaries_hits(text: str, matched: str) -> None:
-    matcher = _matcher(("sex", "x", 3), ("casino", "x", 2))
+    matcher = _matcher(("sex", "x", 3), ("casino", "x", 2), ("heroin", "x", 3), ("free money", "x", 1))
 
     assert [h.matched_text for h in matcher.match(text).hits] == [matched]
 
