@@ -282,6 +282,7 @@ def _confusables() -> tuple[dict[str, str], dict[str, str]]:
 #: symbols standing for letters; 1, !, | stand for i or l and stay "1" (the lexicon side expands them)
 LEET_SYMBOLS = {"@": "a", "$": "s", "!": "1", "|": "1", "+": "t", "€": "e", "¡": "1"}
 LEET_DIGITS = {"0": "o", "1": "1", "3": "e", "4": "a", "5": "s", "7": "t", "8": "b", "9": "g"}
+_SYMBOLS = "".join(LEET_SYMBOLS)
 #: the placeholder for i or l
 AMBIGUOUS = "1"
 
@@ -344,9 +345,28 @@ def _rewrite(text: str, contextual: frozenset[str], grams: frozenset[str] | None
         if j == i:
             done = i + 1
             continue
-        changed = _rewrite_word(chars, masks, i, j, latin, grams) or changed
+        if grams is None or _maybe_worth(text[i:j], grams):
+            changed = _rewrite_word(chars, masks, i, j, latin, grams) or changed
         done = j
     return ("".join(chars), masks) if changed else None
+
+
+@cache
+def _quick() -> dict[int, str]:
+    """For ``str.translate``: leet digits and symbols (half- and full-width) as the letters they stand for."""
+    table = {ord(c): t for c, t in {**LEET_SYMBOLS, **LEET_DIGITS}.items()}
+    table.update({ord(c) + 0xFEE0: t for c, t in LEET_DIGITS.items()})
+    return table
+
+
+def _maybe_worth(word: str, grams: frozenset[str]) -> bool:
+    """A quick no for a word of ASCII letters, digits and leet symbols whose leet reading lies inside no Latin
+    lexicon word, whole or without the symbols at its ends (5G, 4K, 7pm, Q3): ``_rewrite_word`` need not look."""
+    quick = word.translate(_quick()).casefold()
+    if not (quick.isascii() and quick.isalnum()):
+        return True
+    core = word.strip(_SYMBOLS).translate(_quick()).casefold()
+    return _in_some_key(quick, grams) or (bool(core) and _in_some_key(core, grams))
 
 
 @cache
