@@ -325,12 +325,13 @@ class Matcher:
         plain = normalized.text
         if self._automaton is None or not plain:
             return MatchResult((), Verdict.PASS, plain)
-        found: dict[tuple[str, int, int], tuple[int, LexiconEntry]] = {}
         table = self._sound_table
         matches = self._automaton.iter(plain if table is None or plain.isascii() else plain.translate(table))
         first = next(matches, None)
-        if first is not None:
-            self._scan(text, normalized, masks, chain((first,), matches), found)
+        if first is None:
+            return MatchResult((), Verdict.PASS, plain)
+        found: dict[tuple[str, int, int], tuple[int, LexiconEntry]] = {}
+        self._scan(text, normalized, masks, chain((first,), matches), found)
         if not found:
             return MatchResult((), Verdict.PASS, plain)
         hits = [self._hit(text, entry, start, end, bits) for (_, start, end), (bits, entry) in found.items()]

@@ -102,10 +102,10 @@ def _unknown() -> float:
     return min(words.values()) - 1.0 if words else -20.0
 
 
-def _best(text: str) -> float:
-    """The log-likelihood of the most likely segmentation of ``text`` into dictionary words (jieba's way: the
-    highest product of word frequencies); a character the dictionary lacks is a word of its own, and a run of
-    Latin letters one word of ``_LATIN`` likelihood."""
+def _best(text: str) -> list[float]:
+    """For each position of ``text``, the log-likelihood of the most likely segmentation of the rest of it into
+    dictionary words (jieba's way: the highest product of word frequencies); a character the dictionary lacks is
+    a word of its own, and a run of Latin letters one word of ``_LATIN`` likelihood. ``[0]`` is the whole text's."""
     words = dictionary()
     unknown = _unknown()
     n = len(text)
@@ -126,7 +126,7 @@ def _best(text: str) -> float:
             if len(piece) == length and piece in words:
                 score = max(score, words[piece] + best[i + length])
         best[i] = score
-    return best[0]
+    return best
 
 
 @cache
@@ -251,16 +251,18 @@ def _ordinary(text: str, start: int, end: int, word: str) -> bool:
     as_word = max(words.get(word, _LEXICON), _LEXICON)
     if not latin and not _crossed(text, start, words) and not _crossed(text, end, words):
         # no dictionary word crosses its ends: the text around reads the same either way
-        return _best(found) + math.log(_HOMOPHONE_ODDS) > as_word
+        return _best(found)[0] + math.log(_HOMOPHONE_ODDS) > as_word
     low, high = max(0, start - 4), min(len(text), end + 4)
-    left, right = text[low:start], text[end:high]
-    read_as_word = _best(left) + as_word + _best(right)
-    if not latin:
-        return _best(text[low:high]) + math.log(_HOMOPHONE_ODDS) > read_as_word
-    window = left + word + right
-    if not _crossed(window, len(left), words) and not _crossed(window, len(left) + len(word), words):
+    left = text[low:start]
+    middle = found if not latin else word
+    window = left + middle + text[end:high]
+    if latin and not _crossed(window, len(left), words) and not _crossed(window, len(left) + len(middle), words):
         return False  # no dictionary word even crosses its ends: nothing else to read there
-    return _best(window) > read_as_word + 1e-9
+    scores = _best(window)  # the whole window's, and from its right part on (a suffix reads alike either way)
+    read_as_word = _best(left)[0] + as_word + scores[len(left) + len(middle)]
+    if not latin:
+        return scores[0] + math.log(_HOMOPHONE_ODDS) > read_as_word
+    return scores[0] > read_as_word + 1e-9
 
 
 def _crossed(text: str, at: int, words: dict[str, float]) -> bool:
