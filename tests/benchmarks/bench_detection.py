@@ -43,47 +43,59 @@ class _PlainHit:
     matched_text: str
 
 
-def _plain_match(
-    entries: list[LexiconEntry], block_severity: int = 3
-) -> Callable[[str], tuple[list[_PlainHit], MatchResult]]:
-    """The matching of before the disguise rules, as `Matcher.match` did it: the normalised text through one
-    automaton of the plain words, each hit mapped back to its original span once, sorted, and the verdict."""
-    chosen: dict[str, LexiconEntry] = {}
-    for entry in entries:
-        key = normalize_word(entry.word)
-        if key not in chosen or entry.severity > chosen[key].severity:
-            chosen[key] = entry
-    automaton = ahocorasick.Automaton(ahocorasick.STORE_ANY)
-    for key, entry in chosen.items():
-        automaton.add_word(key, (len(key), entry))
-    automaton.make_automaton()
+def _plain_order(hit: _PlainHit) -> tuple[int, int, str]:
+    return hit.start, hit.start - hit.end, hit.word
 
-    def match(text: str) -> tuple[list[_PlainHit], MatchResult]:
+
+class PlainMatcher:
+    """The matcher as it was before the disguise rules (``worker_svc.text.matcher.Matcher`` at the commit before
+    issue 18, its ``__init__`` and ``match`` as they were): the normalised text through one automaton of the plain
+    words, each hit mapped back to its original span once, sorted, and the verdict."""
+
+    def __init__(self, entries: list[LexiconEntry], block_severity: int = 3) -> None:
+        chosen: dict[str, LexiconEntry] = {}
+        for entry in entries:
+            key = normalize_word(entry.word)
+            previous = chosen.get(key)
+            if previous is None or entry.severity > previous.severity:
+                chosen[key] = entry
+        self._block_severity = block_severity
+        automaton = ahocorasick.Automaton(ahocorasick.STORE_ANY)
+        for key, entry in chosen.items():
+            automaton.add_word(key, (len(key), entry))
+        automaton.make_automaton()
+        self._automaton = automaton
+
+    def match(self, text: str) -> tuple[list[_PlainHit], MatchResult]:
         normalized = normalize(text)
-        if not normalized.text:
+        if self._automaton is None or not normalized.text:
             return [], MatchResult((), Verdict.PASS, normalized.text)
-        offsets, ends = normalized.offsets, normalized.ends
+        offsets = normalized.offsets
+        ends = normalized.ends
         hits: list[_PlainHit] = []
         seen: set[tuple[str, int, int]] = set()
-        for last, (length, entry) in automaton.iter(normalized.text):
-            start, end = offsets[last - length + 1], ends[last]
+        for last, (length, entry) in self._automaton.iter(normalized.text):
+            start = offsets[last - length + 1]
+            end = ends[last]
             key = (entry.word, start, end)
             if key in seen:
                 continue
             seen.add(key)
             hits.append(_PlainHit(entry.word, entry.category, entry.severity, start, end, text[start:end]))
-        hits.sort(key=lambda h: (h.start, h.start - h.end, h.word))
-        verdict = (
-            Verdict.PASS
-            if not hits
-            else Verdict.BLOCK
-            if max(h.severity for h in hits) >= block_severity
-            else Verdict.REVIEW
-        )
-        # the result object, as Matcher.match made one for every text (holding the six-field hits above)
-        return hits, MatchResult((), verdict, normalized.text)
+        hits.sort(key=_plain_order)
+        # the result as it was made (its hits were these six-field ones; the tuple is left empty here)
+        return hits, MatchResult((), self._verdict(hits), normalized.text)
 
-    return match
+    def _verdict(self, hits: list[_PlainHit]) -> Verdict:
+        if not hits:
+            return Verdict.PASS
+        if max(hit.severity for hit in hits) >= self._block_severity:
+            return Verdict.BLOCK
+        return Verdict.REVIEW
+
+
+def _plain_match(entries: list[LexiconEntry]) -> Callable[[str], tuple[list[_PlainHit], MatchResult]]:
+    return PlainMatcher(entries).match
 
 
 @dataclass
