@@ -221,7 +221,7 @@ class Matcher:
             for spelling, bits, syllables, breaks in self._spellings(key, entry):
                 if spelling not in keys:
                     keys[spelling] = self._key(spelling, entry, bits, None, syllables, key, breaks)
-        self._grams = key_grams(keys)
+        self._grams = key_grams(keys, [entry.word for entry, _ in chosen.values()])
         self._special = special_chars()
         self._sound_table: dict[int, str] | None = None
         self._automaton = self._sounds(keys, chosen)

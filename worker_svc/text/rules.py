@@ -472,19 +472,24 @@ def _worth(new: list[str], grams: frozenset[str]) -> bool:
 
 
 def _in_some_key(word: str, grams: frozenset[str]) -> bool:
-    """Whether ``word`` may lie inside a lexicon word whose pieces of up to three characters are ``grams``."""
+    """Whether ``word`` (rewritten, one word of the text) may be part of a Latin lexicon word whose pieces are
+    ``grams`` (``key_grams``): a single letter (spelled out) always, two letters only as a word of its own in the
+    lexicon (``qq``, not the ``ak`` of 4K inside ``fake``), else every three letters in a row in a key."""
     if len(word) < 3:
-        return word in grams
+        return len(word) == 1 or word in grams
     return all(word[i : i + 3] in grams for i in range(len(word) - 2))
 
 
-def key_grams(keys: Iterable[str]) -> frozenset[str]:
-    """The pieces of one to three characters of the Latin runs of folded lexicon keys (for ``fold``'s ``grams``)."""
+def key_grams(keys: Iterable[str], words: Iterable[str]) -> frozenset[str]:
+    """For ``fold``'s ``grams``: the pieces of three characters of the Latin runs of the folded lexicon keys,
+    and the words of two letters of the lexicon words (a hit holds whole words of the text)."""
     grams: set[str] = set()
     for key in keys:
         for run in re.findall(r"[a-z0-9]+", key):
-            for size in (1, 2, 3):
-                grams.update(run[i : i + size] for i in range(len(run) - size + 1))
+            grams.update(run[i : i + 3] for i in range(len(run) - 2))
+    for word in words:
+        plain = unicodedata.normalize("NFKC", word).casefold()
+        grams.update(token for token in re.findall(r"[a-z0-9]+", plain) if len(token) == 2)
     return frozenset(grams)
 
 
