@@ -63,6 +63,7 @@ def _hit(h: Mapping[str, Any]) -> types_pb2.Hit:
         start=h["start"],
         end=h["end"],
         matched_text=h["matched_text"],
+        rules=[r for r in h.get("rules") or () if isinstance(r, str)],
     )
     if isinstance(h.get("line"), int):  # OCR: where it lies in the lines read
         hit.line = _uint(h["line"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -27,6 +28,8 @@ from sieve.outbound.policy import policy_for
 from sieve.v1 import types_pb2
 
 ENV_PREFIX = "SIEVE_"
+#: the shape of SIEVE_TEXT_RULES (the worker checks the rule names: worker_svc/text/rules.py)
+_TEXT_RULES = re.compile(r"\s*(?:[^=;\s][^=;]*=\s*-?[a-z0-9]+(?:\s*,\s*-?[a-z0-9]+)*\s*(?:;\s*|$))*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +273,10 @@ class Settings:
     #: A worker looks at the lexicon's version row this often and reloads it when it moved (its lexicon-check job;
     #: a change is also noticed at once by LISTEN sieve_lexicon).
     lexicon_check_interval_s: float = 5.0
+    #: Disguise rules of text matching per lexicon category, "category=rule,rule;*=rule,...": "*" is every other
+    #: category; a list may say all, none and -rule ("*=all,-pinyin"). Rules: t2s, variant, confusable, leet,
+    #: letter, decompose, pinyin, homophone (worker_svc/text/rules.py). Empty: every rule on for every category.
+    text_rules: str = ""
     #: Tests only: "cpu=10,memory=20,gpu_memory=0" fixes the worker's resource readings.
     fixed_resources: str = ""
     #: Allows the test-only hooks (fixed_resources, ocr_fault): without it a service with either set refuses to start.
@@ -308,6 +315,12 @@ class Settings:
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
 
+    def _validate_text_rules(self) -> None:
+        if self.text_rules and not _TEXT_RULES.fullmatch(self.text_rules):
+            raise SettingsError(
+                "SIEVE_TEXT_RULES must be 'category=rule,rule;*=rule,...' (rules: lower-case names, all, none, -rule)"
+            )
+
     def validate(self) -> None:
         """Rejects settings that cannot work together, naming the variable."""
         positive = (
@@ -333,6 +346,7 @@ class Settings:
             raise SettingsError(
                 "SIEVE_LEXICON_CHECK_INTERVAL_S must be more than 0 and SIEVE_OCR_HEALTH_INTERVAL_S 0 (off) or more"
             )
+        self._validate_text_rules()
         if not 0 < self.stats_fold_interval_s < float("inf"):
             raise SettingsError("SIEVE_STATS_FOLD_INTERVAL_S must be more than 0")
         if not 0 <= self.ocr_model_check_interval_s < float("inf"):

@@ -81,6 +81,7 @@ def hits_json(hits: Sequence[Hit]) -> str:
                 "start": h.start,
                 "end": h.end,
                 "matched_text": h.matched_text,
+                "rules": h.rules,
             }
             for h in hits
         ],

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import asyncpg
 
 from sieve.settings import Settings
-from worker_svc.text import LexiconEntry, Matcher, load_lexicon_file
+from worker_svc.text import LexiconEntry, Matcher, RuleConfig, load_lexicon_file
 
 log = logging.getLogger("sieve.worker.lexicon")
 #: how often the LISTEN connection is looked at, and the wait before opening it again after an error
@@ -48,6 +48,10 @@ class Lexicon:
     def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
         self.pool = pool
         self.settings = settings
+        try:
+            self.rules = RuleConfig.parse(settings.text_rules)
+        except ValueError as exc:
+            raise ValueError(f"SIEVE_TEXT_RULES: {exc}") from None
         self.matcher = Matcher(())
         self.version = -1
         self._changed = asyncio.Event()
@@ -57,7 +61,9 @@ class Lexicon:
         async with self.pool.acquire() as conn:
             version = await conn.fetchval("SELECT version FROM lexicon_version")
             rows = await conn.fetch("SELECT word, category, severity FROM lexicon")
-        self.matcher = Matcher((LexiconEntry(r["word"], r["category"], r["severity"]) for r in rows), version=version)
+        entries = [LexiconEntry(r["word"], r["category"], r["severity"]) for r in rows]
+        # building folds every word and its spellings (and, the first time, loads the rule tables): not on the loop
+        self.matcher = await asyncio.to_thread(Matcher, entries, version=version, rules=self.rules)
         self.version = version
         log.info("lexicon version %d loaded: %d words", version, self.matcher.size)
 

@@ -178,7 +178,11 @@ def body_of(delivery: DueDelivery) -> bytes:
         if delivery.status == "SUCCEEDED" and task["verdict"] is not None:
             payload["verdict"] = task["verdict"]
             payload["hits"] = [
-                {k: h[k] for k in ("word", "category", "severity", "start", "end", "matched_text", "line") if k in h}
+                {
+                    k: h[k]
+                    for k in ("word", "category", "severity", "start", "end", "matched_text", "line", "rules")
+                    if k in h
+                }
                 for h in task["hits"] or []
             ]
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode()

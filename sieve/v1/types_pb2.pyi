@@ -81,7 +81,7 @@ class StatusChange(_message.Message):
     def __init__(self, status: _Optional[_Union[TaskStatus, str]] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempt: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class Hit(_message.Message):
-    __slots__ = ("word", "category", "severity", "start", "end", "matched_text", "line", "line_start", "line_end", "spans")
+    __slots__ = ("word", "category", "severity", "start", "end", "matched_text", "line", "line_start", "line_end", "spans", "rules")
     WORD_FIELD_NUMBER: _ClassVar[int]
     CATEGORY_FIELD_NUMBER: _ClassVar[int]
     SEVERITY_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +92,7 @@ class Hit(_message.Message):
     LINE_START_FIELD_NUMBER: _ClassVar[int]
     LINE_END_FIELD_NUMBER: _ClassVar[int]
     SPANS_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
     word: str
     category: str
     severity: int
@@ -102,7 +103,8 @@ class Hit(_message.Message):
     line_start: int
     line_end: int
     spans: _containers.RepeatedCompositeFieldContainer[HitSpan]
-    def __init__(self, word: _Optional[str] = ..., category: _Optional[str] = ..., severity: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., matched_text: _Optional[str] = ..., line: _Optional[int] = ..., line_start: _Optional[int] = ..., line_end: _Optional[int] = ..., spans: _Optional[_Iterable[_Union[HitSpan, _Mapping]]] = ...) -> None: ...
+    rules: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, word: _Optional[str] = ..., category: _Optional[str] = ..., severity: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., matched_text: _Optional[str] = ..., line: _Optional[int] = ..., line_start: _Optional[int] = ..., line_end: _Optional[int] = ..., spans: _Optional[_Iterable[_Union[HitSpan, _Mapping]]] = ..., rules: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HitSpan(_message.Message):
     __slots__ = ("line", "start", "end")

@@ -22,6 +22,9 @@ Redis keys and schema afterwards):
     external    slot utilisation of external jobs with a backlog (busy / available slot-seconds) and polls per
                 job, the default 10 s tick (context) and a 1 s one: >= 0.9 (intake, scheduler, engine in-process,
                 a provider on loopback)
+    detection   text matching on the evaluation corpus (tests/data/detection/), in this process, no services:
+                recall on disguised words >= 0.95, false positives on ordinary text <= 0.5 %, per-kind table;
+                matching speed within 2 x of the matcher before the disguise rules
     claims      (only when asked for) the queue store's claim rate, 10 vs 100 000 devices: context
 
 --smoke runs every benchmark at small sizes: it shows the whole path works, not the numbers (the CI smoke test,
@@ -42,6 +45,7 @@ from pathlib import Path
 from tests.benchmarks import (
     bench_celery,
     bench_cost,
+    bench_detection,
     bench_external,
     bench_fairness,
     bench_notify,
@@ -67,6 +71,7 @@ DEFAULT = (
     "obedient",
     "notify",
     "external",
+    "detection",
 )
 ALL = (*DEFAULT, "claims")
 
@@ -189,6 +194,11 @@ class Runner:
         log(f"{bench_external.describe(default)}\n{bench_external.describe(short)}")
         return bench_external.rows(default, short)
 
+    async def _detection(self) -> list[Row]:
+        r = await asyncio.to_thread(bench_detection.measure, self.sizes.detection_repeats)
+        log(bench_detection.describe(r))
+        return bench_detection.rows(r)
+
     async def _claims(self) -> list[Row]:
         s = self.sizes
         small, large = await bench_fairness.claims(large=s.claims_large, rounds=s.claims_rounds)
@@ -209,6 +219,8 @@ TARGETS = {
     "notify": f"p50 <= {bench_notify.WATCH_P50_TARGET_S * 1000:.0f} ms",
     "external": f">= {bench_external.TARGET}",
     "claims": "context",
+    "detection": f"recall >= {bench_detection.RECALL_TARGET}, FPR <= {bench_detection.FPR_TARGET:.1%}, "
+    f"speed <= {bench_detection.SPEED_TARGET:g} x",
 }
 
 

@@ -26,6 +26,7 @@ class Sizes:
     claims_rounds: int
     #: default tick, shorter tick, jobs, devices, cap, (shortest, longest) job duration
     external: tuple[float, float, int, int, int, tuple[float, float]]
+    detection_repeats: int
 
 
 FULL = Sizes(
@@ -44,6 +45,7 @@ FULL = Sizes(
     100_000,
     3000,
     (10.0, 1.0, 20, 5, 5, (15.0, 35.0)),
+    15,
 )
 SMOKE = Sizes(
     2000,
@@ -61,4 +63,5 @@ SMOKE = Sizes(
     10_000,
     500,
     (1.0, 0.2, 20, 4, 5, (0.5, 1.5)),
+    2,
 )

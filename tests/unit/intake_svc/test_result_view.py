@@ -131,3 +131,10 @@ def test_the_processing_time_is_the_total_or_else_the_sum_of_the_stages() -> Non
     assert processing_time_ms({"fetch": 10.0, "match": 1.0}) == 11.0
     assert processing_time_ms({"fetch": 10.0, "total": 40.0}) == 40.0
     assert processing_time_ms({}) == 0.0
+
+
+def test_a_hit_says_which_disguise_rules_it_needed() -> None:
+    disguised = {**HIT, "matched_text": "賭博", "rules": ["t2s"]}
+    result = result_message(row({"timings_ms": {"match": 0.25}}, hits=[disguised, HIT, {**HIT, "rules": [3, "leet"]}]))
+
+    assert [list(hit.rules) for hit in result.hits] == [["t2s"], [], ["leet"]]

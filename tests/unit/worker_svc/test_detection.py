@@ -41,3 +41,16 @@ def test_the_stored_hits_and_details_are_the_matchers_own() -> None:
     )
     assert {h["word"] for h in first} == {"赌博", "casino"}
     assert all(TEXTS[0][h["start"] : h["end"]] == h["matched_text"] for h in first)
+
+
+def test_a_disguised_word_is_stored_with_the_rules_it_needed() -> None:
+    matcher = Matcher([LexiconEntry("赌博", "gambling", 3), LexiconEntry("casino", "gambling", 2)], version=7)
+    text = "網上賭博 and c4sino"
+
+    stored = json.loads(detect_text(Started(uuid.uuid4(), "TEXT", 1, text, None, None, None), matcher, "w").hits_json)
+
+    assert [(h["word"], h["matched_text"], h["rules"]) for h in stored] == [
+        ("赌博", "賭博", ["t2s"]),
+        ("casino", "c4sino", ["leet"]),
+    ]
+    assert all(text[h["start"] : h["end"]] == h["matched_text"] for h in stored)

@@ -96,16 +96,21 @@ def test_every_hit_maps_back_to_the_original_text() -> None:
 
 
 def test_overlapping_words_are_all_found() -> None:
-    # Given lexicon words that overlap each other
-    matcher = _matcher(("ab", "x", 1), ("bc", "x", 1), ("abc", "x", 1))
+    # Given lexicon words that overlap each other (CJK words match anywhere; a Latin word only on word
+    # boundaries, so the overlapping Latin words are whole words here)
+    matcher = _matcher(
+        ("赌博", "x", 1), ("博彩", "x", 1), ("赌博彩", "x", 1), ("free money", "x", 1), ("money laundering", "x", 1)
+    )
 
-    result = matcher.match("abcd")
+    result = matcher.match("赌博彩票 free money laundering")
 
-    # Then all three are found, sorted by start and longest first
+    # Then all of them are found, sorted by start and longest first
     assert [(hit.word, hit.start, hit.end) for hit in result.hits] == [
-        ("abc", 0, 3),
-        ("ab", 0, 2),
-        ("bc", 1, 3),
+        ("赌博彩", 0, 3),
+        ("赌博", 0, 2),
+        ("博彩", 1, 3),
+        ("free money", 5, 15),
+        ("money laundering", 10, 26),
     ]
 
 

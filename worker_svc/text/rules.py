@@ -1,0 +1,549 @@
+"""The disguise-folding rules of the matcher, and the folded view of a text they give (``fold``).
+
+``worker_svc.text.normalize`` folds what is never meaningful (width, case, separators, invisible
+characters). The rules here fold what is *usually* a disguise, and each of them can be switched per
+lexicon category (``RuleConfig``, the ``SIEVE_TEXT_RULES`` setting) and is named in every hit it made
+possible. Rules that rewrite the text (``fold``), one original code point to one, so that the map back to
+the original characters stays exact:
+
+* ``t2s`` traditional Chinese characters to simplified ones (OpenCC's ``t2s`` dictionary, character by
+  character: 賭博 -> 赌博);
+* ``variant`` CJK variant forms to the standard one (OpenCC's Taiwan, Hong Kong and Japanese shinjitai
+  variant dictionaries, for characters outside GB 2312 only, and a small table of old forms they do not cover:
+  靑 -> 青, 砲 -> 炮);
+* ``confusable`` look-alike letters to their Latin skeleton inside Latin-script words (Cyrillic ``а``,
+  Greek ``ο`` … in ``cаsinο``; the Unicode confusables table, ``confusable-homoglyphs``' data, and a table of
+  the Cyrillic, Greek, Armenian and small-capital look-alikes it leaves out), and CJK
+  radicals and strokes to the ideograph they look like (⺟ -> 母);
+* ``leet`` digits and symbols for letters inside a word that has Latin letters (``f@ke p4ssport``,
+  ``c0ca1ne``): ``4 @`` -> a, ``3 €`` -> e, ``0`` -> o, ``5 $`` -> s, ``7 +`` -> t, ``8`` -> b, ``9`` -> g;
+  ``1 ! |`` stand for either ``i`` or ``l`` and are kept as ``1``, which the lexicon side expands
+  (``worker_svc.text.variants``). A number on its own (``5 000``, ``2026``) is never touched.
+
+Rules that add spellings to the lexicon side (``worker_svc.text.variants``, ``worker_svc.text.phonetic``):
+``letter`` (a Latin letter for a character: 加V信, 约p; and, rewritten in the text, a plus sign for 加:
++微信), ``decompose`` (a character written as its parts: 木仓 for 枪), ``pinyin`` (the pinyin of a CJK word in
+Latin letters) and ``homophone`` (other characters of the same sound). Hits that need ``pinyin``,
+``homophone`` or ``letter`` are fuzzier: ``FUZZY_RULES``, their severity is lowered so that they are never
+more than REVIEW.
+
+``Folded.masks[i]`` holds the bits (``RULE_BITS``) of the rules that changed normalised character ``i``;
+``masks`` is ``None`` when no rule changed anything. A text without any character a rule may change (most
+texts) costs one set look-up per character more than ``normalize``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from itertools import compress
+
+from worker_svc.text.normalize import Normalized, normalize
+
+__all__ = [
+    "FUZZY_RULES",
+    "RULES",
+    "RULE_BITS",
+    "Folded",
+    "RuleConfig",
+    "fold",
+    "is_cjk",
+    "rule_names",
+]
+
+#: every rule, in the order hits name them
+RULES: tuple[str, ...] = ("t2s", "variant", "confusable", "leet", "letter", "decompose", "pinyin", "homophone")
+RULE_BITS: dict[str, int] = {name: 1 << i for i, name in enumerate(RULES)}
+ALL_BITS = (1 << len(RULES)) - 1
+#: rules whose hits are fuzzier: their severity is lowered below the block severity (REVIEW at most)
+FUZZY_RULES: frozenset[str] = frozenset({"pinyin", "homophone", "letter"})
+FUZZY_BITS = sum(RULE_BITS[name] for name in FUZZY_RULES)
+
+T2S = RULE_BITS["t2s"]
+VARIANT = RULE_BITS["variant"]
+CONFUSABLE = RULE_BITS["confusable"]
+LEET = RULE_BITS["leet"]
+LETTER = RULE_BITS["letter"]
+
+
+def rule_names(bits: int) -> list[str]:
+    """The names of the rules in ``bits``, in ``RULES`` order (a new list each time)."""
+    return list(_rule_names(bits))
+
+
+@cache
+def _rule_names(bits: int) -> tuple[str, ...]:
+    return tuple(name for name in RULES if bits & RULE_BITS[name])
+
+
+def is_cjk(ch: str) -> bool:
+    """A CJK ideograph (unified, extensions, compatibility) — the characters that match without boundaries."""
+    cp = ord(ch)
+    return (
+        0x4E00 <= cp <= 0x9FFF
+        or 0x3400 <= cp <= 0x4DBF
+        or 0x20000 <= cp <= 0x3134F
+        or 0xF900 <= cp <= 0xFAFF
+        or cp == 0x3007
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RuleConfig:
+    """Which rules are on for which lexicon category: ``per_category`` names the categories set explicitly,
+    every other category gets ``default``. Parsed from ``SIEVE_TEXT_RULES`` by ``parse``."""
+
+    default: int = ALL_BITS
+    per_category: Mapping[str, int] | None = None
+
+    def bits(self, category: str) -> int:
+        if self.per_category:
+            return self.per_category.get(category, self.default)
+        return self.default
+
+    @classmethod
+    def parse(cls, spec: str) -> RuleConfig:
+        """``category=rule,rule;*=rule,...``: ``*`` is every other category; a list may say ``all``, ``none``
+        and ``-rule`` (``*=all,-pinyin``). An empty spec: every rule on everywhere. ``ValueError`` names what is
+        wrong."""
+        default = ALL_BITS
+        per: dict[str, int] = {}
+        for part in spec.split(";"):
+            part = part.strip()
+            if not part:
+                continue
+            category, sep, names = part.partition("=")
+            category = category.strip()
+            if not sep or not category:
+                raise ValueError(f"expected 'category=rule,rule' or '*=rule,...', got {part!r}")
+            bits = cls._bits(names)
+            if category == "*":
+                default = bits
+            else:
+                per[category] = bits
+        return cls(default, per or None)
+
+    @staticmethod
+    def _bits(names: str) -> int:
+        bits = 0
+        for raw in names.split(","):
+            name = raw.strip()
+            if not name:
+                continue
+            if name == "all":
+                bits = ALL_BITS
+            elif name == "none":
+                bits = 0
+            elif name.startswith("-") and name[1:] in RULE_BITS:
+                bits &= ~RULE_BITS[name[1:]]
+            elif name in RULE_BITS:
+                bits |= RULE_BITS[name]
+            else:
+                raise ValueError(f"unknown rule {name!r} (rules: {', '.join(RULES)}, all, none, -rule)")
+        return bits
+
+
+@dataclass(frozen=True, slots=True)
+class Folded:
+    """A text normalised and folded by the rules: ``normalized`` (text, offsets back to the original) and, per
+    normalised character, the bits of the rules that changed it (``None``: no rule changed anything)."""
+
+    normalized: Normalized
+    masks: tuple[int, ...] | None
+
+
+# --- the tables -------------------------------------------------------------------------------------------------
+
+#: old and variant CJK forms OpenCC's dictionaries leave as they are (checked against t2s, tw2s, hk2s, jp2t)
+_VARIANTS_EXTRA = {
+    "囯": "国", "吿": "告", "兎": "兔", "靑": "青", "塲": "场", "虵": "蛇", "㑹": "会", "鎗": "枪",
+    "砲": "炮", "礮": "炮", "賍": "赃", "婬": "淫", "寳": "宝", "叅": "参", "緖": "绪", "槪": "概",
+    "硏": "研", "衞": "卫", "敎": "教", "眞": "真", "戶": "户", "卽": "即", "旣": "既", "麽": "么",
+    "菸": "烟", "姦": "奸", "汙": "污", "叄": "叁", "粧": "妆", "傌": "骂", "氷": "冰", "歺": "歹",
+    "冐": "冒", "冩": "写", "咊": "和", "秊": "年", "鎚": "锤", "鑚": "钻", "錬": "炼", "縂": "总",
+    "愽": "博", "躶": "裸", "勅": "敕", "皷": "鼓", "釼": "剑", "劔": "剑", "刼": "劫", "獃": "呆",
+}  # fmt: skip
+
+_CJK_RANGES = ((0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF), (0x20000, 0x2A6DF))
+
+
+@cache
+def _cjk_table() -> dict[int, str]:
+    """Ideograph -> its simplified / standard form (one character), for ``str.translate``."""
+    import opencc  # the C++ library; loaded on first use (a worker builds its Matcher once)
+
+    chars = "".join(chr(cp) for low, high in _CJK_RANGES for cp in range(low, high + 1))
+    table: dict[int, str] = {}
+
+    def convert(config: str, text: str) -> list[str]:
+        # one character a line: OpenCC converts character by character, no phrase spans two lines
+        out = opencc.OpenCC(config).convert("\n".join(text)).split("\n")
+        return out if len(out) == len(text) else list(text)
+
+    t2s = convert("t2s", chars)
+    for source, target in zip(chars, t2s, strict=True):
+        if len(target) == 1 and target != source:
+            table[ord(source)] = target
+    variants = [convert("tw2s", chars), convert("hk2s", chars), convert("t2s", "".join(_one(convert("jp2t", chars))))]
+    for i, source in enumerate(chars):
+        if ord(source) in table or _simplified(source):
+            continue
+        for converted in variants:
+            target = converted[i]
+            if len(target) == 1 and target != source:
+                table[ord(source)] = target
+                break
+    for source, target in _VARIANTS_EXTRA.items():
+        table[ord(source)] = target
+    return table
+
+
+def _simplified(ch: str) -> bool:
+    """A character of GB 2312, the simplified Chinese set: an ordinary character of Chinese text, whatever the
+    Japanese or regional dictionaries make of it (欠 is Japanese for 缺, and "owe" in Chinese)."""
+    try:
+        ch.encode("gb2312")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _one(items: list[str]) -> list[str]:
+    return [item if len(item) == 1 else "\ufffd" for item in items]
+
+
+@cache
+def _cjk_sources() -> frozenset[str]:
+    return frozenset(chr(cp) for cp in _cjk_table())
+
+
+@cache
+def _cjk_rule() -> dict[str, int]:
+    """Which rule a change of ``_cjk_table`` is: t2s when OpenCC's t2s does it, else variant."""
+    import opencc
+
+    converter = opencc.OpenCC("t2s")
+    return {chr(cp): (T2S if converter.convert(chr(cp)) == target else VARIANT) for cp, target in _cjk_table().items()}
+
+
+#: look-alikes of Latin letters that the confusables data leaves out or maps elsewhere (its skeletons map some
+#: lower-case Greek and Cyrillic letters to other look-alikes, such as kappa to kra): Cyrillic, Greek, Armenian
+#: and small capitals, as they are used to disguise Latin words
+_LATIN_EXTRA = {
+    "а": "a", "в": "b", "е": "e", "ё": "e", "к": "k", "м": "m", "н": "h", "о": "o", "р": "p", "с": "c",
+    "т": "t", "у": "y", "х": "x", "ѕ": "s", "і": "i", "ї": "i", "ј": "j", "ԁ": "d", "һ": "h", "ь": "b",
+    "п": "n", "г": "r", "ш": "w", "ӏ": "l", "ԛ": "q", "ԝ": "w", "ѡ": "w", "ү": "y", "ѵ": "v",
+    "А": "a", "В": "b", "Е": "e", "К": "k", "М": "m", "Н": "h", "О": "o", "Р": "p", "С": "c", "Т": "t",
+    "У": "y", "Х": "x", "Ѕ": "s", "І": "i", "Ј": "j", "Ь": "b", "Ԛ": "q", "Ԝ": "w", "Ү": "y",
+    "α": "a", "β": "b", "γ": "y", "ε": "e", "η": "n", "ι": "i", "κ": "k", "ν": "v", "ο": "o", "ρ": "p",
+    "σ": "o", "τ": "t", "υ": "u", "χ": "x", "ω": "w", "ϲ": "c", "ϳ": "j",
+    "Α": "a", "Β": "b", "Ε": "e", "Ζ": "z", "Η": "h", "Ι": "i", "Κ": "k", "Μ": "m", "Ν": "n", "Ο": "o",
+    "Ρ": "p", "Τ": "t", "Υ": "y", "Χ": "x",
+    "օ": "o", "ս": "u", "հ": "h", "ո": "n", "զ": "q", "ց": "g",
+    "ɑ": "a", "ɡ": "g", "ɩ": "i", "ı": "i", "ȷ": "j", "ʏ": "y", "ɪ": "i", "ᴄ": "c", "ᴏ": "o", "ᴜ": "u",
+    "ᴠ": "v", "ᴡ": "w", "ᴢ": "z", "ʀ": "r", "ɴ": "n", "ʜ": "h", "ᴋ": "k", "ᴍ": "m", "ᴛ": "t", "ᴘ": "p",
+    "ꜱ": "s", "ʙ": "b", "ᴅ": "d", "ᴇ": "e", "ꜰ": "f", "ʟ": "l", "ᴊ": "j",
+}  # fmt: skip
+
+
+@cache
+def _confusables() -> tuple[dict[str, str], dict[str, str]]:
+    """(look-alike -> Latin letter, look-alike -> CJK ideograph), from the Unicode confusables data that the
+    ``confusable-homoglyphs`` wheel ships. Only one code point to one; what NFKC already folds is left to it;
+    kana and Hangul letters are not taken for ideographs (Japanese and Korean text would change)."""
+    data = json.loads(resources.files("confusable_homoglyphs").joinpath("confusables.json").read_text("utf-8"))
+    latin: dict[str, str] = {}
+    cjk: dict[str, str] = {}
+    for target, entries in data.items():
+        if len(target) != 1:
+            continue
+        if target.isascii() and target.isalpha():
+            for entry in entries:
+                c = entry["c"]
+                if len(c) == 1 and not c.isascii() and not unicodedata.normalize("NFKC", c).casefold().isascii():
+                    latin.setdefault(c, target.lower())
+        elif is_cjk(target):
+            for entry in entries:
+                c = entry["c"]
+                cp = ord(c) if len(c) == 1 else 0
+                if (0x2E80 <= cp <= 0x2FDF or 0x31C0 <= cp <= 0x31EF) and unicodedata.normalize("NFKC", c) != target:
+                    cjk.setdefault(c, target)
+    # digits of other scripts that look like Latin letters (Devanagari zero ...) are no disguise of a letter
+    latin = {c: t for c, t in latin.items() if not unicodedata.category(c).startswith("N")}
+    latin.update(_LATIN_EXTRA)
+    return latin, cjk
+
+
+#: symbols standing for letters; 1, !, | stand for i or l and stay "1" (the lexicon side expands them)
+LEET_SYMBOLS = {"@": "a", "$": "s", "!": "1", "|": "1", "+": "t", "€": "e", "¡": "1"}
+LEET_DIGITS = {"0": "o", "1": "1", "3": "e", "4": "a", "5": "s", "7": "t", "8": "b", "9": "g"}
+_SYMBOLS = "".join(LEET_SYMBOLS)
+#: the placeholder for i or l
+AMBIGUOUS = "1"
+
+
+@cache
+def _special() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    """(every character a rule may change, those of them the contextual rewrite looks at, the look-alikes): leet
+    digits and symbols (half- and full-width), look-alikes, and the ideographs of the CJK table. A text with none
+    of them is folded as ``normalize`` folds it; one without look-alikes needs the contextual rewrite only where
+    ``_LEET_NEAR_LETTER`` finds a leet character next to a Latin letter."""
+    latin, cjk = _confusables()
+    # full-width digits too (ｐ０ｒｎ), not full-width symbols: ！ is Chinese punctuation, and would send most
+    # Chinese chat down the slow path for nothing
+    contextual = {*LEET_SYMBOLS, *LEET_DIGITS, *latin, *cjk, *(chr(ord(c) + 0xFEE0) for c in LEET_DIGITS)}
+    return (
+        frozenset(contextual | {chr(cp) for cp in _cjk_table()}),
+        frozenset(contextual),
+        frozenset(latin.keys() | cjk.keys()),
+    )
+
+
+#: a digit or leet symbol next to a Latin letter (half- or full-width); "!" only before one (after a word it is
+#: punctuation, which the rewrite would leave alone anyway)
+_LEET_NEAR_LETTER = re.compile(r"[A-Za-zＡ-Ｚａ-ｚ][0-9０-９@$|+€]|[0-9０-９@$!|+€¡][A-Za-zＡ-Ｚａ-ｚ]")
+
+
+def _rewrite(text: str, contextual: frozenset[str], grams: frozenset[str] | None) -> tuple[str, list[int]] | None:
+    """The contextual rewrite, one code point for one: (rewritten text, rule bits per original character), or
+    None when nothing changed. Only the words around the ``contextual`` characters are looked at. Words are maximal
+    runs of letters, digits, leet symbols and invisible characters; leet and Latin look-alikes are folded only in
+    a word with at least one Latin letter (or a word made only of look-alikes: an all-Cyrillic ``ѕех``, or a
+    single one next to a Latin word)."""
+    latin, cjk = _confusables()
+    n = len(text)
+    chars: list[str] = []
+    masks: list[int] = []
+    changed = False
+    done = 0  # everything before this index has been looked at
+    for i in compress(range(n), map(contextual.__contains__, text)):
+        if i < done:
+            continue
+        target = cjk.get(text[i])
+        alone = (i == 0 or not _in_word(text[i - 1])) and (i + 1 == n or not _in_word(text[i + 1]))
+        if target is None and alone and text[i] not in latin:
+            continue  # a digit or symbol on its own ("5 %", "！")
+        if not chars:
+            chars = list(text)
+            masks = [0] * n
+        if target is not None:
+            chars[i] = target
+            masks[i] = CONFUSABLE
+            changed = True
+            done = i + 1
+            continue
+        while i > done and _in_word(chars[i - 1]):
+            i -= 1
+        j = i
+        while j < n and _in_word(chars[j]):
+            j += 1
+        if j == i:
+            done = i + 1
+            continue
+        if grams is None or _maybe_worth(text[i:j], grams):
+            changed = _rewrite_word(chars, masks, i, j, latin, grams) or changed
+        done = j
+    return ("".join(chars), masks) if changed else None
+
+
+@cache
+def _quick() -> dict[int, str]:
+    """For ``str.translate``: leet digits and symbols (half- and full-width) as the letters they stand for."""
+    table = {ord(c): t for c, t in {**LEET_SYMBOLS, **LEET_DIGITS}.items()}
+    table.update({ord(c) + 0xFEE0: t for c, t in LEET_DIGITS.items()})
+    return table
+
+
+def _maybe_worth(word: str, grams: frozenset[str]) -> bool:
+    """A quick no for a word of ASCII letters, digits and leet symbols whose leet reading lies inside no Latin
+    lexicon word, whole or without the symbols at its ends (5G, 4K, 7pm, Q3): ``_rewrite_word`` need not look."""
+    quick = word.translate(_quick()).casefold()
+    if not (quick.isascii() and quick.isalnum()):
+        return True
+    core = word.strip(_SYMBOLS).translate(_quick()).casefold()
+    return _in_some_key(quick, grams) or (bool(core) and _in_some_key(core, grams))
+
+
+@cache
+def _in_word(ch: str) -> bool:
+    """A character of a word for the contextual rewrite (not an ideograph, nor a CJK look-alike)."""
+    latin, cjk = _confusables()
+    if ch in cjk or is_cjk(ch):
+        return False
+    if ch in LEET_SYMBOLS or ch in latin or unicodedata.normalize("NFKC", ch) in LEET_SYMBOLS:
+        return True
+    category = unicodedata.category(ch)
+    return category[0] in "LNM" or category == "Cf"
+
+
+@cache
+def _latin_letter(ch: str) -> bool:
+    folded = unicodedata.normalize("NFKC", ch)
+    return len(folded) == 1 and "a" <= folded.casefold() <= "z"
+
+
+def _near_latin(chars: list[str], start: int, end: int, latin: dict[str, str]) -> bool:
+    """Whether the nearest word before or after chars[start:end] (past blanks) ends / starts with a Latin letter
+    or a look-alike of one."""
+    before = start - 1
+    while before >= 0 and chars[before] in " \t":
+        before -= 1
+    after = end
+    while after < len(chars) and chars[after] in " \t":
+        after += 1
+    return any(
+        0 <= k < len(chars) and k not in range(start, end) and (_latin_letter(chars[k]) or chars[k] in latin)
+        for k in (before, after)
+    )
+
+
+def _rewrite_word(
+    chars: list[str], masks: list[int], start: int, end: int, latin: dict[str, str], grams: frozenset[str] | None
+) -> bool:
+    if not _eligible(chars, start, end, latin):
+        return False
+    new, bits = _mapped(chars[start:end], latin)
+    if not any(bits):
+        return False
+    if grams is not None:
+        # only what may lie inside a Latin word of the lexicon is worth it (not 5G, 4K, 7pm); symbols at the
+        # ends of a word may be punctuation (p0rn!!!)
+        a, b = 0, len(new)
+        if not _worth(new, grams):
+            while a < b and chars[start + a] in LEET_SYMBOLS:
+                a += 1
+            while b > a and chars[start + b - 1] in LEET_SYMBOLS:
+                b -= 1
+            if (a, b) == (0, len(new)) or not any(bits[a:b]) or not _worth(new[a:b], grams):
+                return False
+        new, bits, start, end = new[a:b], bits[a:b], start + a, start + b
+    chars[start:end] = new
+    masks[start:end] = bits
+    return True
+
+
+def _eligible(chars: list[str], start: int, end: int, latin: dict[str, str]) -> bool:
+    """A word with a Latin letter, or of look-alikes only in a text that is not Greek, Cyrillic or Armenian (no
+    other letter of those scripts in it: ``как`` in a Russian sentence stays): two letters or more (ѕех), or one
+    next to a Latin word (buy α gun)."""
+    word = chars[start:end]
+    if any(_latin_letter(c) for c in word):
+        return True
+    letters = [c for c in word if unicodedata.category(c)[0] == "L"]
+    if not letters or not all(c in latin for c in letters):
+        return False
+    if any(0x0370 <= ord(c) <= 0x058F and c not in latin and unicodedata.category(c)[0] == "L" for c in chars):
+        return False
+    return len(letters) > 1 or _near_latin(chars, start, end, latin)
+
+
+@cache
+def _leet(ch: str) -> str | None:
+    """The letter a digit or leet symbol (half- or full-width) stands for ("1" for i or l), else None."""
+    plain = unicodedata.normalize("NFKC", ch)
+    return LEET_SYMBOLS.get(plain) or LEET_DIGITS.get(plain)
+
+
+def _mapped(word: list[str], latin: dict[str, str]) -> tuple[list[str], list[int]]:
+    """The word with its look-alikes and leet characters as letters, and the rule of each character."""
+    new = list(word)
+    bits = [0] * len(word)
+    for k, c in enumerate(word):
+        look = latin.get(c)
+        if look is not None:
+            new[k] = look
+            bits[k] = CONFUSABLE
+            continue
+        leet = _leet(c)
+        if leet is not None:
+            new[k] = leet
+            bits[k] = LEET  # also for a "1" kept as it is: a hit through it used the rule
+    return new, bits
+
+
+def _worth(new: list[str], grams: frozenset[str]) -> bool:
+    plain = "".join(new).casefold()
+    return not (plain.isascii() and plain.isalnum()) or _in_some_key(plain, grams)
+
+
+def _in_some_key(word: str, grams: frozenset[str]) -> bool:
+    """Whether ``word`` (rewritten, one word of the text) may be part of a Latin lexicon word whose pieces are
+    ``grams`` (``key_grams``): a single letter (spelled out) always, two letters only as a word of its own in the
+    lexicon (``qq``, not the ``ak`` of 4K inside ``fake``), else every three letters in a row in a key."""
+    if len(word) < 3:
+        return len(word) == 1 or word in grams
+    return all(word[i : i + 3] in grams for i in range(len(word) - 2))
+
+
+def key_grams(keys: Iterable[str], words: Iterable[str]) -> frozenset[str]:
+    """For ``fold``'s ``grams``: the pieces of three characters of the Latin runs of the folded lexicon keys,
+    and the words of two letters of the lexicon words (a hit holds whole words of the text)."""
+    grams: set[str] = set()
+    for key in keys:
+        for run in re.findall(r"[a-z0-9]+", key):
+            grams.update(run[i : i + 3] for i in range(len(run) - 2))
+    for word in words:
+        plain = unicodedata.normalize("NFKC", word).casefold()
+        grams.update(token for token in re.findall(r"[a-z0-9]+", plain) if len(token) == 2)
+    return frozenset(grams)
+
+
+def _plus(text: str, rewritten: tuple[str, list[int]] | None) -> tuple[str, list[int]] | None:
+    """The ``letter`` rule's one symbol: a plus sign for 加 ("add") before a CJK character (+微信), or before a
+    Latin letter where it starts a word (+V信, +QQ); not in 5+3, C++, +86."""
+    chars = list(rewritten[0]) if rewritten is not None else list(text)
+    masks = rewritten[1] if rewritten is not None else [0] * len(text)
+    changed = False
+    for i in range(len(text) - 1):
+        if text[i] not in "+＋":
+            continue
+        after = text[i + 1]
+        starts_word = i == 0 or not text[i - 1].isalnum()
+        if is_cjk(after) or (starts_word and _latin_letter(after)):
+            chars[i] = "加"
+            masks[i] = LETTER
+            changed = True
+    return ("".join(chars), masks) if changed else rewritten
+
+
+def special_chars() -> frozenset[str]:
+    """Every character a rule may change: a text with none of them folds as ``normalize`` folds it."""
+    return _special()[0]
+
+
+def fold(text: str, grams: frozenset[str] | None = None, special: bool = False) -> Folded:
+    """Normalise ``text`` (``normalize``) after the contextual rewrite, then fold CJK forms; the rule bits of
+    every normalised character that a rule changed. With ``grams`` (``key_grams`` of the lexicon), a word is
+    rewritten only when its rewritten form may lie inside a Latin lexicon word (a hit must hold whole words).
+    ``special``: the caller knows that the text has characters of ``special_chars``."""
+    chars, contextual, looks = _special()
+    if not special and chars.isdisjoint(text):
+        return Folded(normalize(text), None)
+    needs_rewrite = not looks.isdisjoint(text) or _LEET_NEAR_LETTER.search(text) is not None
+    rewritten = _rewrite(text, contextual, grams) if needs_rewrite else None
+    if "+" in text or "＋" in text:
+        rewritten = _plus(text, rewritten)
+    if rewritten is None:
+        normalized = normalize(text)
+        pre: list[int] | None = None
+    else:
+        normalized = normalize(rewritten[0])
+        pre = rewritten[1]
+    plain = normalized.text
+    folded = plain if _cjk_sources().isdisjoint(plain) else plain.translate(_cjk_table())
+    if pre is None and folded == plain:
+        return Folded(normalized, None)
+    offsets = normalized.offsets
+    masks = [pre[offset] for offset in offsets] if pre is not None else [0] * len(plain)
+    if folded != plain:
+        rules = _cjk_rule()
+        for i, (a, b) in enumerate(zip(plain, folded, strict=True)):
+            if a != b:
+                masks[i] |= rules[a]
+        normalized = Normalized(folded, offsets, normalized.ends)
+    return Folded(normalized, tuple(masks) if any(masks) else None)
