@@ -8,6 +8,7 @@ from __future__ import annotations
 from scheduler_svc.app import SERVICE_NAME, SchedulerApp
 from scheduler_svc.board import Board
 from scheduler_svc.callbacks import CallbackNotifier
+from scheduler_svc.console.build import ConsoleParts, build_console
 from scheduler_svc.cost import CostMeter
 from scheduler_svc.dead_letters import DeadLetters
 from scheduler_svc.dispatcher import Dispatcher
@@ -48,7 +49,8 @@ async def build(settings: Settings, stores: Stores) -> SchedulerApp:
     router = Router(board, settings, state)
     dispatcher = Dispatcher(queues, state, outcomes, board, router, settings)
     streams = PullStreams(queues, board, outcomes, records, costs=CostMeter(settings))
-    servicer = SchedulerServicer(streams, board, watermark, DeadLetters(queues, tasks))
+    dead_letters = DeadLetters(queues, tasks)
+    servicer = SchedulerServicer(streams, board, watermark, dead_letters)
     rebuilder = Rebuilder(queues, tasks)
     hooks = ReplicaHooks(
         replica=dispatcher.drain.replica,
@@ -72,6 +74,10 @@ async def build(settings: Settings, stores: Stores) -> SchedulerApp:
         tasks=tasks,
     )
     notifier = CallbackNotifier(CallbackStore(stores.pool), settings)
+    console = None
+    if settings.console_addr.strip():
+        parts = ConsoleParts(state, queues, records, dead_letters, tasks, board, dispatcher, streams)
+        console = build_console(settings, parts)
     return SchedulerApp(
         settings,
         queues,
@@ -84,6 +90,7 @@ async def build(settings: Settings, stores: Stores) -> SchedulerApp:
         collector,
         AuditLog(tasks.pool),
         notifier,
+        console,
     )
 
 

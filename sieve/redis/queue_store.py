@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -151,6 +151,21 @@ class TypesDeferred:
     #: ids of the tasks that wait (leased ones and queued ones alike)
     waiting: list[str]
     dead_letters: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    """One device as an operator sees it (`QueueStore.device_views`): what waits in each priority's queue, since
+    when, and whether it is overloaded or in backoff."""
+
+    mac: str
+    #: queued tasks by priority, BACKGROUND..CRITICAL (PRIORITIES' order)
+    queued: tuple[int, ...]
+    #: the enqueue time (ms) of the oldest task at the head of one of its queues; None when nothing is queued
+    oldest_enqueued_ms: int | None
+    overloaded: bool
+    #: when its backoff ends (ms), None when it is not in backoff
+    backoff_until_ms: float | None
 
 
 class QueueStore:
@@ -1039,6 +1054,46 @@ class QueueStore:
         if self.shards == 1:
             return int(await self.redis.get(self.keys.pending) or 0)
         return sum(int(v or 0) for v in await self._each_shard(lambda pipe, k: pipe.get(k.pending)))
+
+    async def device_views(self, *, sample: int, also: Sequence[str] = ()) -> list[DeviceView]:
+        """Operators' view of some active devices: up to `sample` of each shard's (Redis picks them at random) and
+        the devices named in `also`, each with its queue lengths by priority and the enqueue time of its oldest
+        queued task. Two pipelines: 1 command a shard, then 12 a device (for the console, not the dispatch path)."""
+        macs: dict[str, None] = dict.fromkeys(also)
+        if sample > 0:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for k in self.shard_keys:
+                    pipe.srandmember(k.devices, sample)
+                for found in await pipe.execute():
+                    macs.update(dict.fromkeys(str(m) for m in found or ()))
+        if not macs:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for mac in macs:
+                k = self.keys_of(mac)
+                for p in PRIORITIES:
+                    pipe.llen(k.queue(mac, p))
+                    pipe.lindex(k.queue(mac, p), 0)
+                pipe.sismember(k.overloaded, mac)
+                pipe.zscore(k.backoff, mac)
+            replies = await pipe.execute()
+        width = 2 * len(PRIORITIES) + 2
+        views: list[DeviceView] = []
+        for i, mac in enumerate(macs):
+            row = replies[i * width : (i + 1) * width]
+            lengths = tuple(int(row[2 * j] or 0) for j in range(len(PRIORITIES)))
+            heads = [Entry.decode(row[2 * j + 1]).enqueued_ms for j in range(len(PRIORITIES)) if row[2 * j + 1]]
+            backoff = row[-1]
+            views.append(
+                DeviceView(
+                    mac=mac,
+                    queued=lengths,
+                    oldest_enqueued_ms=min(heads) if heads else None,
+                    overloaded=bool(row[-2]),
+                    backoff_until_ms=None if backoff is None else float(backoff),
+                )
+            )
+        return views
 
     async def device_meta(self, mac: str) -> dict[str, str]:
         meta: dict[str, str] = await _reply(self.redis.hgetall(self.keys_of(mac).meta(mac)))
