@@ -27,14 +27,13 @@ import pytest
 from sieve import rpc
 from sieve.launch import free_port
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
+from tests.support.browser import chrome
 from tests.support.cluster import Cluster
 
 pytestmark = pytest.mark.e2e
 
 FAST = {"SIEVE_HEARTBEAT_INTERVAL_S": "1", "SIEVE_WORKER_TTL_S": "3", "SIEVE_PRESSURE_RETRY_S": "1"}
 DEVICES = ["0C:00:00:00:C0:01", "0C:00:00:00:C0:02", "0C:00:00:00:C0:03"]
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 
 
 @dataclass
@@ -126,33 +125,9 @@ async def test_the_console_api_needs_an_operator_token_and_reports_the_cluster(c
 
 
 # --- the browser -----------------------------------------------------------------------------------------------
-def browser() -> Any:
-    """A headless Chromium (the system's binary and chromedriver) that keeps the page's console log."""
-    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
-        message = "chromium and chromium-driver (Debian packages) are needed for the console's browser test"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--window-size=1400,1300",
-    ):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-
-
 @pytest.fixture
 def driver() -> Iterator[Any]:
-    d = browser()
+    d = chrome()
     try:
         yield d
     finally:

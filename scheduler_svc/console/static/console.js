@@ -61,16 +61,16 @@
     return Math.round(s / 60) + " min";
   }
 
-  function bars(share, entitlement) {
+  function bars(share, entitlement, most) {
     const cell = document.createElement("td");
-    const width = 80;
+    const width = 80 / Math.max(most, 0.01);
     const a = el("span", null, "bar");
     a.style.width = Math.max(1, Math.round(share * width)) + "px";
     const b = el("span", null, "bar ent");
     b.style.width = Math.max(1, Math.round(entitlement * width)) + "px";
     cell.appendChild(a);
-    cell.appendChild(document.createElement("br"));
     cell.appendChild(b);
+    cell.title = "share (blue) against entitlement (orange)";
     return cell;
   }
 
@@ -80,7 +80,7 @@
     const items = [
       ["queued", totals.pending], ["leased", totals.leased], ["delayed", totals.delayed],
       ["active devices", totals.devices], ["overloaded", totals.overloaded], ["in backoff", totals.backoff],
-      ["oldest wait", seconds(totals.oldest_wait_s)], ["live workers", totals.live_workers],
+      ["longest device wait", seconds(totals.oldest_wait_s)], ["live workers", totals.live_workers],
       ["connected here", totals.connected_workers], ["acked here", totals.acked_here],
       ["dead letters", totals.dead_letters],
     ];
@@ -112,7 +112,8 @@
       const y = top + (h - top - bottom) * (i / 4);
       ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(w - right, y); ctx.stroke();
       const v = hi - (hi - lo) * (i / 4);
-      ctx.fillText(v >= 100 ? Math.round(v).toString() : v.toFixed(v >= 10 ? 0 : 2), 2, y + 4);
+      const label = v === 0 ? "0" : v >= 10 ? Math.round(v).toLocaleString() : v.toFixed(2);
+      ctx.fillText(label, 2, y + 4);
     }
     if (history.length < 2) { ctx.fillText("collecting…", left + 8, top + 16); return; }
     const t0 = history[0].at_ms, t1 = history[history.length - 1].at_ms;
@@ -141,13 +142,16 @@
     tiles(data.totals);
     const devices = data.devices;
     $("devices-note").textContent = "(share: this replica's claims over the last " + data.share_window_s + " s)";
+    const most = Math.max(0, ...devices.map((d) => Math.max(d.share, d.entitlement)));
     fill("devices", devices, (d) => {
       const state = d.overloaded ? "overloaded" : d.backoff ? "backoff" : "";
-      const shareCell = el("td", (d.share * 100).toFixed(1) + " %", "num " +
-        (d.share > d.entitlement * 1.2 ? "over" : d.share < d.entitlement * 0.8 && d.queued_total ? "under" : ""));
+      // a backlogged device served well under its entitlement is what unfairness looks like (more than it is
+      // entitled to is normal: the others had less work than their share)
+      const under = d.queued_total > 0 && d.share < d.entitlement * 0.8;
+      const shareCell = el("td", (d.share * 100).toFixed(1) + " %", "num" + (under ? " under" : ""));
       return [td(d.device + (state ? " (" + state + ")" : ""), state ? "bad" : ""), td(seconds(d.wait_s), "num"),
         numTd(d.queued_total), numTd(d.weight), shareCell, el("td", (d.entitlement * 100).toFixed(1) + " %", "num"),
-        bars(d.share, d.entitlement)];
+        bars(d.share, d.entitlement, most)];
     });
     fill("queues", data.queues, (q) => {
       const text = q.pending.TEXT || 0, ocr = q.pending.OCR_IMAGE || 0;
