@@ -120,15 +120,14 @@ class Views:
         """The latest answer, built anew when older than MIN_AGE_S (one build at a time, shared)."""
         if self._built is not None and time.monotonic() - self._built[0] < MIN_AGE_S:
             return self._built[1]
-        if self._building is None:
+        # a build left done by a request that went away before it ended is not reused: its answer may be old
+        if self._building is None or self._building.done():
             self._building = asyncio.create_task(self._build())
         building = self._building
-        try:
-            answer = await asyncio.shield(building)
-        finally:
-            if building.done() and self._building is building:
-                self._building = None
-        self._built = (time.monotonic(), answer)
+        answer = await asyncio.shield(building)  # a request that goes away leaves the build to the others
+        if self._building is building:
+            self._building = None
+            self._built = (time.monotonic(), answer)
         return answer
 
     async def _classes(self) -> list[tuple[int, str, int]]:
