@@ -26,9 +26,10 @@ import pytest
 
 from sieve import rpc
 from sieve.launch import free_port
+from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 from tests.support.browser import chrome
-from tests.support.cluster import Cluster
+from tests.support.cluster import Cluster, on_free_ports, service_env
 
 pytestmark = pytest.mark.e2e
 
@@ -43,6 +44,21 @@ class Console:
     readings: Path
 
 
+async def wait_console(c: Cluster, url: str) -> None:
+    """Waits until the scheduler's console answers its health route."""
+    deadline = time.monotonic() + 20
+    async with aiohttp.ClientSession() as http:
+        while True:
+            try:
+                async with http.get(f"{url}/api/health") as reply:
+                    if reply.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            assert time.monotonic() < deadline, c.log_of("scheduler")
+            await asyncio.sleep(0.1)
+
+
 @pytest.fixture
 async def console(cluster_env: Cluster, pg: object, redis: object, tmp_path: Path) -> AsyncIterator[Console]:
     """The servers, the scheduler with its console on a free port, and one worker held back by its readings."""
@@ -51,17 +67,7 @@ async def console(cluster_env: Cluster, pg: object, redis: object, tmp_path: Pat
     address = f"127.0.0.1:{free_port()}"
     await c.start_in_order(env_of={"scheduler": {"SIEVE_CONSOLE_ADDR": address}})
     url = f"http://{address}"
-    deadline = time.monotonic() + 20
-    async with aiohttp.ClientSession() as http:
-        while True:
-            try:
-                async with http.get(f"{url}/api/health") as reply:
-                    if reply.status == 200:
-                        break
-            except aiohttp.ClientError:
-                pass
-            assert time.monotonic() < deadline, c.log_of("scheduler")
-            await asyncio.sleep(0.1)
+    await wait_console(c, url)
     readings = tmp_path / "worker.readings"
     readings.write_text("cpu=10,memory=95,gpu_memory=0")
     await c.add_worker(
@@ -224,3 +230,19 @@ async def test_the_page_asks_for_a_token_when_it_has_none_and_refuses_a_client_t
     while "operator role" not in driver.execute_script("return document.getElementById('login-error').textContent"):
         assert time.monotonic() < deadline
         await asyncio.sleep(0.2)
+
+
+async def test_with_anonymous_callers_allowed_the_api_answers_without_a_token_but_checks_one_given(
+    settings: Settings, tmp_path: Path, pg: object, redis: object
+) -> None:
+    settings = on_free_ports(settings)
+    c = Cluster.create(settings, service_env(settings), tmp_path, security="anonymous")
+    try:
+        address = f"127.0.0.1:{free_port()}"
+        await c.start_in_order(env_of={"scheduler": {"SIEVE_CONSOLE_ADDR": address}})
+        await wait_console(c, f"http://{address}")
+        status, body = await get(f"http://{address}/api/overview", None)
+        assert status == 200 and body["workers"] == [] and body["totals"]["pending"] == 0
+        assert (await get(f"http://{address}/api/overview", "sv_not-a-token"))[0] == 401
+    finally:
+        c.kill_all()
