@@ -10,7 +10,8 @@ everything. It looks at the devices this replica served only (with several repli
 and it is meaningful while those devices are backlogged: a device with little work takes less than its share.
 
 Per-device shares over the last `SHARE_WINDOW_S` seconds (`shares`) are what the devices table shows next to
-each device's entitlement (its weight over the weights of the devices contending with it).
+each device's entitlement (its weight over the weights of the devices contending with it). A second keeps at most
+`MAX_DEVICES_PER_SECOND` devices by name, the busiest (Jain's index covers those); the rest count in the totals.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ KEEP_SAMPLES = 300
 FAIRNESS_WINDOW_S = 10
 #: the window of the per-device shares the devices table shows (s)
 SHARE_WINDOW_S = 60
+#: devices a second's sample keeps by name at most (the busiest); the others count in the totals only. Bounds the
+#: memory of the windows (60 seconds of 2 000 devices) when tens of thousands of devices are served each second
+MAX_DEVICES_PER_SECOND = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,13 +108,16 @@ class History:
         #: per-device claims of each recent second, newest last (the share and fairness windows)
         self._seconds: deque[Counter[str]] = deque(maxlen=max(SHARE_WINDOW_S, FAIRNESS_WINDOW_S))
         self._window: Counter[str] = Counter()
+        #: tasks of the devices not kept by name (over MAX_DEVICES_PER_SECOND in their second), per second
+        self._others: deque[int] = deque(maxlen=self._seconds.maxlen)
         self._last_acked = acked()
         self._last_at = time.monotonic()
         self._last_totals = Totals(0, 0)
 
     def shares(self) -> tuple[Counter[str], int]:
-        """Tasks claimed per device over the last SHARE_WINDOW_S seconds, and their sum."""
-        return self._window, sum(self._window.values())
+        """Tasks claimed per device over the last SHARE_WINDOW_S seconds (the devices kept by name), and the sum
+        of every device's."""
+        return self._window, sum(self._window.values()) + sum(self._others)
 
     def fairness(self) -> tuple[float | None, int]:
         """Jain's index over the last FAIRNESS_WINDOW_S seconds of claims (x = claims / weight), and how many
@@ -126,11 +133,16 @@ class History:
         elapsed = max(1e-3, now - self._last_at)
         self._last_at = now
         taken = self.tally.take()
+        claimed = sum(taken.per_device.values())
+        kept = taken.per_device
+        if len(kept) > MAX_DEVICES_PER_SECOND:
+            kept = Counter(dict(kept.most_common(MAX_DEVICES_PER_SECOND)))
         if len(self._seconds) == self._seconds.maxlen:
             self._window.subtract(self._seconds[0])
             self._window = +self._window  # drops the devices that fell to 0
-        self._seconds.append(taken.per_device)
-        self._window.update(taken.per_device)
+        self._seconds.append(kept)
+        self._others.append(claimed - sum(kept.values()))
+        self._window.update(kept)
         acked = self.acked()
         acked_now, self._last_acked = acked - self._last_acked, acked
         try:
@@ -141,7 +153,7 @@ class History:
         jain, served = self.fairness()
         sample = Sample(
             at_ms=int(time.time() * 1000),
-            claimed_per_s=round(sum(taken.per_device.values()) / elapsed, 2),
+            claimed_per_s=round(claimed / elapsed, 2),
             acked_per_s=round(max(0, acked_now) / elapsed, 2),
             wait_p50_ms=quantile(waits, 0.5),
             wait_p95_ms=quantile(waits, 0.95),
@@ -167,6 +179,7 @@ class History:
 __all__ = [
     "FAIRNESS_WINDOW_S",
     "KEEP_SAMPLES",
+    "MAX_DEVICES_PER_SECOND",
     "SHARE_WINDOW_S",
     "History",
     "Sample",

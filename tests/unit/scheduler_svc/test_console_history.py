@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_svc.console.history import FAIRNESS_WINDOW_S, SHARE_WINDOW_S, History, Totals, jain_index, quantile
+from scheduler_svc.console.history import (
+    FAIRNESS_WINDOW_S,
+    MAX_DEVICES_PER_SECOND,
+    SHARE_WINDOW_S,
+    History,
+    Totals,
+    jain_index,
+    quantile,
+)
 from scheduler_svc.console.tally import MAX_WAITS, Tally
 
 
@@ -76,3 +84,18 @@ async def test_shares_and_fairness_forget_what_fell_out_of_their_windows() -> No
         await history.sample()
     served, total = history.shares()
     assert "old" not in served and total == 0
+
+
+async def test_a_second_keeps_the_busiest_devices_by_name_and_counts_the_others_in_the_total() -> None:
+    history, tally = await _history([0], {})
+    tally.claimed("busy", [1.0] * 50)
+    for i in range(MAX_DEVICES_PER_SECOND + 500):
+        tally.claimed(f"one-{i}", [1.0])
+    sample = await history.sample()
+    served, total = history.shares()
+    assert len(served) == MAX_DEVICES_PER_SECOND and served["busy"] == 50
+    assert total == 50 + MAX_DEVICES_PER_SECOND + 500
+    assert sample.claimed_per_s > 0 and sample.devices_served == MAX_DEVICES_PER_SECOND
+    for _ in range(SHARE_WINDOW_S):
+        await history.sample()
+    assert history.shares() == ({}, 0)
