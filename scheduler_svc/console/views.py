@@ -2,8 +2,9 @@
 
 `Views.overview` is one answer with everything the page shows: the queue totals (the gauges GetWatermark reads),
 PENDING tasks by priority and type (PostgreSQL, as the metrics scrape reads them; re-read at most every
-`SLOW_READ_S`), the busiest devices (those this replica served in the last minute plus a random sample of the
-active ones, `QueueStore.device_views`) with their wait, share and entitlement, the live workers with their
+`SLOW_READ_S`), the devices that waited longest (`QueueStore.longest_waiting`), those this replica served most in
+the last minute and a random sample of the active ones (`QueueStore.device_views`), with their wait, share and
+entitlement, the live workers with their
 readings (the registry's records), the newest dead letters, the slot pools, and the samples of `History`.
 
 An answer is built at most once a second (`MIN_AGE_S`) whatever the number of pages open: concurrent requests
@@ -32,7 +33,7 @@ from sieve.v1.types_pb2 import Priority, TaskType
 
 #: devices listed at most, and how many active ones each shard is sampled for besides those served recently
 LISTED_DEVICES = 50
-SAMPLED_DEVICES = 200
+SAMPLED_DEVICES = 50
 #: dead letters listed
 LISTED_DEAD_LETTERS = 10
 #: an answer younger than this is served again
@@ -69,14 +70,16 @@ def _device_rows(views: Sequence[DeviceView], history: History, weight_of: Calla
     weights = sum(weight_of(v.mac) for v in contending) or 1
     rows: list[dict[str, Any]] = []
     for v in contending:
-        oldest = v.oldest_enqueued_ms
+        oldest, since = v.oldest_enqueued_ms, v.ready_since_ms
         rows.append(
             {
                 "device": v.mac,
                 "weight": weight_of(v.mac),
                 "queued": dict(zip(PRIORITY_NAMES, v.queued, strict=True)),
                 "queued_total": sum(v.queued),
-                "wait_s": None if oldest is None else round(max(0.0, now_ms - oldest) / 1000, 3),
+                # the wait the fair order reads (None: not ready: being served, in backoff, or nothing queued)
+                "wait_s": None if since is None else round(max(0.0, now_ms - since) / 1000, 3),
+                "oldest_task_s": None if oldest is None else round(max(0.0, now_ms - oldest) / 1000, 3),
                 "served": served.get(v.mac, 0),
                 "share": round(served.get(v.mac, 0) / total, 4) if total else 0.0,
                 "entitlement": round(weight_of(v.mac) / weights, 4),
@@ -84,7 +87,7 @@ def _device_rows(views: Sequence[DeviceView], history: History, weight_of: Calla
                 "backoff": v.backoff_until_ms is not None,
             }
         )
-    rows.sort(key=lambda r: (-(r["wait_s"] or 0), -r["served"], r["device"]))
+    rows.sort(key=lambda r: (-(r["wait_s"] or -1), -(r["oldest_task_s"] or 0), -r["served"], r["device"]))
     return rows[:LISTED_DEVICES]
 
 
@@ -150,11 +153,12 @@ class Views:
     async def _build(self) -> dict[str, Any]:
         p = self.parts
         served, _ = p.history.shares()
+        longest = await p.queues.longest_waiting(LISTED_DEVICES)
         busiest = [mac for mac, _n in served.most_common(LISTED_DEVICES)]
         gauges, rank, views, workers, letters, classes = await asyncio.gather(
             p.state.gauges(),
             p.queues.rank(),
-            p.queues.device_views(sample=SAMPLED_DEVICES, also=busiest),
+            p.queues.device_views(sample=SAMPLED_DEVICES, also=[*longest, *busiest]),
             p.records.list(),
             p.dead_letters.page(Filter(), LISTED_DEAD_LETTERS),
             self._classes(),

@@ -115,7 +115,9 @@ async def test_the_console_api_needs_an_operator_token_and_reports_the_cluster(c
         await asyncio.sleep(0.3)
     assert [w["worker_id"] for w in body["workers"]] == ["worker-console"]
     assert not body["workers"][0]["available"]  # held back by its memory reading
-    assert all(devices[mac]["queued_total"] == 4 and devices[mac]["wait_s"] > 0 for mac in DEVICES)
+    assert all(devices[mac]["queued_total"] == 4 and devices[mac]["oldest_task_s"] > 0 for mac in DEVICES)
+    # ready and waiting (no worker takes them): listed by the wait the fair order reads
+    assert all(devices[mac]["wait_s"] is not None and devices[mac]["wait_s"] > 0 for mac in DEVICES)
     assert sum(d["entitlement"] for d in body["devices"]) == pytest.approx(1.0, abs=0.01)
     assert body["totals"]["pending"] == 12
     assert {q["priority"] for q in body["queues"]} >= {"NORMAL", "HIGH", "CRITICAL"}
@@ -192,7 +194,7 @@ async def test_the_page_shows_the_cluster_and_follows_tasks_to_completion_withou
     assert "token" not in first["url"]
     assert [row[0] for row in first["workers"]] == ["worker-console"]
     assert "held back" in first["workers"][0][-1]
-    assert all(row[2] == "10" for row in first["devices"] if row[0] in DEVICES)
+    assert all(row[3] == "10" for row in first["devices"] if row[0] in DEVICES)
     assert number(first["tiles"]["queued"]) == 30
     # when the worker's memory drops, it runs them: the page follows until every task is acked
     console.readings.write_text("cpu=10,memory=20,gpu_memory=0")

@@ -150,7 +150,7 @@
       const under = d.queued_total > 0 && d.share < d.entitlement * 0.8;
       const shareCell = el("td", (d.share * 100).toFixed(1) + " %", "num" + (under ? " under" : ""));
       return [td(d.device + (state ? " (" + state + ")" : ""), state ? "bad" : ""), td(seconds(d.wait_s), "num"),
-        numTd(d.queued_total), numTd(d.weight), shareCell, el("td", (d.entitlement * 100).toFixed(1) + " %", "num"),
+        td(seconds(d.oldest_task_s), "num"), numTd(d.queued_total), numTd(d.weight), shareCell, el("td", (d.entitlement * 100).toFixed(1) + " %", "num"),
         bars(d.share, d.entitlement, most)];
     });
     fill("queues", data.queues, (q) => {

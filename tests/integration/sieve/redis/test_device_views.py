@@ -53,3 +53,20 @@ async def test_an_overloaded_device_is_shown_so(redis: Redis, settings: Settings
     await store.mark_overloaded("AA:BB:CC:DD:02:01")
     (view,) = await store.device_views(sample=10)
     assert view.overloaded
+
+
+@pytest.mark.parametrize("shards", [1, 4])
+async def test_the_longest_waiting_ready_devices_come_first_whatever_their_caller_or_shard(
+    redis: Redis, settings: Settings, shards: int
+) -> None:
+    store = QueueStore(redis, settings.replace(redis_shards=shards))
+    await store.mark_rebuilt("test")
+    macs = [f"AA:BB:CC:DD:03:{i:02X}" for i in range(10)]
+    for i, mac in enumerate(macs):  # device i waits since T0 + i s, callers alternate
+        batch = [Entry(f"{i}-{j}", TEXT, 3, T0 + 1000 * i, T0 + 3_600_000, caller=f"caller-{i % 2}") for j in range(2)]
+        await store.enqueue(mac, batch, now=T0)
+    assert await store.longest_waiting(3) == macs[:3]
+    assert await store.longest_waiting(20) == macs
+    assert await store.longest_waiting(0) == []
+    views = {v.mac: v for v in await store.device_views(sample=0, also=macs)}
+    assert [views[m].ready_since_ms for m in macs] == [float(T0 + 1000 * i) for i in range(10)]
