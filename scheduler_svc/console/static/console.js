@@ -102,7 +102,7 @@
     const ctx = canvas.getContext("2d");
     ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
     ctx.clearRect(0, 0, w, h);
-    const left = 46, right = 8, top = 8, bottom = 18;
+    const left = 46, right = 8, top = 22, bottom = 18;
     const values = series.flatMap((s) => history.map((p) => p[s.key])).filter((v) => v !== null && v !== undefined);
     let lo = fixed ? fixed[0] : 0;
     let hi = fixed ? fixed[1] : Math.max(1, ...values) * 1.1;
@@ -115,7 +115,7 @@
       const label = v === 0 ? "0" : v >= 10 ? Math.round(v).toLocaleString() : v.toFixed(2);
       ctx.fillText(label, 2, y + 4);
     }
-    if (history.length < 2) { ctx.fillText("collecting…", left + 8, top + 16); return; }
+    if (history.length < 2) { ctx.fillText("collecting…", left + 8, top + 16); canvas.dataset.points = String(history.length); return; }
     const t0 = history[0].at_ms, t1 = history[history.length - 1].at_ms;
     const span = Math.max(1, t1 - t0);
     ctx.fillText(Math.round(span / 1000) + " s", w - right - 36, h - 4);
@@ -132,7 +132,7 @@
       }
       ctx.stroke();
       ctx.fillStyle = COLORS[i % COLORS.length];
-      ctx.fillText(s.label, left + 8 + i * 90, top + 12);
+      ctx.fillText(s.label, left + 8 + i * 90, 12);
     });
     canvas.dataset.points = String(history.length);
   }
