@@ -194,6 +194,8 @@ def print_ready(
         f"metrics: intake {settings.intake_metrics_addr}, scheduler {settings.scheduler_metrics_addr}, "
         f"registry {settings.registry_metrics_addr} (/metrics)"
     )
+    if settings.console_addr.strip():  # the scheduler's web console (README "Web console")
+        print(f"console: http://{settings.console_addr}/?token={credentials.operator}")
     if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_TRACES_EXPORTER"):
         print(f"traces: {env.get('OTEL_EXPORTER_OTLP_ENDPOINT') or env.get('OTEL_TRACES_EXPORTER')}")
 

@@ -14,6 +14,7 @@ import grpc
 
 from scheduler_svc.board import Board
 from scheduler_svc.callbacks import CallbackNotifier
+from scheduler_svc.console.server import Console
 from scheduler_svc.dispatcher import Dispatcher
 from scheduler_svc.housekeeping import Housekeeping
 from scheduler_svc.metrics import SchedulerCollector
@@ -33,8 +34,8 @@ SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].ful
 class SchedulerApp:
     """One scheduler replica: the `Board` of its workers' sessions, the `Dispatcher` that hands out work, the
     `SchedulerServicer` (the RPCs) and the `PullStreams` protocol, `Housekeeping` (the periodic tick), the
-    `Rebuilder` that refills an empty Redis from PostgreSQL, the `CallbackNotifier` of completion callbacks, and its
-    `metrics`. `service` serves them (the dispatch
+    `Rebuilder` that refills an empty Redis from PostgreSQL, the `CallbackNotifier` of completion callbacks, its
+    `metrics`, and its web `console` when one is configured. `service` serves them (the dispatch
     loop, the wake-up listener and the replica's sign of life run as its background loops, housekeeping's chores as
     its periodic `jobs`), `before_serving` rebuilds Redis when it lost its memory, `drain` is the orderly stop (see
     the module)."""
@@ -52,6 +53,7 @@ class SchedulerApp:
         metrics: SchedulerCollector,
         audit: AuditLog,
         notifier: CallbackNotifier,
+        console: Console | None = None,
     ) -> None:
         self.settings = settings
         self.queues = queues
@@ -63,6 +65,8 @@ class SchedulerApp:
         self.rebuilder = rebuilder
         #: completion callbacks from the outbox (scheduler_svc/callbacks.py)
         self.notifier = notifier
+        #: the web console (scheduler_svc/console/), when SIEVE_CONSOLE_ADDR names an address
+        self.console = console
         #: the replica's scrape-time metrics (registered by `main`: a process may build more than one replica)
         self.metrics = metrics
         #: the replica's periodic jobs (scheduler_svc/housekeeping.py), served by JobsService
@@ -73,7 +77,13 @@ class SchedulerApp:
             service_names=[SERVICE_NAME],
             register=self._register,
             before_stop=self.drain,
-            background=[dispatcher.run, dispatcher.listen_for_work, housekeeping.run, notifier.run],
+            background=[
+                dispatcher.run,
+                dispatcher.listen_for_work,
+                housekeeping.run,
+                notifier.run,
+                *([console.serve] if console is not None else []),
+            ],
             audit=audit,
             jobs=self.jobs,
         )

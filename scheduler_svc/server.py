@@ -8,6 +8,7 @@ from __future__ import annotations
 from scheduler_svc.app import SERVICE_NAME, SchedulerApp
 from scheduler_svc.board import Board
 from scheduler_svc.callbacks import CallbackNotifier
+from scheduler_svc.console.build import ConsoleParts, build_console
 from scheduler_svc.cost import CostMeter
 from scheduler_svc.dead_letters import DeadLetters
 from scheduler_svc.dispatcher import Dispatcher
@@ -52,10 +53,10 @@ async def build(settings: Settings, stores: Stores) -> SchedulerApp:
     router = Router(board, settings, state)
     dispatcher = Dispatcher(queues, state, outcomes, board, router, settings)
     streams = PullStreams(queues, board, outcomes, records, costs=CostMeter(settings))
-    pools = SlotPoolView(
-        SlotPools(redis, Keys(settings.redis_prefix), settings.external.pools), ExternalJobStore(stores.pool)
-    )
-    servicer = SchedulerServicer(streams, board, watermark, DeadLetters(queues, tasks), pools)
+    slot_pools = SlotPools(redis, Keys(settings.redis_prefix), settings.external.pools)
+    pools = SlotPoolView(slot_pools, ExternalJobStore(stores.pool))
+    dead_letters = DeadLetters(queues, tasks)
+    servicer = SchedulerServicer(streams, board, watermark, dead_letters, pools)
     rebuilder = Rebuilder(queues, tasks)
     hooks = ReplicaHooks(
         replica=dispatcher.drain.replica,
@@ -79,6 +80,20 @@ async def build(settings: Settings, stores: Stores) -> SchedulerApp:
         tasks=tasks,
     )
     notifier = CallbackNotifier(CallbackStore(stores.pool), settings)
+    console = None
+    if settings.console_addr.strip():
+        parts = ConsoleParts(
+            state,
+            queues,
+            records,
+            dead_letters,
+            tasks,
+            board,
+            dispatcher,
+            streams,
+            slot_pools if slot_pools.maxima else None,
+        )
+        console = build_console(settings, parts)
     return SchedulerApp(
         settings,
         queues,
@@ -91,6 +106,7 @@ async def build(settings: Settings, stores: Stores) -> SchedulerApp:
         collector,
         AuditLog(tasks.pool),
         notifier,
+        console,
     )
 
 

@@ -98,6 +98,8 @@ class PullStreams:
         self.outcomes = outcomes
         self.records = records
         self.fencing_refusals = 0
+        #: acks settled (the task's lease removed): tasks this replica saw finished
+        self.acked = 0
         #: acks refused because PostgreSQL did not show the task finished (the task was put back)
         self.unproven_acks = 0
         #: credits of streams whose worker had not registered yet, kept (the worker does not send them again)
@@ -238,6 +240,7 @@ class PullStreams:
                 leased, device_of=device_of, charges=self._charges(session, proven, device_of)
             )
             stale = results.count(False)
+            self.acked += len(results) - stale
             if stale:
                 self.fencing_refusals += stale
                 log.info(

@@ -22,6 +22,7 @@ from typing import Any
 from opentelemetry import trace
 
 from scheduler_svc.board import Placement
+from scheduler_svc.console.tally import Tally
 from scheduler_svc.sessions import Session
 from sieve.enums import enum_label, enum_name
 from sieve.observe import metrics, telemetry
@@ -52,6 +53,8 @@ class DispatchObserver:
         # metric children, looked up once (labels() costs more than the observation itself)
         self._claims = {starving: metrics.CLAIMS.labels("true" if starving else "false") for starving in (False, True)}
         self._queue_wait: dict[int, Any] = {}
+        #: the web console's counts (scheduler_svc/console/tally.py), when a console runs
+        self.tally: Tally | None = None
 
     @staticmethod
     def claim_started() -> int:
@@ -65,11 +68,14 @@ class DispatchObserver:
             return entries
         self._claims[starving].inc()
         now_ms = time.time() * 1000
-        for e in entries:
+        waits_ms = [max(0.0, now_ms - e.enqueued_ms) for e in entries]
+        for e, wait_ms in zip(entries, waits_ms, strict=True):
             child = self._queue_wait.get(e.priority)
             if child is None:
                 child = self._queue_wait[e.priority] = metrics.QUEUE_WAIT.labels(enum_label(Priority, e.priority))
-            child.observe(max(0.0, now_ms - e.enqueued_ms) / 1000)
+            child.observe(wait_ms / 1000)
+        if self.tally is not None:
+            self.tally.claimed(device, waits_ms)
         if not telemetry.enabled():
             return entries
         if len(self._assigning) > MAX_OPEN:

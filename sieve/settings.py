@@ -291,6 +291,9 @@ class Settings:
     scheduler_metrics_addr: str = "127.0.0.1:9102"
     registry_metrics_addr: str = "127.0.0.1:9103"
     worker_metrics_addr: str = "127.0.0.1:9104"
+    #: host:port of the scheduler's web console (read-only, operator token; README "Web console"); "host:0" picks a
+    #: free port, empty (the default) serves none.
+    console_addr: str = ""
 
     # --- logs -------------------------------------------------------------------------------------
     #: DEBUG | INFO | WARNING | ERROR; logs are one JSON object per line on stdout.

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -151,6 +151,24 @@ class TypesDeferred:
     #: ids of the tasks that wait (leased ones and queued ones alike)
     waiting: list[str]
     dead_letters: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    """One device as an operator sees it (`QueueStore.device_views`): what waits in each priority's queue, since
+    when, and whether it is overloaded or in backoff."""
+
+    mac: str
+    #: queued tasks by priority, BACKGROUND..CRITICAL (PRIORITIES' order)
+    queued: tuple[int, ...]
+    #: the enqueue time (ms) of the oldest task at the head of one of its queues; None when nothing is queued
+    oldest_enqueued_ms: int | None
+    overloaded: bool
+    #: when its backoff ends (ms), None when it is not in backoff
+    backoff_until_ms: float | None
+    #: the start of its wait as the fair order reads it (ms; the later of its oldest task's enqueue and its last
+    #: serve), None when it is not ready (nothing queued, being served, in backoff)
+    ready_since_ms: float | None = None
 
 
 class QueueStore:
@@ -1039,6 +1057,93 @@ class QueueStore:
         if self.shards == 1:
             return int(await self.redis.get(self.keys.pending) or 0)
         return sum(int(v or 0) for v in await self._each_shard(lambda pipe, k: pipe.get(k.pending)))
+
+    async def device_views(self, *, sample: int, also: Sequence[str] = ()) -> list[DeviceView]:
+        """Operators' view of some active devices: up to `sample` of each shard's (Redis picks them at random) and
+        the devices named in `also`, each with its queue lengths by priority, the enqueue time of its oldest queued
+        task and the start of its wait. Three pipelines: 1 command a shard, 13 a device, 1 a ready device (for the
+        console, not the dispatch path)."""
+        macs: dict[str, None] = dict.fromkeys(also)
+        if sample > 0:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for k in self.shard_keys:
+                    pipe.srandmember(k.devices, sample)
+                for found in await pipe.execute():
+                    macs.update(dict.fromkeys(str(m) for m in found or ()))
+        if not macs:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for mac in macs:
+                k = self.keys_of(mac)
+                for p in PRIORITIES:
+                    pipe.llen(k.queue(mac, p))
+                    pipe.lindex(k.queue(mac, p), 0)
+                pipe.sismember(k.overloaded, mac)
+                pipe.zscore(k.backoff, mac)
+                pipe.hget(k.meta(mac), "group")
+            replies = await pipe.execute()
+        width = 2 * len(PRIORITIES) + 3
+        rows = [replies[i * width : (i + 1) * width] for i in range(len(macs))]
+        # the start of each ready device's wait: its score in its caller group's ready set
+        grouped = [(mac, row[-1]) for mac, row in zip(macs, rows, strict=True) if row[-1]]
+        since: dict[str, float] = {}
+        if grouped:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for mac, group in grouped:
+                    pipe.zscore(self.keys_of(mac).group_ready(group), mac)
+                for (mac, _), score in zip(grouped, await pipe.execute(), strict=True):
+                    if score is not None:
+                        since[mac] = float(score)
+        views: list[DeviceView] = []
+        for mac, row in zip(macs, rows, strict=True):
+            lengths = tuple(int(row[2 * j] or 0) for j in range(len(PRIORITIES)))
+            heads = [Entry.decode(row[2 * j + 1]).enqueued_ms for j in range(len(PRIORITIES)) if row[2 * j + 1]]
+            backoff = row[-2]
+            views.append(
+                DeviceView(
+                    mac=mac,
+                    queued=lengths,
+                    oldest_enqueued_ms=min(heads) if heads else None,
+                    overloaded=bool(row[-3]),
+                    backoff_until_ms=None if backoff is None else float(backoff),
+                    ready_since_ms=since.get(mac),
+                )
+            )
+        return views
+
+    async def longest_waiting(self, limit: int, *, groups: int = 100) -> list[str]:
+        """The ready devices that have waited longest, longest first, at most `limit`: the first `limit` of the ready
+        set of each caller group (of the first `groups` groups of each shard and caller weight), merged. A ready
+        device's wait is what the fair order reads (since the later of its oldest task's enqueue and its last
+        serve); devices being served or in backoff are not ready. For operators (the console)."""
+        if limit <= 0:
+            return []
+        weights = self.callers.all_weights
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for k in self.shard_keys:
+                for w in weights:
+                    pipe.zrange(k.callers(w), 0, groups - 1)
+            replies = await pipe.execute()
+        found = [
+            (k, str(group))
+            for i, k in enumerate(self.shard_keys)
+            for reply in replies[i * len(weights) : (i + 1) * len(weights)]
+            for group in reply or ()
+        ]
+        if not found:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for k, group in found:
+                pipe.zrange(k.group_ready(group), 0, limit - 1, withscores=True)
+            heads = await pipe.execute()
+        ready = sorted((float(score), str(mac)) for reply in heads for mac, score in reply or ())
+        out: list[str] = []
+        for _score, mac in ready:
+            if mac not in out:
+                out.append(mac)
+            if len(out) == limit:
+                break
+        return out
 
     async def device_meta(self, mac: str) -> dict[str, str]:
         meta: dict[str, str] = await _reply(self.redis.hgetall(self.keys_of(mac).meta(mac)))
