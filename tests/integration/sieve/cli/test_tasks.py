@@ -1,0 +1,142 @@
+"""`sieve submit`, `get`, `cancel`, `watch` and `ls` against the real services of one test (registry, scheduler,
+intake on loopback, a real text worker; real Redis and PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+from tests.integration.conftest import Platform
+from tests.integration.sieve.cli.conftest import Sieve, json_of
+
+DEVICE = "AA-BB-CC-DD-EE-01"
+BAD = "加 微 信 免费领取"
+
+
+async def test_submit_texts_with_wait_shows_the_verdicts_and_a_second_run_returns_the_same_tasks(
+    platform: Platform, sieve: Sieve
+) -> None:
+    # When two texts are submitted and followed to their end
+    result = await sieve(platform.settings, "submit", "-d", DEVICE, BAD, "hello there", "--wait")
+    # Then the summary table shows both accepted and succeeded, and the verdicts
+    assert result.exit_code == 0, result.output
+    assert "accepted" in result.stdout and "status SUCCEEDED" in result.stdout and "verdict PASS" in result.stdout
+    assert "submitting" in result.stderr and "waiting" in result.stderr  # the progress bars
+    # And in JSON, each item has its task and verdict
+    again = json_of(await sieve(platform.settings, "submit", "-d", DEVICE, BAD, "hello there", "--wait", "-o", "json"))
+    assert again["accepted"] == 2 and again["deduplicated"] == 2 and again["refused"] == 0
+    assert again["statuses"] == {"SUCCEEDED": 2}
+    verdicts = {r["source"]: r["verdict"] for r in again["results"]}
+    assert verdicts["hello there"] == "PASS" and verdicts[BAD] in ("BLOCK", "REVIEW")
+    assert all(r["idempotency_key"].startswith("cli:text:") for r in again["results"])
+
+
+async def test_submit_lines_of_a_file_in_concurrent_batches(platform: Platform, sieve: Sieve, tmp_path: Path) -> None:
+    lines = tmp_path / "texts.txt"
+    lines.write_text("".join(f"message number {n}\n\n" for n in range(30)))
+    data = json_of(
+        await sieve(
+            platform.settings,
+            "submit",
+            "-d",
+            DEVICE,
+            "-f",
+            str(lines),
+            "--batch-size",
+            "4",
+            "--concurrency",
+            "3",
+            "--label",
+            "run=file",
+            "--wait",
+            "-o",
+            "json",
+        )
+    )
+    assert data["items"] == 30 and data["accepted"] == 30 and data["statuses"] == {"SUCCEEDED": 30}
+    assert {r["source"] for r in data["results"]} == {f"{lines}:{2 * n + 1}" for n in range(30)}
+    assert len({r["task_id"] for r in data["results"]}) == 30
+    # stdin works as a file too, and --label filters the listing
+    listed = json_of(await sieve(platform.settings, "ls", "-l", "run=file", "-n", "100", "-o", "json"))
+    assert len(listed["tasks"]) == 30
+    piped = json_of(await sieve(platform.settings, "submit", "-d", DEVICE, "-f", "-", "-o", "json", stdin="one\ntwo\n"))
+    assert piped["accepted"] == 2
+
+
+async def test_a_refused_item_is_reported_alone_and_the_command_fails(platform: Platform, sieve: Sieve) -> None:
+    # Given a batch with one text over the intake's limit (the whole batch is refused; the command sends each alone)
+    result = await sieve(platform.settings, "submit", "-d", DEVICE, "fine", "x" * 200_000, "-o", "json")
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.stdout)
+    assert data["accepted"] == 1 and data["refused"] == 1
+    [refused] = [r for r in data["results"] if "refused" in r]
+    assert refused["refused"] == "INVALID_ARGUMENT" and "text" in refused["message"]
+    table = await sieve(platform.settings, "submit", "-d", DEVICE, "fine", "x" * 200_000)
+    assert table.exit_code == 1 and "failures" in table.stdout and "INVALID_ARGUMENT" in table.stdout
+
+
+async def test_get_shows_a_task_and_its_result(platform: Platform, sieve: Sieve) -> None:
+    data = json_of(await sieve(platform.settings, "submit", "-d", DEVICE, BAD, "--wait", "-o", "json"))
+    task_id = data["results"][0]["task_id"]
+    table = await sieve(platform.settings, "get", task_id)
+    assert table.exit_code == 0, table.output
+    assert task_id in table.stdout and "SUCCEEDED" in table.stdout and "history" in table.stdout
+    assert "hits" in table.stdout and "AA:BB:CC:DD:EE:01" in table.stdout
+    task = json_of(await sieve(platform.settings, "get", task_id, "-o", "json"))
+    assert task["task_id"] == task_id and task["status"] == "TASK_STATUS_SUCCEEDED"
+    assert task["result"]["hits"] and task["result"]["text"] == BAD
+    # an unknown task is exit 3, a malformed id exit 2, each in one clean line
+    missing = await sieve(platform.settings, "get", str(uuid.uuid4()))
+    assert missing.exit_code == 3 and "not found" in missing.stderr and "Traceback" not in missing.output
+    malformed = await sieve(platform.settings, "get", "not-an-id")
+    assert malformed.exit_code == 2 and "task_id" in malformed.stderr
+
+
+async def test_watch_follows_tasks_to_their_end(platform: Platform, sieve: Sieve) -> None:
+    data = json_of(await sieve(platform.settings, "submit", "-d", DEVICE, "one", "two", "-o", "json", "--no-progress"))
+    ids = [r["task_id"] for r in data["results"]]
+    lines = await sieve(platform.settings, "watch", *ids, "-o", "json")
+    assert lines.exit_code == 0, lines.output
+    changes = [json.loads(line) for line in lines.stdout.splitlines()]
+    final = {c["task_id"]: c["status"] for c in changes if c["status"] == "TASK_STATUS_SUCCEEDED"}
+    assert set(final) == set(ids)
+    assert all(c["cursor"] for c in changes)
+    table = await sieve(platform.settings, "watch", ids[0])
+    assert table.exit_code == 0 and "SUCCEEDED PASS" in table.stdout
+    # watching everything of a device until a count of changes
+    counted = await sieve(platform.settings, "watch", "-d", DEVICE, "--cursor", changes[0]["cursor"], "-n", "2")
+    assert counted.exit_code == 0 and len(counted.stdout.splitlines()) == 2
+
+
+async def test_cancel_a_pending_task(platform_without_workers: Platform, sieve: Sieve) -> None:
+    p = platform_without_workers
+    data = json_of(await sieve(p.settings, "submit", "-d", DEVICE, "waits", "-o", "json"))
+    task_id = data["results"][0]["task_id"]
+    cancelled = await sieve(p.settings, "cancel", task_id)
+    assert cancelled.exit_code == 0 and "CANCELLED" in cancelled.stdout
+    # --wait ends at once for a task that is final, and the command fails: it did not succeed
+    waited = await sieve(p.settings, "submit", "-d", DEVICE, "waits", "--wait", "-o", "json")
+    assert waited.exit_code == 1 and json.loads(waited.stdout)["statuses"] == {"CANCELLED": 1}
+
+
+async def test_ls_filters_and_pages(platform: Platform, sieve: Sieve) -> None:
+    other = "AA-BB-CC-DD-EE-02"
+    json_of(await sieve(platform.settings, "submit", "-d", DEVICE, BAD, "a", "b", "--wait", "-o", "json"))
+    json_of(await sieve(platform.settings, "submit", "-d", other, "c", "--wait", "-o", "json"))
+    everything = json_of(await sieve(platform.settings, "ls", "-o", "json"))
+    assert len(everything["tasks"]) == 4 and not everything["next_page_token"]
+    mine = json_of(await sieve(platform.settings, "ls", "-d", other, "-o", "json"))
+    assert [t["device_id"] for t in mine["tasks"]] == ["AA:BB:CC:DD:EE:02"]
+    passed = json_of(await sieve(platform.settings, "ls", "--verdict", "pass", "-s", "SUCCEEDED", "-o", "json"))
+    assert len(passed["tasks"]) == 3
+    assert json_of(await sieve(platform.settings, "ls", "--status", "pending", "-o", "json"))["tasks"] == []
+    recent = json_of(await sieve(platform.settings, "ls", "--since", "5", "--type", "text", "-o", "json"))
+    assert len(recent["tasks"]) == 4
+    # a page of 3, then the rest from its token
+    first = json_of(await sieve(platform.settings, "ls", "-n", "3", "-o", "json"))
+    assert len(first["tasks"]) == 3 and first["next_page_token"]
+    rest = json_of(await sieve(platform.settings, "ls", "--page-token", first["next_page_token"], "-o", "json"))
+    assert len(rest["tasks"]) == 1
+    table = await sieve(platform.settings, "ls", "-n", "3")
+    assert table.exit_code == 0 and "3 tasks" in table.stdout and "more: --page-token" in table.stdout
