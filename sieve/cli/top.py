@@ -109,7 +109,7 @@ class Frame:
     def as_dict(self, limit: int) -> dict[str, object]:
         data: dict[str, object] = {
             "at": self.at.isoformat(),
-            "throughput_per_s": round(self.throughput, 2),
+            "throughput_per_s": round(self.throughput, 4),
             "throughput_over": self.throughput_over,
             "devices": [d.as_dict() for d in self.devices(limit)],
             "pending_by_priority": self.priorities(),
