@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import click
@@ -93,19 +93,20 @@ class Spec:
 class Submitter:
     """Sends the batches, `concurrency` at a time, and records each item's outcome."""
 
-    def __init__(self, client: Client, spec: Spec, concurrency: int, retry_for_s: float, advance: object) -> None:
+    def __init__(
+        self, client: Client, spec: Spec, concurrency: int, retry_for_s: float, advance: Callable[[int], None]
+    ) -> None:
         self.client = client
         self.spec = spec
         self.gate = asyncio.Semaphore(concurrency)
         self.retry_for_s = retry_for_s
         self.advance = advance
 
-    def _done(self, count: int) -> None:
-        if callable(self.advance):
-            self.advance(count)
-
-    async def batch(self, outcomes: Sequence[Outcome]) -> None:
-        deadline = time.monotonic() + self.retry_for_s
+    async def batch(self, outcomes: Sequence[Outcome], deadline: float | None = None) -> None:
+        """Sends `outcomes`' items until each is accepted or refused for good. Items refused over a limit are sent
+        again after the retry_after the intake gave; a batch refused whole (more than the device may have pending at
+        once, say) is sent again in halves."""
+        deadline = time.monotonic() + self.retry_for_s if deadline is None else deadline
         todo = list(outcomes)
         while todo:
             async with self.gate:
@@ -130,10 +131,14 @@ class Submitter:
                     wait_s = max(wait_s, item.retry_after.ToTimedelta().total_seconds())
                     continue
                 record(outcome, item)
-            self._done(len(todo) - len(retry))
-            todo = retry
-            if todo:
+            self.advance(len(todo) - len(retry))
+            if retry:
                 await asyncio.sleep(min(max(wait_s, 0.05), max(deadline - time.monotonic(), 0.05)))
+            if len(retry) > 1 and len(retry) == len(todo):
+                half = len(retry) // 2
+                await asyncio.gather(self.batch(retry[:half], deadline), self.batch(retry[half:], deadline))
+                return
+            todo = retry
 
     async def one_by_one(self, outcomes: Sequence[Outcome]) -> None:
         """Each item in a Submit of its own (a batch refused as a whole for a bad item)."""
@@ -151,7 +156,7 @@ class Submitter:
                 outcome.refused, outcome.message = "INVALID_ARGUMENT", exc.message.split(": ", 2)[-1]
             else:
                 outcome.task_id, outcome.deduplicated = reply.task.task_id, reply.deduplicated
-            self._done(1)
+            self.advance(1)
 
 
 def record(outcome: Outcome, item: intake_pb2.SubmitBatchItem) -> None:

@@ -11,6 +11,7 @@ priorities shown are of those). Throughput is the change in finished tasks betwe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -250,41 +251,64 @@ def render(frame: Frame, limit: int) -> RenderableType:
     return Group(*parts)
 
 
+class Frames:
+    """Successive frames, each with the throughput since the one before."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.last: Frame | None = None
+        self.last_at = 0.0
+
+    async def next(self) -> Frame:
+        frame = await read_frame(self.client)
+        now = time.monotonic()
+        if self.last is not None and frame.stats and self.last.stats:
+            done = frame.stats.totals.finished - self.last.stats.totals.finished
+            frame.throughput, frame.throughput_over = max(done, 0) / (now - self.last_at), "now"
+        self.last, self.last_at = frame, now
+        return frame
+
+
 @click.command("top")
 @click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True, help="Seconds per frame.")
 @click.option("--once", is_flag=True, help="Print one frame and end.")
+@click.option("--frames", "count", type=click.IntRange(1), help="End after this many frames (default: at Ctrl-C).")
 @click.option("--devices", "limit", type=click.IntRange(1, 100), default=10, show_default=True, help="Devices shown.")
 @output_option
 @click.pass_obj
-def top_command(obj: Obj, interval: float, once: bool, limit: int, output_format: str) -> None:
-    """A live view: busiest devices, queues, workers and their load, throughput (operators). Ctrl-C ends it."""
+def top_command(obj: Obj, interval: float, once: bool, count: int | None, limit: int, output_format: str) -> None:
+    """A live view: busiest devices, queues, workers and their load, throughput (operators). Ctrl-C ends it.
+
+    On a terminal the view is redrawn in place; to a pipe each frame is printed after the last (`-o json`: one
+    JSON object per frame, or one document with --once).
+    """
+    if once:
+        count = 1
 
     async def body(client: Client) -> int:
-        frame = await read_frame(client)
-        if once:
-            if output_format == "json":
-                output.print_json(frame.as_dict(limit))
-            else:
-                output.console().print(render(frame, limit))
-            return ExitCode.UNAVAILABLE if len(frame.errors) == 4 else ExitCode.OK
-        last, last_at = frame, time.monotonic()
-        if output_format == "json":  # one JSON object per frame
+        frames = Frames(client)
+        frame = await frames.next()
+        if once and output_format == "json":
+            output.print_json(frame.as_dict(limit))
+        con = output.console()
+        shown = 0
+        on_screen = con.is_terminal and not once and output_format != "json"
+        live = Live(render(frame, limit), console=con, auto_refresh=False) if on_screen else None
+        with live or contextlib.nullcontext():
             while True:
-                output.print_json_line(frame.as_dict(limit))
+                if live is not None:
+                    live.update(render(frame, limit), refresh=True)
+                elif output_format == "json" and not once:
+                    output.print_json_line(frame.as_dict(limit))
+                elif output_format != "json":
+                    con.print(render(frame, limit))
+                shown += 1
+                if count is not None and shown >= count:
+                    return ExitCode.UNAVAILABLE if len(frame.errors) == 4 else ExitCode.OK
                 await asyncio.sleep(interval)
-                frame = await read_frame(client)
-        with Live(render(frame, limit), console=output.console(), auto_refresh=False, screen=False) as live:
-            while True:
-                await asyncio.sleep(interval)
-                frame = await read_frame(client)
-                now = time.monotonic()
-                if frame.stats and last.stats:
-                    done = frame.stats.totals.finished - last.stats.totals.finished
-                    frame.throughput, frame.throughput_over = max(done, 0) / (now - last_at), "now"
-                last, last_at = frame, now
-                live.update(render(frame, limit), refresh=True)
+                frame = await frames.next()
 
     run(obj, Role.OPERATOR, body)
 
 
-__all__ = ["Frame", "read_frame", "render", "top_command"]
+__all__ = ["Frame", "Frames", "read_frame", "render", "top_command"]

@@ -7,7 +7,11 @@ import json
 import uuid
 from pathlib import Path
 
-from tests.integration.conftest import Platform
+import asyncpg
+from redis.asyncio import Redis
+
+from sieve.settings import Settings
+from tests.integration.conftest import Platform, platform_with
 from tests.integration.sieve.cli.conftest import Sieve, json_of
 
 DEVICE = "AA-BB-CC-DD-EE-01"
@@ -140,3 +144,37 @@ async def test_ls_filters_and_pages(platform: Platform, sieve: Sieve) -> None:
     assert len(rest["tasks"]) == 1
     table = await sieve(platform.settings, "ls", "-n", "3")
     assert table.exit_code == 0 and "3 tasks" in table.stdout and "more: --page-token" in table.stdout
+
+
+async def test_refusals_over_the_device_limit_are_retried_after_the_time_the_intake_gives(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool, sieve: Sieve
+) -> None:
+    async with platform_with(settings, redis, pg, workers=1, max_per_device_pending=5, retry_after_s=0.5) as p:
+        # Given a device allowed 5 pending tasks, 40 texts in batches of 20 are all accepted in the end (a batch over
+        # the limit is refused whole: it is split)
+        texts = [f"limited {n}" for n in range(40)]
+        data = json_of(
+            await sieve(p.settings, "submit", "-d", DEVICE, *texts, "--batch-size", "20", "--wait", "-o", "json")
+        )
+        assert data["accepted"] == 40 and data["refused"] == 0 and data["statuses"] == {"SUCCEEDED": 40}
+    async with platform_with(settings, redis, pg, workers=0, max_per_device_pending=5) as p:
+        # without a worker, and without retrying, a batch over the limit is refused
+        result = await sieve(
+            p.settings,
+            "submit",
+            "-d",
+            DEVICE,
+            *(f"unserved {n}" for n in range(8)),
+            "--retry-for",
+            "0",
+            "--batch-size",
+            "5",
+            "-c",
+            "1",
+            "-o",
+            "json",
+        )
+        assert result.exit_code == 1, result.stdout
+        data = json.loads(result.stdout)
+        assert data["accepted"] == 5 and data["refused"] == 3
+        assert {r["refused"] for r in data["results"] if "refused" in r} == {"RESOURCE_EXHAUSTED"}
