@@ -54,6 +54,9 @@ def run(obj: Obj, role: Role, body: Callable[[Client], Awaitable[int | None]]) -
         fail(str(exc), ExitCode.USAGE)
     except KeyboardInterrupt:
         fail("interrupted", 130)
+    except BrokenPipeError:  # `sieve ls | head`: the reader has gone; say nothing more (and let the exit not try)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(ExitCode.ERROR)
     except Exception as exc:  # a bug or an unforeseen failure: one line, unless asked for the traceback
         if os.environ.get("SIEVE_CLI_DEBUG"):
             traceback.print_exc()

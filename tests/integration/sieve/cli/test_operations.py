@@ -180,3 +180,21 @@ async def test_top_prints_frame_after_frame_with_the_throughput_between_them(pla
     code, out, err = await sieve_process(platform.settings, "top", "--interval", "0.2", "--frames", "2")
     assert code == 0, err
     assert out.count("sieve top —") == 2 and out.count("busiest devices") == 2
+
+
+async def test_a_listing_piped_into_a_reader_that_is_gone_ends_without_a_word(platform: Platform, sieve: Sieve) -> None:
+    for device in (DEVICE, "AA-BB-CC-DD-EE-02"):  # under each device's pending limit (200)
+        json_of(await sieve(platform.settings, "submit", "-d", device, *(f"p{n}" for n in range(150)), "-o", "json"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIEVE_")}
+    env.update(PYTHONPATH=str(ROOT), XDG_CONFIG_HOME=str(ROOT / "no-such-dir"))
+    argv = " ".join([sys.executable, "-m", "sieve.cli", *addresses(platform.settings), "ls", "-n", "300", "-o", "json"])
+    process = await asyncio.create_subprocess_shell(
+        f"set -o pipefail; {argv} | true",  # the reader is gone before the first write
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        executable="/bin/bash",
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert out == b""
+    assert err == b"" and process.returncode == 1, (err, process.returncode)

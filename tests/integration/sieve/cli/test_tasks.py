@@ -3,6 +3,7 @@ intake on loopback, a real text worker; real Redis and PostgreSQL)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from pathlib import Path
@@ -11,6 +12,7 @@ import asyncpg
 from redis.asyncio import Redis
 
 from sieve.settings import Settings
+from sieve.v1 import intake_pb2
 from tests.integration.conftest import Platform, platform_with
 from tests.integration.sieve.cli.conftest import Sieve, json_of
 
@@ -178,3 +180,22 @@ async def test_refusals_over_the_device_limit_are_retried_after_the_time_the_int
         data = json.loads(result.stdout)
         assert data["accepted"] == 5 and data["refused"] == 3
         assert {r["refused"] for r in data["results"] if "refused" in r} == {"RESOURCE_EXHAUSTED"}
+
+
+async def test_wait_polls_get_task_when_the_intake_refuses_another_stream(
+    settings: Settings, redis: Redis, pg: asyncpg.Pool, sieve: Sieve
+) -> None:
+    async with platform_with(settings, redis, pg, workers=1, watch_max_streams_per_caller=1) as p:
+        # Given the caller's one stream already open
+        held = p.intake.WatchTask(intake_pb2.WatchTaskRequest())
+        first = asyncio.ensure_future(held.read())
+        await asyncio.sleep(0.3)
+        try:
+            # When it submits with --wait, its WatchTask is refused (RESOURCE_EXHAUSTED): it polls GetTask instead
+            data = json_of(await sieve(p.settings, "submit", "-d", DEVICE, BAD, "polled", "--wait", "-o", "json"))
+        finally:
+            held.cancel()
+            first.cancel()
+        assert data["statuses"] == {"SUCCEEDED": 2}
+        verdicts = {r["source"]: r["verdict"] for r in data["results"]}
+        assert verdicts["polled"] == "PASS" and verdicts[BAD] in ("BLOCK", "REVIEW")
