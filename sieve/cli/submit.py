@@ -69,14 +69,14 @@ class Spec:
     """What every task of this submit shares."""
 
     device: str
-    priority: int
+    priority: types_pb2.Priority
     labels: dict[str, str]
     max_attempts: int
 
     def task(self, item: Item) -> intake_pb2.TaskSpec:
         spec = intake_pb2.TaskSpec(
             device_id=self.device,
-            priority=self.priority,  # type: ignore[arg-type]
+            priority=self.priority,
             idempotency_key=item.key,
             labels=self.labels,
             max_attempts=self.max_attempts,

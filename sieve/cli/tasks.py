@@ -60,6 +60,18 @@ def show_task(task: types_pb2.Task) -> None:
                 ((h.word, h.category, h.severity, f"{h.start}-{h.end}", h.matched_text) for h in task.result.hits),
             )
         )
+    if task.result.lines:
+        con.print(
+            output.table(
+                "lines read",
+                ("line", "text", "confidence"),
+                ((n, line.text, f"{line.confidence:.2f}") for n, line in enumerate(task.result.lines)),
+            )
+        )
+    if task.result.HasField("ocr"):
+        ocr = task.result.ocr
+        image = f"{ocr.image_format} {ocr.image_width}x{ocr.image_height}"
+        con.print(f"ocr: {ocr.engine}, {ocr.mode} on {ocr.device}, {image}, {ocr.boxes_found} boxes")
     if task.history:
         con.print(
             output.table(

@@ -63,6 +63,10 @@ async def test_submit_a_directory_of_rendered_images_with_wait(
         item = by_source[str(path)]
         assert (item["verdict"] == "PASS") == (not SAMPLES[n].words), (path.name, item)
         assert item["idempotency_key"].startswith("cli:file:") and path.name in item["idempotency_key"]
+    # And `get` shows what the worker read
+    shown = await sieve(platform.settings, "get", by_source[str(paths[1])]["task_id"])
+    assert shown.exit_code == 0 and "lines read" in shown.stdout and "赌博" in shown.stdout
+    assert "ocr: " in shown.stdout and "cpu" in shown.stdout
     # And the same images again, by a glob, are the same tasks (keys from the file names and contents)
     again = json_of(
         await sieve(platform.settings, "submit", "-d", DEVICE, "-i", f"{folder}/**/*.*g", "-o", "json", "--no-progress")
