@@ -43,10 +43,13 @@ class ExitCode(enum.IntEnum):
 class CliError(Exception):
     """A failure to report in one line and end with `code`."""
 
-    def __init__(self, message: str, code: ExitCode = ExitCode.ERROR) -> None:
+    def __init__(self, message: str, code: ExitCode = ExitCode.ERROR, status: str = "", details: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        #: of a failed call: the gRPC status name ("INVALID_ARGUMENT") and the server's message
+        self.status = status
+        self.details = details
 
 
 _CODES = {
@@ -77,7 +80,7 @@ def error_of(exc: grpc.aio.AioRpcError, service: str, address: str) -> CliError:
     if code is ExitCode.UNAVAILABLE:
         details = details.splitlines()[0] if details else ""
     hint = "" if exc.code() is grpc.StatusCode.PERMISSION_DENIED else _HINTS.get(code, "")
-    return CliError(f"{service} at {address}: {what}: {details}{hint}", code)
+    return CliError(f"{service} at {address}: {what}: {details}{hint}", code, exc.code().name, details)
 
 
 def _read(path: str, what: str) -> bytes:

@@ -105,7 +105,7 @@ class Submitter:
     async def batch(self, outcomes: Sequence[Outcome], deadline: float | None = None) -> None:
         """Sends `outcomes`' items until each is accepted or refused for good. Items refused over a limit are sent
         again after the retry_after the intake gave; a batch refused whole (more than the device may have pending at
-        once, say) is sent again in halves."""
+        once, say) is sent again in halves, and one refused for a bad item (INVALID_ARGUMENT) item by item."""
         deadline = time.monotonic() + self.retry_for_s if deadline is None else deadline
         todo = list(outcomes)
         while todo:
@@ -119,10 +119,16 @@ class Submitter:
                         ),
                     )
                 except CliError as exc:
-                    if exc.code is not ExitCode.USAGE or len(todo) == 1:
+                    if exc.code is not ExitCode.USAGE:
                         raise
-                    await self.one_by_one(todo)
-                    return
+                    reply = None
+                    if len(todo) == 1:
+                        todo[0].refused, todo[0].message = exc.status, exc.details
+                        self.advance(1)
+                        return
+            if reply is None:  # which item is bad: each alone
+                await asyncio.gather(*(self.batch([o], deadline) for o in todo))
+                return
             retry: list[Outcome] = []
             wait_s = 0.0
             for outcome, item in zip(todo, reply.items, strict=True):
@@ -139,24 +145,6 @@ class Submitter:
                 await asyncio.gather(self.batch(retry[:half], deadline), self.batch(retry[half:], deadline))
                 return
             todo = retry
-
-    async def one_by_one(self, outcomes: Sequence[Outcome]) -> None:
-        """Each item in a Submit of its own (a batch refused as a whole for a bad item)."""
-        for outcome in outcomes:
-            try:
-                reply = await self.client.call(
-                    "intake",
-                    self.client.intake().Submit(
-                        intake_pb2.SubmitRequest(task=self.spec.task(outcome.item)), **self.client.options()
-                    ),
-                )
-            except CliError as exc:
-                if exc.code is not ExitCode.USAGE:
-                    raise
-                outcome.refused, outcome.message = "INVALID_ARGUMENT", exc.message.split(": ", 2)[-1]
-            else:
-                outcome.task_id, outcome.deduplicated = reply.task.task_id, reply.deduplicated
-            self.advance(1)
 
 
 def record(outcome: Outcome, item: intake_pb2.SubmitBatchItem) -> None:

@@ -80,6 +80,11 @@ async def test_a_refused_item_is_reported_alone_and_the_command_fails(platform: 
     assert refused["refused"] == "INVALID_ARGUMENT" and "text" in refused["message"]
     table = await sieve(platform.settings, "submit", "-d", DEVICE, "fine", "x" * 200_000)
     assert table.exit_code == 1 and "failures" in table.stdout and "INVALID_ARGUMENT" in table.stdout
+    # the same text (the same key) with other labels is another request: refused as a conflict, beside a bad item
+    result = await sieve(platform.settings, "submit", "-d", DEVICE, "fine", "", "-l", "run=2", "-o", "json")
+    assert result.exit_code == 1
+    refusals = {r["source"]: r["refused"] for r in json.loads(result.stdout)["results"]}
+    assert refusals == {"fine": "ALREADY_EXISTS", "": "INVALID_ARGUMENT"}
 
 
 async def test_get_shows_a_task_and_its_result(platform: Platform, sieve: Sieve) -> None:
