@@ -101,6 +101,9 @@ async def _follow_chunk(client: Client, tracker: Tracker, ids: list[str], gate: 
             if exc.code in (ExitCode.AUTH, ExitCode.UNAVAILABLE):
                 raise
             await _poll(client, tracker, ids)
+            return
+        if tracker.open & set(ids):  # the stream ended with tasks open (it should not): ask for each
+            await _poll(client, tracker, ids)
 
 
 async def follow(client: Client, items: Sequence[Followed], *, timeout_s: float, show: bool) -> None:

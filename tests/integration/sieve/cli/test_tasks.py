@@ -9,8 +9,10 @@ import uuid
 from pathlib import Path
 
 import asyncpg
+import pytest
 from redis.asyncio import Redis
 
+from sieve.cli import waiting
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2
 from tests.integration.conftest import Platform, platform_with
@@ -204,3 +206,14 @@ async def test_wait_polls_get_task_when_the_intake_refuses_another_stream(
         assert data["statuses"] == {"SUCCEEDED": 2}
         verdicts = {r["source"]: r["verdict"] for r in data["results"]}
         assert verdicts["polled"] == "PASS" and verdicts[BAD] in ("BLOCK", "REVIEW")
+
+
+async def test_wait_follows_more_tasks_than_one_stream_takes(
+    platform: Platform, sieve: Sieve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given streams of at most 3 task ids, 2 at a time (1000 and 4 in use)
+    monkeypatch.setattr(waiting, "WATCH_IDS", 3)
+    monkeypatch.setattr(waiting, "STREAMS", 2)
+    texts = [f"chunked {n}" for n in range(11)]
+    data = json_of(await sieve(platform.settings, "submit", "-d", DEVICE, *texts, "--wait", "-o", "json"))
+    assert data["statuses"] == {"SUCCEEDED": 11} and data["verdicts"] == {"PASS": 11}
