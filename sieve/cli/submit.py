@@ -1,10 +1,13 @@
 """`sieve submit`: texts and images to tasks, a progress bar with rate and ETA, and a summary of what came of them.
 
 Items go in SubmitBatch calls (`--batch-size` items, at most 12 MiB each), `--concurrency` calls at a time. A
-refusal over a limit (RESOURCE_EXHAUSTED) is tried again after the retry_after the intake gave, for up to
-`--retry-for` seconds; a batch the intake refuses as a whole for one bad item (INVALID_ARGUMENT) is sent again
-item by item, so that only the bad one is refused. With `--wait` the command then follows every accepted task to
-its end over WatchTask (GetTask polling where a stream cannot be had) and shows the verdicts.
+refusal over a limit (RESOURCE_EXHAUSTED) is tried again after the retry_after the intake gave, at most
+`--retry-wait-max` (5 s: the intake advises its whole SIEVE_RETRY_AFTER_S, 30 s, for a device whose service rate it
+has not measured yet — one just starting to be served), for up to `--retry-for` seconds; a batch refused whole
+over a limit twice, larger than any accepted, is split in halves; a batch the intake refuses for one bad item
+(INVALID_ARGUMENT) is sent again item by item, so that only the bad one is refused. With `--wait` the command then
+follows every accepted task to its end over WatchTask (GetTask polling where a stream cannot be had) and shows the
+verdicts.
 
 Exit status: 0 when every item was accepted (and, with --wait, every task SUCCEEDED), 1 otherwise; an error of
 the whole command (a bad token, an unreachable intake) has its own code (sieve.cli.client.ExitCode).
@@ -94,20 +97,30 @@ class Submitter:
     """Sends the batches, `concurrency` at a time, and records each item's outcome."""
 
     def __init__(
-        self, client: Client, spec: Spec, concurrency: int, retry_for_s: float, advance: Callable[[int], None]
+        self,
+        client: Client,
+        spec: Spec,
+        concurrency: int,
+        retry: tuple[float, float],
+        advance: Callable[[int], None],
     ) -> None:
         self.client = client
         self.spec = spec
         self.gate = asyncio.Semaphore(concurrency)
-        self.retry_for_s = retry_for_s
+        #: how long to keep retrying refusals over a limit, and the longest wait between two tries
+        self.retry_for_s, self.retry_wait_max_s = retry
         self.advance = advance
+        #: the most items one call got accepted: a batch refused whole that is no larger is sent again as it is
+        self.fits = 0
 
     async def batch(self, outcomes: Sequence[Outcome], deadline: float | None = None) -> None:
         """Sends `outcomes`' items until each is accepted or refused for good. Items refused over a limit are sent
         again after the retry_after the intake gave; a batch refused whole (more than the device may have pending at
-        once, say) is sent again in halves, and one refused for a bad item (INVALID_ARGUMENT) item by item."""
+        once, say: refused twice, and larger than any batch accepted so far) is sent again in halves, and one refused
+        for a bad item (INVALID_ARGUMENT) item by item."""
         deadline = time.monotonic() + self.retry_for_s if deadline is None else deadline
         todo = list(outcomes)
+        refused_whole = 0
         while todo:
             async with self.gate:
                 try:
@@ -138,9 +151,12 @@ class Submitter:
                     continue
                 record(outcome, item)
             self.advance(len(todo) - len(retry))
+            self.fits = max(self.fits, len(todo) - len(retry))
+            refused_whole = refused_whole + 1 if len(retry) == len(todo) else 0
             if retry:
-                await asyncio.sleep(min(max(wait_s, 0.05), max(deadline - time.monotonic(), 0.05)))
-            if len(retry) > 1 and len(retry) == len(todo):
+                wait_s = min(wait_s, self.retry_wait_max_s, deadline - time.monotonic())
+                await asyncio.sleep(max(wait_s, 0.05))
+            if len(retry) > 1 and refused_whole >= 2 and len(retry) > self.fits:
                 half = len(retry) // 2
                 await asyncio.gather(self.batch(retry[:half], deadline), self.batch(retry[half:], deadline))
                 return
@@ -163,7 +179,14 @@ def _code_name(code: int) -> str:
 
 
 async def submit_all(
-    client: Client, spec: Spec, items: list[Item], *, batch_size: int, concurrency: int, retry_for_s: float, show: bool
+    client: Client,
+    spec: Spec,
+    items: list[Item],
+    *,
+    batch_size: int,
+    concurrency: int,
+    retry: tuple[float, float],
+    show: bool,
 ) -> list[Outcome]:
     outcomes = [Outcome(item) for item in items]
     groups: list[list[Outcome]] = []
@@ -172,7 +195,7 @@ async def submit_all(
         groups.append(outcomes[start : start + len(group)])
         start += len(group)
     with progress_bar("submitting", len(items), show) as advance:
-        submitter = Submitter(client, spec, concurrency, retry_for_s, advance)
+        submitter = Submitter(client, spec, concurrency, retry, advance)
         await asyncio.gather(*(submitter.batch(group) for group in groups))
     return outcomes
 
@@ -250,6 +273,13 @@ def show_summary(data: dict[str, object], outcomes: list[Outcome], waited: bool)
 @click.option(
     "--retry-for", type=float, default=120.0, show_default=True, help="Seconds to retry refusals over a limit."
 )
+@click.option(
+    "--retry-wait-max",
+    type=click.FloatRange(min=0.05),
+    default=5.0,
+    show_default=True,
+    help="Longest wait before a retry, whatever retry_after the intake said.",
+)
 @click.option("--wait", "-w", is_flag=True, help="Follow every task to its end, then show the verdicts.")
 @click.option("--wait-timeout", type=float, default=600.0, show_default=True, help="Seconds --wait waits at most.")
 @click.option("--no-progress", is_flag=True, help="No progress bars (on stderr).")
@@ -269,6 +299,7 @@ def submit_command(
     key_prefix: str,
     no_idempotency: bool,
     retry_for: float,
+    retry_wait_max: float,
     wait: bool,
     wait_timeout: float,
     no_progress: bool,
@@ -291,7 +322,13 @@ def submit_command(
             raise CliError("nothing to submit: give texts, --file or --image", ExitCode.USAGE)
         started = time.monotonic()
         outcomes = await submit_all(
-            client, spec, items, batch_size=batch_size, concurrency=concurrency, retry_for_s=retry_for, show=show
+            client,
+            spec,
+            items,
+            batch_size=batch_size,
+            concurrency=concurrency,
+            retry=(retry_for, retry_wait_max),
+            show=show,
         )
         if wait:
             await waiting.follow(client, outcomes, timeout_s=wait_timeout, show=show)

@@ -156,7 +156,7 @@ async def sieve_process(settings: Settings, *args: str) -> tuple[int, str, str]:
         stderr=asyncio.subprocess.PIPE,
         env=env,
     )
-    out, err = await asyncio.wait_for(process.communicate(), 60)
+    out, err = await asyncio.wait_for(process.communicate(), 120)
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
 
@@ -195,6 +195,6 @@ async def test_a_listing_piped_into_a_reader_that_is_gone_ends_without_a_word(pl
         env=env,
         executable="/bin/bash",
     )
-    out, err = await asyncio.wait_for(process.communicate(), 60)
+    out, err = await asyncio.wait_for(process.communicate(), 120)
     assert out == b""
     assert err == b"" and process.returncode == 1, (err, process.returncode)
