@@ -4,9 +4,6 @@ a role without the right, an unreachable address and TLS each end in one clean l
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -20,7 +17,6 @@ from tests.integration.sieve.cli.conftest import Sieve, json_of
 from tests.security.auth_stack import Credentials, secure_stack
 
 DEVICE = "AA-BB-CC-DD-EE-01"
-ROOT = Path(__file__).resolve().parents[4]
 
 
 def credentials() -> Credentials:
@@ -121,23 +117,19 @@ async def test_tls_and_mtls(settings: Settings, redis: Redis, pg: asyncpg.Pool, 
         assert unreadable.exit_code == 2 and "cannot read it" in unreadable.stderr
 
 
-def test_the_command_as_a_process_an_unreachable_endpoint_is_exit_5() -> None:
+async def test_an_unreachable_endpoint_is_exit_5_and_bad_usage_exit_2(sieve: Sieve) -> None:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SIEVE_")}
-    env.update(PYTHONPATH=str(ROOT), XDG_CONFIG_HOME=str(ROOT / "no-such-dir"))
-    run = subprocess.run(
-        [sys.executable, "-m", "sieve.cli", "--intake", f"127.0.0.1:{port}", "get", str(uuid.uuid4())],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
+    unreachable = await sieve(None, "--intake", f"127.0.0.1:{port}", "get", str(uuid.uuid4()))
+    assert unreachable.exit_code == 5, unreachable
+    assert unreachable.stderr.startswith(f"sieve: intake at 127.0.0.1:{port}: unavailable")
+    assert "Traceback" not in unreachable.stderr and unreachable.stdout == ""
+    everything = await sieve(
+        None, "--scheduler", f"127.0.0.1:{port}", "--registry", f"127.0.0.1:{port}", "top", "--once"
     )
-    assert run.returncode == 5, run
-    assert run.stderr.startswith(f"sieve: intake at 127.0.0.1:{port}: unavailable") and "Traceback" not in run.stderr
-    assert run.stdout == ""
-    usage = subprocess.run([sys.executable, "-m", "sieve.cli", "get"], capture_output=True, text=True, env=env)
-    assert usage.returncode == 2 and "Missing argument" in usage.stderr
-    helped = subprocess.run([sys.executable, "-m", "sieve.cli", "--help"], capture_output=True, text=True, env=env)
-    assert helped.returncode == 0
-    for command in ("submit", "get", "watch", "ls", "dlq", "workers", "stats", "top"):
-        assert command in helped.stdout
+    assert everything.exit_code == 5  # every part of the frame unavailable
+    usage = await sieve(None, "get")
+    assert usage.exit_code == 2 and "Missing argument" in usage.stderr
+    helped = await sieve(None, "--help")
+    assert helped.exit_code == 0
+    for command in ("submit", "get", "cancel", "watch", "ls", "dlq", "workers", "stats", "top"):
+        assert f"  {command} " in helped.stdout

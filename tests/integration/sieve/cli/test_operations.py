@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
-from pathlib import Path
 
 import asyncpg
 from redis.asyncio import Redis
@@ -20,7 +18,6 @@ from tests.integration.sieve.cli.conftest import Sieve, addresses, json_of
 from tests.security.auth_stack import eventually
 
 DEVICE = "AA-BB-CC-DD-EE-01"
-ROOT = Path(__file__).resolve().parents[4]
 
 
 def always_fail(_: scheduler_pb2.Assignment) -> scheduler_pb2.Nack:
@@ -142,57 +139,36 @@ async def _all_done(p: Platform) -> bool:
     return bool(open_tasks == 0)
 
 
-async def sieve_process(settings: Settings, *args: str) -> tuple[int, str, str]:
-    """The command as a process of its own (python -m sieve.cli), against the test's servers."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SIEVE_")}
-    env.update(PYTHONPATH=str(ROOT), XDG_CONFIG_HOME=str(ROOT / "no-such-dir"))
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "sieve.cli",
-        *addresses(settings),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), 120)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
-
-
 async def test_top_prints_frame_after_frame_with_the_throughput_between_them(platform: Platform, sieve: Sieve) -> None:
-    # Given tasks being submitted while `sieve top` runs in a process of its own
+    # Given tasks being submitted while `sieve top` runs
     async def load() -> None:
         for n in range(8):
             await sieve(platform.settings, "submit", "-d", DEVICE, *(f"t{n}-{i}" for i in range(20)), "--no-progress")
             await asyncio.sleep(0.2)
 
     loading = asyncio.create_task(load())
-    code, out, err = await sieve_process(platform.settings, "top", "--interval", "0.5", "--frames", "4", "-o", "json")
+    top = await sieve(platform.settings, "top", "--interval", "0.5", "--frames", "4", "-o", "json")
     await loading
-    assert code == 0, err
-    frames = [json.loads(line) for line in out.splitlines()]
+    assert top.exit_code == 0, top.stderr
+    frames = [json.loads(line) for line in top.stdout.splitlines()]
     assert len(frames) == 4
     assert [f["throughput_over"] for f in frames[1:]] == ["now"] * 3
     assert any(f["throughput_per_s"] > 0 for f in frames[1:]) and frames[-1]["finished"] > frames[0]["finished"]
     # a table per frame to a pipe
-    code, out, err = await sieve_process(platform.settings, "top", "--interval", "0.2", "--frames", "2")
-    assert code == 0, err
-    assert out.count("sieve top —") == 2 and out.count("busiest devices") == 2
+    tables = await sieve(platform.settings, "top", "--interval", "0.2", "--frames", "2")
+    assert tables.exit_code == 0, tables.stderr
+    assert tables.stdout.count("sieve top —") == 2 and tables.stdout.count("busiest devices") == 2
 
 
 async def test_a_listing_piped_into_a_reader_that_is_gone_ends_without_a_word(platform: Platform, sieve: Sieve) -> None:
     for device in (DEVICE, "AA-BB-CC-DD-EE-02"):  # under each device's pending limit (200)
         json_of(await sieve(platform.settings, "submit", "-d", device, *(f"p{n}" for n in range(150)), "-o", "json"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SIEVE_")}
-    env.update(PYTHONPATH=str(ROOT), XDG_CONFIG_HOME=str(ROOT / "no-such-dir"))
     argv = " ".join([sys.executable, "-m", "sieve.cli", *addresses(platform.settings), "ls", "-n", "300", "-o", "json"])
     process = await asyncio.create_subprocess_shell(
         f"set -o pipefail; {argv} | true",  # the reader is gone before the first write
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env=env,
+        env=sieve.environment(),
         executable="/bin/bash",
     )
     out, err = await asyncio.wait_for(process.communicate(), 120)

@@ -13,6 +13,10 @@ import pytest
 from redis.asyncio import Redis
 
 from sieve.cli import waiting
+from sieve.cli.client import Client
+from sieve.cli.config import CliConfig, Role
+from sieve.cli.inputs import Item
+from sieve.cli.submit import Outcome
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2
 from tests.integration.conftest import Platform, platform_with
@@ -74,13 +78,15 @@ async def test_submit_lines_of_a_file_in_concurrent_batches(platform: Platform, 
 
 async def test_a_refused_item_is_reported_alone_and_the_command_fails(platform: Platform, sieve: Sieve) -> None:
     # Given a batch with one text over the intake's limit (the whole batch is refused; the command sends each alone)
-    result = await sieve(platform.settings, "submit", "-d", DEVICE, "fine", "x" * 200_000, "-o", "json")
+    # (the long text from stdin: an argument that long is more than a process may be given)
+    long = "x" * 200_000 + "\n"
+    result = await sieve(platform.settings, "submit", "-d", DEVICE, "fine", "-f", "-", "-o", "json", stdin=long)
     assert result.exit_code == 1, result.output
     data = json.loads(result.stdout)
     assert data["accepted"] == 1 and data["refused"] == 1
     [refused] = [r for r in data["results"] if "refused" in r]
     assert refused["refused"] == "INVALID_ARGUMENT" and "text" in refused["message"]
-    table = await sieve(platform.settings, "submit", "-d", DEVICE, "fine", "x" * 200_000)
+    table = await sieve(platform.settings, "submit", "-d", DEVICE, "fine", "-f", "-", stdin=long)
     assert table.exit_code == 1 and "failures" in table.stdout and "INVALID_ARGUMENT" in table.stdout
     # the same text (the same key) with other labels is another request: refused as a conflict, beside a bad item
     result = await sieve(platform.settings, "submit", "-d", DEVICE, "fine", "", "-l", "run=2", "-o", "json")
@@ -106,20 +112,30 @@ async def test_get_shows_a_task_and_its_result(platform: Platform, sieve: Sieve)
     assert malformed.exit_code == 2 and "task_id" in malformed.stderr
 
 
-async def test_watch_follows_tasks_to_their_end(platform: Platform, sieve: Sieve) -> None:
-    data = json_of(await sieve(platform.settings, "submit", "-d", DEVICE, "one", "two", "-o", "json", "--no-progress"))
+async def test_watch_follows_tasks_to_their_end_and_resumes_from_a_cursor(
+    platform_without_workers: Platform, sieve: Sieve
+) -> None:
+    p = platform_without_workers
+    data = json_of(await sieve(p.settings, "submit", "-d", DEVICE, "one", "two", "-o", "json", "--no-progress"))
     ids = [r["task_id"] for r in data["results"]]
-    lines = await sieve(platform.settings, "watch", *ids, "-o", "json")
+    # Given two pending tasks (no worker yet): their current status first, each with a cursor
+    first = await sieve(p.settings, "watch", *ids, "-n", "2", "-o", "json")
+    assert first.exit_code == 0, first.output
+    pending = [json.loads(line) for line in first.stdout.splitlines()]
+    assert [c["status"] for c in pending] == ["TASK_STATUS_PENDING"] * 2 and all(c["cursor"] for c in pending)
+    # When a worker runs them, watching the ids ends once both are final
+    await p.add_worker(worker_id="worker-1")
+    lines = await sieve(p.settings, "watch", *ids, "-o", "json")
     assert lines.exit_code == 0, lines.output
     changes = [json.loads(line) for line in lines.stdout.splitlines()]
-    final = {c["task_id"]: c["status"] for c in changes if c["status"] == "TASK_STATUS_SUCCEEDED"}
-    assert set(final) == set(ids)
-    assert all(c["cursor"] for c in changes)
-    table = await sieve(platform.settings, "watch", ids[0])
+    assert {c["task_id"] for c in changes if c["status"] == "TASK_STATUS_SUCCEEDED"} == set(ids)
+    table = await sieve(p.settings, "watch", ids[0])
     assert table.exit_code == 0 and "SUCCEEDED PASS" in table.stdout
-    # watching everything of a device until a count of changes
-    counted = await sieve(platform.settings, "watch", "-d", DEVICE, "--cursor", changes[0]["cursor"], "-n", "2")
-    assert counted.exit_code == 0 and len(counted.stdout.splitlines()) == 2
+    # And everything of the device from the first cursor on: the changes after it, up to a count
+    resumed = await sieve(p.settings, "watch", "-d", DEVICE, "--cursor", pending[0]["cursor"], "-n", "3", "-o", "json")
+    assert resumed.exit_code == 0, resumed.output
+    after = [json.loads(line) for line in resumed.stdout.splitlines()]
+    assert len(after) == 3 and all(c["status"] != "TASK_STATUS_PENDING" for c in after)
 
 
 async def test_cancel_a_pending_task(platform_without_workers: Platform, sieve: Sieve) -> None:
@@ -211,9 +227,15 @@ async def test_wait_polls_get_task_when_the_intake_refuses_another_stream(
 async def test_wait_follows_more_tasks_than_one_stream_takes(
     platform: Platform, sieve: Sieve, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given streams of at most 3 task ids, 2 at a time (1000 and 4 in use)
+    # Given 11 submitted tasks, and streams of at most 3 task ids, 2 at a time (1000 and 4 in use)
+    texts = [f"chunked {n}" for n in range(11)]
+    data = json_of(await sieve(platform.settings, "submit", "-d", DEVICE, *texts, "-o", "json", "--no-progress"))
     monkeypatch.setattr(waiting, "WATCH_IDS", 3)
     monkeypatch.setattr(waiting, "STREAMS", 2)
-    texts = [f"chunked {n}" for n in range(11)]
-    data = json_of(await sieve(platform.settings, "submit", "-d", DEVICE, *texts, "--wait", "-o", "json"))
-    assert data["statuses"] == {"SUCCEEDED": 11} and data["verdicts"] == {"PASS": 11}
+    outcomes = [Outcome(Item(r["source"]), task_id=r["task_id"]) for r in data["results"]]
+    # When the command's follow() waits for them (here, in the test's own event loop)
+    config = CliConfig(intake=platform.settings.intake_addr)
+    async with Client(config, Role.CLIENT) as client:
+        await waiting.follow(client, outcomes, timeout_s=30, show=False)
+    # Then every one is seen to its end, with its verdict
+    assert [(o.status, o.verdict) for o in outcomes] == [("SUCCEEDED", "PASS")] * 11
