@@ -11,7 +11,7 @@ from sieve.cli import output
 from sieve.cli.client import Client
 from sieve.cli.config import Role
 from sieve.cli.runner import Obj, output_option, run
-from sieve.v1 import intake_pb2, registry_pb2
+from sieve.v1 import intake_pb2, registry_pb2, types_pb2
 
 TYPES = ("TEXT", "OCR_IMAGE")
 
@@ -38,12 +38,12 @@ WORKER_COLUMNS = ("worker", "host", "types", "active", "cpu", "memory", "gpu", "
 
 
 async def list_workers(
-    client: Client, task_type: int = 0, available_only: bool = False
+    client: Client, task_type: types_pb2.TaskType = types_pb2.TASK_TYPE_UNSPECIFIED, available_only: bool = False
 ) -> list[registry_pb2.WorkerInfo]:
     reply = await client.call(
         "registry",
         client.registry().ListWorkers(
-            registry_pb2.ListWorkersRequest(task_type=task_type, available_only=available_only),  # type: ignore[arg-type]
+            registry_pb2.ListWorkersRequest(task_type=task_type, available_only=available_only),
             **client.options(),
         ),
     )

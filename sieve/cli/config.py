@@ -127,8 +127,8 @@ def _read_file(path: Path, required: bool) -> dict[str, Any]:
 
 def _timeout(value: object, where: str) -> float:
     try:
-        timeout = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+        timeout = float(str(value))
+    except ValueError:
         raise ConfigError(f"{where}: timeout must be a number of seconds, not {value!r}") from None
     if not 0 < timeout < float("inf"):
         raise ConfigError(f"{where}: timeout must be more than 0 seconds")

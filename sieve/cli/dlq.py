@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 import click
 
 from sieve.cli import output
-from sieve.cli.client import Client, CliError, ExitCode
+from sieve.cli.client import Client
 from sieve.cli.config import Role
 from sieve.cli.runner import Obj, output_option, run
 from sieve.v1 import scheduler_pb2
@@ -163,4 +163,4 @@ def purge_command(
     run(obj, Role.OPERATOR, body)
 
 
-__all__ = ["CliError", "ExitCode", "dlq_group"]
+__all__ = ["dlq_group"]

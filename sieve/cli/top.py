@@ -14,8 +14,10 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 import click
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -30,6 +32,7 @@ from sieve.cli.config import Role
 from sieve.cli.runner import Obj, output_option, run
 from sieve.v1 import intake_pb2, registry_pb2, scheduler_pb2, types_pb2
 
+T = TypeVar("T")
 OPEN = (types_pb2.TASK_STATUS_PENDING, types_pb2.TASK_STATUS_ASSIGNED, types_pb2.TASK_STATUS_RUNNING)
 #: open tasks read per frame (one page of ListTasks)
 OPEN_SAMPLE = 1000
@@ -132,10 +135,10 @@ def _hour_ago(now: datetime) -> Timestamp:
     return ts
 
 
-async def _part(frame: Frame, name: str, pending: object) -> object:
+async def _part(frame: Frame, name: str, pending: Awaitable[T]) -> T | None:
     """The answer of one call, or None with its error in the frame (a bad token ends the command)."""
     try:
-        return await pending  # type: ignore[misc]
+        return await pending
     except CliError as exc:
         if exc.code is ExitCode.AUTH:
             raise
