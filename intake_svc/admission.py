@@ -42,7 +42,8 @@ def device_retry_after_s(meta: dict[str, str], incoming: int, settings: Settings
     backlog = int(meta.get("backlog", 0))
     excess = max(1, backlog + incoming - settings.max_per_device_pending)
     rate = float(meta.get("rate_per_s", 0) or 0)
-    win_start = int(meta.get("win_start_ms", 0) or 0)
+    # the claim scripts write times in ms with a fraction (queue_store.now_ms: 0.1 ms), e.g. "1796220473900.4"
+    win_start = int(float(meta.get("win_start_ms", 0) or 0))
     if win_start and now_ms - win_start >= 1000:
         current = int(meta.get("win_count", 0) or 0) * 1000 / (now_ms - win_start)
         rate = max(rate, current)

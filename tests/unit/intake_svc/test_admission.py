@@ -30,6 +30,12 @@ def test_the_current_window_counts_when_it_is_faster_than_the_last_one() -> None
     assert device_retry_after_s(meta, 40, SETTINGS, NOW) == 2.0  # 20/s now
 
 
+def test_a_window_start_with_a_fraction_of_a_millisecond_is_read() -> None:
+    # the claim scripts store the time they were given: now_ms() has a tenth of a millisecond
+    meta = {"backlog": "200", "rate_per_s": "1", "win_start_ms": f"{NOW - 2000 + 0.4}", "win_count": "40"}
+    assert device_retry_after_s(meta, 40, SETTINGS, NOW) == 2.0
+
+
 def test_the_delay_is_never_below_one_second_nor_above_max_wait() -> None:
     assert device_retry_after_s({"backlog": "200", "rate_per_s": "1000"}, 1, SETTINGS, NOW) == 1.0
     assert device_retry_after_s({"backlog": "200", "rate_per_s": "0.01"}, 50, SETTINGS, NOW) == 600.0

@@ -1,0 +1,5 @@
+"""`python -m sieve.cli` runs the `sieve` command."""
+
+from sieve.cli.main import main
+
+main()
