@@ -10,7 +10,11 @@
   all (a fresh installation whose first tasks are not dispatched yet, or none for a day) nothing is known: 1 s.
   All jittered the same way.
 - Over a device's own limit: what that device needs to drain below its limit at its recent service rate,
-  within [1 s, max_wait]; a device never served yet gets the configured maximum.
+  within [1 s, max_wait]. A window of serves shorter than a second counts from `WINDOW_FLOOR_MS` (a device served
+  ten tasks in its first 0.2 s is served at about 40/s, not at an unknown rate). A device never served yet is
+  counted at its fair share of what the queues drain now (the drain rate over the active devices); with no drain
+  measured, 1 s ("come back soon and see", as for a global refusal) — never the configured maximum for a device
+  the scheduler may serve within the second.
 """
 
 from __future__ import annotations
@@ -34,20 +38,31 @@ RATE_CACHE_S = 0.25
 RATE_FRESH_S = 3.0
 #: shortest delay while the queues are not draining
 PAUSED_MIN_RETRY_S = 1.0
+#: a device's current window of serves counts as at least this long (its first serves come within ms)
+WINDOW_FLOOR_MS = 250
 
 
-def device_retry_after_s(meta: dict[str, str], incoming: int, settings: Settings, now_ms: int | None = None) -> float:
-    """Seconds until a device with this meta has room for `incoming` more tasks, at its service rate."""
+def device_retry_after_s(
+    meta: dict[str, str],
+    incoming: int,
+    settings: Settings,
+    now_ms: int | None = None,
+    fair_rate_per_s: float | None = None,
+) -> float:
+    """Seconds until a device with this meta has room for `incoming` more tasks, at its service rate (a device
+    never served yet: at `fair_rate_per_s`, its share of the drain now; unknown, 1 s)."""
     now_ms = now_ms or int(time.time() * 1000)
     backlog = int(meta.get("backlog", 0))
     excess = max(1, backlog + incoming - settings.max_per_device_pending)
     rate = float(meta.get("rate_per_s", 0) or 0)
     # the claim scripts write times in ms with a fraction (queue_store.now_ms: 0.1 ms), e.g. "1796220473900.4"
     win_start = int(float(meta.get("win_start_ms", 0) or 0))
-    if win_start and now_ms - win_start >= 1000:
-        current = int(meta.get("win_count", 0) or 0) * 1000 / (now_ms - win_start)
+    if win_start:
+        current = int(meta.get("win_count", 0) or 0) * 1000 / max(now_ms - win_start, WINDOW_FLOOR_MS)
         rate = max(rate, current)
-    delay = settings.retry_after_s if rate <= 0 else excess / rate
+    if rate <= 0:
+        rate = fair_rate_per_s or 0.0
+    delay = PAUSED_MIN_RETRY_S if rate <= 0 else excess / rate
     return min(max(delay, MIN_RETRY_S), settings.aging_max_wait_s)
 
 
@@ -104,7 +119,12 @@ class RetryAdvisor:
         device refusal)."""
         if refusal.is_global:
             return global_retry_after_s(refusal.pending, incoming, await self.drain(), self.settings, self._rng)
-        return device_retry_after_s(meta, incoming, self.settings)
+        fair: float | None = None
+        if not meta.get("rate_per_s") and not meta.get("win_start_ms"):  # never served: its share of the drain
+            drain = await self.drain()
+            if drain.rate_per_s:
+                fair = drain.rate_per_s / max(1, await self.queues.active_devices())
+        return device_retry_after_s(meta, incoming, self.settings, fair_rate_per_s=fair)
 
 
 __all__ = ["RetryAdvisor", "device_retry_after_s", "global_retry_after_s"]

@@ -1019,6 +1019,10 @@ class QueueStore:
                 rates.append(float(rate))
         return Drain(sum(rates) if rates else None, newest)
 
+    async def active_devices(self) -> int:
+        """How many devices have work in the queues or out (the active devices sets of every shard)."""
+        return sum(int(n) for n in await self._each_shard(lambda pipe, k: pipe.scard(k.devices)))
+
     # --- generation ---------------------------------------------------------------------------------
     async def generation(self) -> str | None:
         """The id of the current rebuild of Redis from PostgreSQL; None when Redis lost its memory (with several

@@ -10,6 +10,7 @@ from redis.asyncio import Redis
 
 from intake_svc.admission import RetryAdvisor, device_retry_after_s, global_retry_after_s
 from sieve.errors import AdmissionRefused, ScriptCode
+from sieve.redis.entry import Entry
 from sieve.redis.queue_store import Drain, QueueStore, now_ms
 from sieve.settings import Settings
 
@@ -41,8 +42,18 @@ def test_the_delay_is_never_below_one_second_nor_above_max_wait() -> None:
     assert device_retry_after_s({"backlog": "200", "rate_per_s": "0.01"}, 50, SETTINGS, NOW) == 600.0
 
 
-def test_a_device_never_served_gets_the_configured_maximum() -> None:
-    assert device_retry_after_s({"backlog": "200"}, 1, SETTINGS, NOW) == 30.0
+def test_a_device_served_for_less_than_a_second_is_counted_at_its_rate_so_far() -> None:
+    # 10 tasks in its first 0.1 s count as 10 in 0.25 s (40/s): 40 to drain take 1 s, not the 30 s maximum
+    meta = {"backlog": "200", "win_start_ms": str(NOW - 100), "win_count": "10"}
+    assert device_retry_after_s(meta, 40, SETTINGS, NOW) == 1.0
+    meta = {"backlog": "200", "win_start_ms": str(NOW - 100), "win_count": "1"}
+    assert device_retry_after_s(meta, 40, SETTINGS, NOW) == 10.0  # 4/s so far
+
+
+def test_a_device_never_served_is_counted_at_its_fair_share_of_the_drain_else_asked_back_in_a_second() -> None:
+    # 100 to drain at a share of 20/s: 5 s; nothing measured: 1 s, never the configured 30 s
+    assert device_retry_after_s({"backlog": "200"}, 100, SETTINGS, NOW, fair_rate_per_s=20.0) == 5.0
+    assert device_retry_after_s({"backlog": "200"}, 1, SETTINGS, NOW) == 1.0
 
 
 # --- global refusals: from the measured drain rate ------------------------------------------------
@@ -106,3 +117,20 @@ async def test_the_advisor_reads_the_drain_rate_the_schedulers_publish(redis: Re
 
     # And with nothing fresh, nothing drains now, and it is known since when
     assert await queues.drain_rate(fresh_ms=3000, now=now + 10_000) == Drain(None, int(now))
+
+
+async def test_a_device_never_served_is_told_its_share_of_the_drain_by_the_advisor(
+    redis: Redis, settings: Settings
+) -> None:
+    # Given queues draining at 1 000 tasks/s over 10 active devices, and a device never served yet 50 over its limit
+    queues = QueueStore(redis, settings.replace(max_per_device_pending=100))
+    await queues.enqueue_many(
+        {f"AA:BB:CC:00:00:{d:02X}": [Entry(f"t{d}", 1, 3, now_ms(), now_ms() + 10**7)] for d in range(10)}
+    )
+    await queues.publish_drain("replica-a", 1000.0, now=now_ms())
+    advisor = RetryAdvisor(queues, settings.replace(max_per_device_pending=100))
+    # When it is refused: 50 at its share of 100/s is half a second, at least 1 s
+    refusal = AdmissionRefused(ScriptCode.DEVICE_LIMIT, 100, 10)
+    assert await advisor.after_s(refusal, {"backlog": "100"}, 50) == 1.0
+    # And 500 over its limit take 5 s at that share, not the 30 s of the configured maximum
+    assert await advisor.after_s(refusal, {"backlog": "100"}, 500) == 5.0
