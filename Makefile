@@ -1,6 +1,7 @@
 # Sieve's checks and test suites, one target each. They run in the project's virtualenv (.venv: `.ci/run` makes
-# it, or `python3 -m venv .venv && .venv/bin/pip install -e '.[dev,embedded,ocr]'`); tests need Redis on
-# 127.0.0.1:6379 and PostgreSQL on 127.0.0.1:5432, as in the README. `.ci/run` runs these targets in stages.
+# it, or `python3 -m venv .venv && .venv/bin/pip install -e '.[dev,embedded,ocr]'`); tests use Redis on
+# 127.0.0.1:6379 and PostgreSQL on 127.0.0.1:5432, or embedded ones when there are none, as in the README.
+# `.ci/run` runs these targets in stages.
 #
 #   make lint        ruff check, ruff format --check, buf lint and format, generated stubs fresh
 #   make typecheck   mypy, strict ([tool.mypy] in pyproject.toml)

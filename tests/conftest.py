@@ -1,8 +1,9 @@
 """Shared fixtures: every test gets its own Redis key prefix and its own PostgreSQL schema.
 
 Tests run against the real Redis and PostgreSQL named by SIEVE_TEST_REDIS_URL / SIEVE_TEST_DATABASE_URL
-(defaults: the local servers). A test that needs one that is not there is skipped locally and fails in
-CI (CI=true).
+(defaults: the local servers; when there are none, embedded ones started for the run and stopped at its end:
+tests/support/embedded_stores.py, decided when this module imports `tests.support.stores`, before collection).
+A test that needs one that is not there is skipped locally and fails in CI (CI=true).
 """
 
 from __future__ import annotations
@@ -17,8 +18,20 @@ from redis.asyncio import Redis
 
 from sieve.redis.keys import Keys
 from sieve.settings import Settings
+from tests.support import embedded_stores
 from tests.support.redis import delete_prefix
 from tests.support.stores import DATABASE_URL, REDIS_URL, drop_schema
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Which Redis and PostgreSQL the run used, and where they came from (given, local, embedded)."""
+    for line in embedded_stores.report_lines():
+        terminalreporter.write_line(f"stores: {line}")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The embedded Redis and PostgreSQL this run started, if any, stop with it."""
+    embedded_stores.stop()
 
 
 def _missing(what: str, exc: Exception) -> None:

