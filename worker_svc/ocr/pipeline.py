@@ -95,7 +95,7 @@ async def run_ocr(
     timings["total"] = _ms((time.perf_counter() - began) * 1000)
 
     ocr: dict[str, Any] = {
-        "engine": "paddleocr-3 paddle_static",
+        "engine": runtime.engine_name,
         **inference.mode.describe(),
         "models": runtime.models.describe() if runtime.models else {},
         "source": source,

@@ -1,5 +1,5 @@
-"""OCR_IMAGE tasks through intake, scheduler and a real OCR worker (PaddleOCR on the shipped PP-OCRv4
-models, CPU), in one test process against real Redis and PostgreSQL.
+"""OCR_IMAGE tasks through intake, scheduler and a real OCR worker (the default engine, SIEVE_OCR_ENGINE, on its
+shipped models, CPU), in one test process against real Redis and PostgreSQL.
 
 The engine is loaded once per process and shared by the workers these tests start, so only the first test
 pays for loading it. Images are rendered with Pillow and a CJK font (skipped without one, failed in CI).
@@ -105,7 +105,11 @@ async def test_rendered_chinese_and_english_images_are_read_within_two_percent_c
 
     # And the details hold lines with confidence and box, the mode and every timing
     details = await details_of(platform, tasks[0].task_id)
-    assert details["ocr"]["mode"] == "cpu" and details["ocr"]["mkldnn"] is True
+    assert details["ocr"]["mode"] == "cpu" and details["ocr"]["mkldnn"] is (platform.settings.ocr_engine == "paddle")
+    assert (
+        details["ocr"]["engine"]
+        == {"rapidocr": "rapidocr-3 onnxruntime", "paddle": "paddleocr-3 paddle_static"}[platform.settings.ocr_engine]
+    )
     assert details["ocr"]["image"] == {
         "format": "png",
         "width": details["ocr"]["image"]["width"],
