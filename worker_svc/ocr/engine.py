@@ -154,6 +154,8 @@ class RapidBackend:
         from rapidocr.ch_ppocr_rec import TextRecInput, TextRecognizer
 
         self._input = TextRecInput
+        if mode.device.startswith("gpu"):
+            _preload_cuda()
         config = rapid_config(mode)
         det = config.Det
         det.model_path = str(models.det_dir)
@@ -172,8 +174,25 @@ class RapidBackend:
         out = self._rec(self._input(img=crops))
         return [(str(t), float(s)) for t, s in zip(out.txts or (), out.scores or (), strict=True)]
 
+    def providers(self) -> list[str]:
+        """The onnxruntime execution providers the recogniser's session runs on (CUDA first in GPU mode)."""
+        return list(self._rec.session.session.get_providers())
+
     def close(self) -> None:
         """onnxruntime frees a session with its last reference: nothing to close."""
+
+
+def _preload_cuda() -> None:
+    """onnxruntime-gpu finds the CUDA and cuDNN libraries of the nvidia-* wheels (those paddlepaddle-gpu brings too)
+    only once they are loaded: `onnxruntime.preload_dlls` does that (onnxruntime >= 1.21)."""
+    import onnxruntime
+
+    preload = getattr(onnxruntime, "preload_dlls", None)
+    if preload is not None:
+        try:
+            preload()
+        except Exception:
+            log.warning("onnxruntime could not preload the CUDA libraries", exc_info=True)
 
 
 def rapid_config(mode: EngineMode) -> Any:
