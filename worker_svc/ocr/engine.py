@@ -10,10 +10,10 @@ recognise crops -> (text, confidence)) and returning the same lines (text, confi
 
 `OcrEngine.recognise` takes a BGR image (as OpenCV decodes it) and returns its text lines with the time spent
 detecting and recognising: detection (long side limited to `SIEVE_OCR_DET_MAX_SIDE_PX`, never scaled up; when it
-finds nothing the image is tried once more turned by 90 degrees — document orientation where a detector needs
-it), then `orientation.read_lines` (each box cut out, read the way up the 0/180 line classifier and the
-recogniser's confidence say, vertical columns laid out as rows; reading order of the page turned upright), then
-lines under the confidence threshold dropped.
+finds nothing, or mostly tall boxes, the image is detected once more turned by 90 degrees and that is kept when its
+boxes lie flat — document orientation where a detector needs it), then `orientation.read_lines` (each box cut
+out, read the way up the 0/180 line classifier and the recogniser's confidence say, vertical columns laid out as
+rows; reading order of the page turned upright), then lines under the confidence threshold dropped.
 
 Predictors are not thread-safe, and loading one costs seconds: `load_engine` builds an engine once per
 process and build (models + device + batch + threads + options) and gives it its own single-thread executor,
@@ -35,7 +35,7 @@ from typing import Any, Protocol
 from sieve.settings import Settings
 from worker_svc.ocr.mode import EngineMode
 from worker_svc.ocr.models import ModelDirs
-from worker_svc.ocr.orientation import VERTICAL, orientation_name, read_lines, turn
+from worker_svc.ocr.orientation import VERTICAL, orientation_name, read_lines, tall_share, turn
 
 log = logging.getLogger("sieve.worker.ocr")
 
@@ -267,12 +267,14 @@ class OcrEngine:
         began = time.perf_counter()
         quads = [q for q in self.backend.detect(image) if len(q) == 4]
         page, work = 0, image
-        if not quads and self.orient:
-            # document orientation where it helps: a detector trained on upright pages (PP-OCRv4's) can miss every
-            # line of a page turned 90 degrees; turned back, its lines lie flat (upright or upside down)
-            work = turn(image, 270)
-            quads = [q for q in self.backend.detect(work) if len(q) == 4]
-            page = 270 if quads else 0  # its text lay turned 270 degrees clockwise, if upright now
+        if self.orient and (not quads or tall_share(quads) > 0.5):
+            # document orientation where it helps: a detector trained on upright pages (PP-OCRv4's) misses lines of
+            # a page turned 90 degrees, or cuts them in pieces; turned back, its lines lie flat (upright or upside
+            # down) and the page is detected again; the turned detection is kept when its boxes are mostly flat
+            turned = turn(image, 270)
+            again = [q for q in self.backend.detect(turned) if len(q) == 4]
+            if again and tall_share(again) < 0.5:
+                page, work, quads = 270, turned, again  # its text lay turned 270 degrees clockwise, if upright now
         detected = time.perf_counter()
         if not quads:
             return Recognised((), (detected - began) * 1000, 0.0, 0)

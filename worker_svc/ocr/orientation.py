@@ -11,7 +11,9 @@ confident of:
 - a tall crop (height >= TALL x width) is a line turned 90° or 270° — the classifier, run on it turned back by 90°,
   tells which (both when unsure) — or a vertical CJK column: its characters are cut apart at the blank rows between
   them and laid side by side (`stack_vertical`), and that row is read too;
-- a crop close to square (a short word) gets the candidates of both kinds, and leans to the page's orientation.
+- a crop close to square (a short word) gets the candidates of both kinds, and leans to the page's orientation;
+- a line whose best reading is still poor (under RETRY_BELOW) is read the other way up too: the classifier can be
+  sure and wrong, on a blurred line for one.
 
 The page's orientation (document orientation) is the vote of its lines, weighted by their length. It breaks near
 ties for short lines and gives the reading order: boxes are sorted top to bottom and left to right in the page
@@ -31,6 +33,8 @@ TALL = 1.5
 SQUARE = 1.25
 #: the classifier's score from which its word is taken without reading both ways
 CLS_SURE = 0.9
+#: a line whose best reading is less confident than this is read the other way up as well
+RETRY_BELOW = 0.8
 #: what the page's orientation adds to a near-square line's candidate that agrees with it
 PAGE_BONUS = 0.05
 #: how much more confident the stacked reading of a tall crop must be than its best turned reading: a recogniser
@@ -171,17 +175,35 @@ def read_lines(
     candidates += _tall_candidates(crops, tall, square, classify, orient)
     if not candidates:
         return []
-    for candidate, (text, score) in zip(candidates, recognise([c.image for c in candidates]), strict=True):
-        candidate.text, candidate.score = text, score if text.strip() else 0.0
+    _read(candidates, recognise)
     by_line: dict[int, list[_Candidate]] = {}
     for candidate in candidates:
         by_line.setdefault(candidate.line, []).append(candidate)
+    if orient:
+        # the classifier can be sure and wrong (a blurred line): a line read poorly is read the other way up too
+        again = [
+            _Candidate(i, (best.orientation + 180) % 360, turn(best.image, 180))
+            for i, own in by_line.items()
+            for best in [max(own, key=lambda c: c.score)]
+            if best.score < RETRY_BELOW
+            and best.orientation != VERTICAL
+            and all(c.orientation != (best.orientation + 180) % 360 for c in own)
+        ]
+        _read(again, recognise)
+        for candidate in again:
+            by_line[candidate.line].append(candidate)
     chosen = {i: _best(own, None, i in square) for i, own in by_line.items()}
     page = page_orientation([(c.orientation, _length(crops[i])) for i, c in chosen.items() if i not in square])
     for i in square:
         chosen[i] = _best(by_line[i], page, True)
     lines = [ReadLine(c.text, c.score, c.orientation, quads[i]) for i, c in sorted(chosen.items())]
     return reading_order(lines, image.shape[1], image.shape[0], page)
+
+
+def _read(candidates: list[_Candidate], recognise: Recognise) -> None:
+    if candidates:
+        for candidate, (text, score) in zip(candidates, recognise([c.image for c in candidates]), strict=True):
+            candidate.text, candidate.score = text, score if text.strip() else 0.0
 
 
 def _wide_candidates(crops: list[Any], wide: list[int], classify: Classify | None, orient: bool) -> list[_Candidate]:
@@ -230,6 +252,24 @@ def _best(own: list[_Candidate], page: int | None, square: bool) -> _Candidate:
     if stacked and stacked[0].score > top.score + VERTICAL_MARGIN:
         return stacked[0]
     return top
+
+
+def tall_share(quads: Sequence[Any]) -> float:
+    """The share of tall boxes (at least TALL times taller than wide) among those that are clearly tall or wide
+    (near-square ones say nothing); 0 without such boxes. Most of them tall is a page turned by 90 degrees, or
+    vertical text."""
+    import numpy as np
+
+    tall = shaped = 0
+    for quad in quads:
+        p = np.asarray(quad, dtype=np.float32).reshape(4, 2)
+        width = max(float(np.linalg.norm(p[0] - p[1])), float(np.linalg.norm(p[2] - p[3])), 1.0)
+        height = max(float(np.linalg.norm(p[0] - p[3])), float(np.linalg.norm(p[1] - p[2])), 1.0)
+        if height >= TALL * width:
+            tall += 1
+        if height >= TALL * width or height < width / SQUARE:
+            shaped += 1
+    return tall / shaped if shaped else 0.0
 
 
 def _length(crop: Any) -> int:

@@ -17,6 +17,7 @@ from worker_svc.ocr.orientation import (
     read_lines,
     reading_order,
     stack_vertical,
+    tall_share,
     turn,
 )
 
@@ -144,3 +145,21 @@ def test_orientation_off_reads_wide_lines_as_they_lie() -> None:
     h, w = image.shape[:2]
     (read,) = read_lines(image, [[(0, 0), (w, 0), (w, h), (0, h)]], Reader(), classify_by_mark, orient=False)
     assert (read.text, read.orientation) == ("garbled", 0)
+
+
+def test_a_line_the_classifier_turns_the_wrong_way_is_read_the_other_way_up_too() -> None:
+    image = marked(24, 120)
+    quad = [(0, 0), (120, 0), (120, 24), (0, 24)]
+    reader = Reader()
+    (read,) = read_lines(image, [quad], reader, lambda crops: [(180, 0.99)] * len(crops))  # sure, and wrong
+    assert (read.text, read.orientation) == ("upright", 0)
+    assert reader.seen == 2  # the classifier's reading, poor, then the other way up
+
+
+def test_a_page_is_taken_for_turned_when_most_of_its_shaped_boxes_are_tall() -> None:
+    def box(w: int, h: int) -> list[tuple[int, int]]:
+        return [(0, 0), (w, 0), (w, h), (0, h)]
+
+    assert tall_share([box(20, 200), box(20, 150), box(30, 30), box(200, 20)]) == pytest.approx(2 / 3)
+    assert tall_share([box(200, 20), box(30, 32)]) == 0.0
+    assert tall_share([box(30, 30)]) == 0.0 and tall_share([]) == 0.0
