@@ -213,6 +213,9 @@ def rapid_config(mode: EngineMode) -> Any:
     if mode.device.startswith("gpu"):
         ort.use_cuda = True
         ort.cuda_ep_cfg.device_id = int(mode.device.partition(":")[2] or 0)
+        # rapidocr's EXHAUSTIVE benchmarks cuDNN's algorithms for every new input shape, and recognition batches
+        # come in many widths: the heuristic choice avoids seconds of searching on the first tasks of each width
+        ort.cuda_ep_cfg.cudnn_conv_algo_search = "HEURISTIC"
     for part in (config.Det, config.Rec, config.Cls):
         part.engine_cfg = ort
         part.model_root_dir = None

@@ -164,6 +164,21 @@ def test_the_onnxruntime_engine_uses_the_onnx_files_of_the_rapidocr_wheel_or_con
 
 
 @pytest.mark.ocr_extra
+def test_the_onnxruntime_engine_runs_on_the_cpu_with_its_threads_or_on_cuda_in_gpu_mode() -> None:
+    pytest.importorskip("omegaconf")
+    pytest.importorskip("rapidocr")
+    from worker_svc.ocr.engine import rapid_config
+
+    settings = Settings.from_env({}, ocr_cpu_threads=3, ocr_engine="rapidocr")
+    cpu = rapid_config(cpu_mode(settings))
+    for part in (cpu.Det, cpu.Rec, cpu.Cls):
+        assert part.engine_cfg.intra_op_num_threads == 3 and not part.engine_cfg.use_cuda
+        assert part.model_path is None and part.model_root_dir is None  # set by path by each user, never fetched
+    gpu = rapid_config(gpu_mode(settings)).Rec.engine_cfg
+    assert gpu.use_cuda and gpu.cuda_ep_cfg.device_id == 0 and gpu.cuda_ep_cfg.cudnn_conv_algo_search == "HEURISTIC"
+
+
+@pytest.mark.ocr_extra
 def test_decoding_gives_bgr_pixels_puts_transparency_on_white_and_refuses_corrupt_data() -> None:
     pytest.importorskip("cv2")
     image_module = pytest.importorskip("PIL.Image")
