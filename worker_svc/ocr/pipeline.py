@@ -7,7 +7,8 @@ lines -> verdict. Nothing blocking runs on the event loop; many tasks of a batch
 decoded while another is recognised.
 
 Stored with the result: the joined text; hits with their offsets in it plus `line`, `line_start`,
-`line_end`, `spans`; in `details`: the lines (text, confidence, box), image format and size, the mode and
+`line_end`, `spans`; in `details`: the lines (text, confidence, box; `orientation` for a line that did not lie
+upright), the engine and whether orientation ran, image format and size, the mode and
 models, a mode switch if this task caused or met one, and `timings_ms` (fetch, decode, queue — waiting
 for the engine —, detect, recognise, match, total).
 
@@ -95,7 +96,8 @@ async def run_ocr(
     timings["total"] = _ms((time.perf_counter() - began) * 1000)
 
     ocr: dict[str, Any] = {
-        "engine": "paddleocr-3 paddle_static",
+        "engine": runtime.engine_name,
+        "orientation": runtime.options.orient,
         **inference.mode.describe(),
         "models": runtime.models.describe() if runtime.models else {},
         "source": source,

@@ -42,6 +42,8 @@ from worker_svc.ocr.models import ModelDirs, fingerprint, prepare_models
 
 log = logging.getLogger("sieve.worker.ocr")
 
+ENGINE_NAMES = {"rapidocr": "rapidocr-3 onnxruntime", "paddle": "paddleocr-3 paddle_static"}
+
 
 @dataclass(frozen=True, slots=True)
 class ModeSwitch:
@@ -138,8 +140,13 @@ class OcrRuntime:
         """`listener(switch, new_mode)` is called on the event loop after each switch to CPU mode."""
         self._listeners.append(listener)
 
+    @property
+    def engine_name(self) -> str:
+        """What runs the models: "rapidocr-3 onnxruntime" or "paddleocr-3 paddle_static"."""
+        return ENGINE_NAMES.get(self.settings.ocr_engine, self.settings.ocr_engine)
+
     def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"engine": "paddleocr-3 paddle_static", **self.mode.describe()}
+        out: dict[str, Any] = {"engine": self.engine_name, "orientation": self.options.orient, **self.mode.describe()}
         if self.models is not None:
             out["models"] = self.models.describe()
         return out

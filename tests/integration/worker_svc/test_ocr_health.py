@@ -1,4 +1,4 @@
-"""The OCR engine's health probe (worker_svc/ocr/health.py): the real engine (PaddleOCR on the shipped PP-OCRv4
+"""The OCR engine's health probe (worker_svc/ocr/health.py): the real engine (the default one on its shipped
 models, CPU) reads the built-in image; a worker whose engine fails (SIEVE_OCR_FAULT) counts the probe's errors,
 which an operator sees and runs over the worker's own server (JobsService, authentication on).
 

@@ -1,5 +1,5 @@
-"""OCR_IMAGE tasks through intake, scheduler and a real OCR worker (PaddleOCR on the shipped PP-OCRv4
-models, CPU), in one test process against real Redis and PostgreSQL.
+"""OCR_IMAGE tasks through intake, scheduler and a real OCR worker (the default engine, SIEVE_OCR_ENGINE, on its
+shipped models, CPU), in one test process against real Redis and PostgreSQL.
 
 The engine is loaded once per process and shared by the workers these tests start, so only the first test
 pays for loading it. Images are rendered with Pillow and a CJK font (skipped without one, failed in CI).
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.util
+import io
 import json
 import logging
 import uuid
@@ -105,7 +106,11 @@ async def test_rendered_chinese_and_english_images_are_read_within_two_percent_c
 
     # And the details hold lines with confidence and box, the mode and every timing
     details = await details_of(platform, tasks[0].task_id)
-    assert details["ocr"]["mode"] == "cpu" and details["ocr"]["mkldnn"] is True
+    assert details["ocr"]["mode"] == "cpu" and details["ocr"]["mkldnn"] is (platform.settings.ocr_engine == "paddle")
+    assert (
+        details["ocr"]["engine"]
+        == {"rapidocr": "rapidocr-3 onnxruntime", "paddle": "paddleocr-3 paddle_static"}[platform.settings.ocr_engine]
+    )
     assert details["ocr"]["image"] == {
         "format": "png",
         "width": details["ocr"]["image"]["width"],
@@ -146,6 +151,36 @@ async def test_rendered_chinese_and_english_images_are_read_within_two_percent_c
     # And the image bytes are kept (default retention)
     kept = await platform.pg.fetchval("SELECT count(*) FROM tasks WHERE payload_bytes IS NOT NULL")
     assert kept == len(SAMPLES)
+
+
+async def test_upside_down_and_turned_images_are_read_and_their_words_hit_through_the_service(
+    platform: Platform,
+) -> None:
+    """Orientation on the whole path: a photo arriving upside down or turned 90 degrees reads like an upright one,
+    its hits point into its lines, and each line says which way it lay."""
+    font = require_cjk_font()
+    from PIL import Image
+
+    await platform.add_worker(worker_id="ocr-turned", **OCR_WORKER)
+    sample = SAMPLES[1]  # "这里有赌博网站，请勿访问"
+    upright = Image.open(io.BytesIO(render(sample, font))).convert("RGB")
+    turned: dict[str, bytes] = {}
+    for name, angle in (("180", 180), ("90", -90)):  # PIL turns counter-clockwise: -90 is 90 degrees clockwise
+        out = io.BytesIO()
+        upright.rotate(angle, expand=True).save(out, format="PNG")
+        turned[name] = out.getvalue()
+    ids = {
+        name: await submit(platform, image_spec(data, f"0A:00:00:00:03:0{i}"))
+        for i, (name, data) in enumerate(turned.items())
+    }
+    for name, task_id in ids.items():
+        task = await wait_final(platform.intake, task_id, OCR_WAIT_S)
+        assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, task.error
+        assert character_errors(sample.text, task.result.text)[0] <= 1, (name, task.result.text)
+        assert "赌博" in {h.word for h in task.result.hits}
+        details = await details_of(platform, task_id)
+        assert {line.get("orientation") for line in details["ocr"]["lines"]} == {name}, details["ocr"]["lines"]
+        assert details["ocr"]["orientation"] is True
 
 
 async def test_bad_images_are_refused_at_intake_or_fail_cleanly_and_the_worker_keeps_serving(

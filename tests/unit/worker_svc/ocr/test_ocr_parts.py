@@ -56,9 +56,10 @@ def test_the_fault_hook_raises_a_cuda_oom_once_in_gpu_mode_only() -> None:
 
 
 def test_each_mode_has_its_engine_settings_and_the_fault_hook_simulates_gpu_mode() -> None:
-    settings = Settings.from_env({}, ocr_cpu_threads=3)
+    settings = Settings.from_env({}, ocr_cpu_threads=3, ocr_engine="paddle")
     cpu, gpu = cpu_mode(settings), gpu_mode(settings)
     assert (cpu.device, cpu.rec_batch_size, cpu.mkldnn, cpu.cpu_threads) == ("cpu", 2, True, 3)
+    assert not cpu_mode(settings.replace(ocr_engine="rapidocr")).mkldnn  # oneDNN is PaddlePaddle's
     assert cpu.engine_config() == {"cpu_threads": 3, "enable_new_ir": False, "run_mode": "mkldnn"}
     assert (gpu.device, gpu.rec_batch_size, gpu.mkldnn) == ("gpu:0", 4, False)
     mode, why = detect_mode(settings.replace(ocr_fault="gpu_oom_once", test_hooks=True))
@@ -77,6 +78,7 @@ def test_an_ocr_worker_holds_a_few_tasks_per_core_on_cpu_and_more_on_gpu() -> No
 @pytest.mark.parametrize(
     ("name", "value"),
     [
+        ("ocr_engine", "tesseract"),
         ("ocr_device", "tpu"),
         ("ocr_payload_retention", "forever"),
         ("ocr_fault", "boom"),
@@ -102,7 +104,7 @@ def test_the_shipped_models_get_an_inference_yml_in_the_cache_folder(tmp_path: P
         pytest.skip(str(exc))
     import yaml
 
-    settings = Settings.from_env({}, ocr_det_max_side_px=1280)
+    settings = Settings.from_env({}, ocr_det_max_side_px=1280, ocr_engine="paddle")
     models = prepare_models(settings, tmp_path)
     assert models.det_dir.parent == tmp_path / "models"
     det = yaml.safe_load((models.det_dir / "inference.yml").read_text())
@@ -122,7 +124,9 @@ def test_configured_model_folders_need_their_own_inference_yml(tmp_path: Path) -
     (tmp_path / "det").mkdir()
     (tmp_path / "rec").mkdir()
     (tmp_path / "rec" / "inference.yml").write_text("Global:\n  model_name: PP-OCRv5_server_rec\n")
-    settings = Settings.from_env({}, ocr_det_model_dir=str(tmp_path / "det"), ocr_rec_model_dir=str(tmp_path / "rec"))
+    settings = Settings.from_env(
+        {}, ocr_engine="paddle", ocr_det_model_dir=str(tmp_path / "det"), ocr_rec_model_dir=str(tmp_path / "rec")
+    )
     with pytest.raises(SettingsError, match="SIEVE_OCR_DET_MODEL_DIR"):
         prepare_models(settings, tmp_path)
     (tmp_path / "det" / "inference.yml").write_text("Global:\n  model_name: PP-OCRv5_server_det\n")
@@ -132,6 +136,46 @@ def test_configured_model_folders_need_their_own_inference_yml(tmp_path: Path) -
         "PP-OCRv5_server_rec",
         "configured",
     )
+
+
+@pytest.mark.ocr_extra
+def test_the_onnxruntime_engine_uses_the_onnx_files_of_the_rapidocr_wheel_or_configured_ones(tmp_path: Path) -> None:
+    from worker_svc.ocr.models import RAPID_CLS, fingerprint, package_root, prepare_models
+
+    root = package_root("rapidocr")
+    if root is None:
+        pytest.skip("the rapidocr wheel is not installed")
+    models = prepare_models(Settings.from_env({}, ocr_engine="rapidocr"), tmp_path)
+    assert (models.engine, models.det_name, models.rec_name) == ("rapidocr", "PP-OCRv6_small_det", "PP-OCRv6_small_rec")
+    assert models.det_dir == root / "models" / "PP-OCRv6_det_small.onnx" and models.rec_dir.is_file()
+    assert models.cls_path == root / "models" / RAPID_CLS
+    assert set(models.describe()) == {"det", "rec", "source"} and fingerprint(models)
+    # the paddle engine uses the same line classifier
+    assert prepare_models(Settings.from_env({}, ocr_engine="paddle"), tmp_path).cls_path == models.cls_path
+    (tmp_path / "det.onnx").write_bytes(b"onnx")
+    configured = Settings.from_env(
+        {}, ocr_engine="rapidocr", ocr_det_model_dir=str(tmp_path / "det.onnx"), ocr_rec_model_dir=str(tmp_path)
+    )
+    with pytest.raises(SettingsError, match=r"SIEVE_OCR_REC_MODEL_DIR: .* no \.onnx file"):
+        prepare_models(configured, tmp_path)
+    (tmp_path / "rec.onnx").write_bytes(b"onnx")
+    models = prepare_models(configured.replace(ocr_rec_model_dir=str(tmp_path / "rec.onnx")), tmp_path)
+    assert (models.det_name, models.rec_name, models.source) == ("det", "rec", "configured")
+
+
+@pytest.mark.ocr_extra
+def test_the_onnxruntime_engine_runs_on_the_cpu_with_its_threads_or_on_cuda_in_gpu_mode() -> None:
+    pytest.importorskip("omegaconf")
+    pytest.importorskip("rapidocr")
+    from worker_svc.ocr.engine import rapid_config
+
+    settings = Settings.from_env({}, ocr_cpu_threads=3, ocr_engine="rapidocr")
+    cpu = rapid_config(cpu_mode(settings))
+    for part in (cpu.Det, cpu.Rec, cpu.Cls):
+        assert part.engine_cfg.intra_op_num_threads == 3 and not part.engine_cfg.use_cuda
+        assert part.model_path is None and part.model_root_dir is None  # set by path by each user, never fetched
+    gpu = rapid_config(gpu_mode(settings)).Rec.engine_cfg
+    assert gpu.use_cuda and gpu.cuda_ep_cfg.device_id == 0 and gpu.cuda_ep_cfg.cudnn_conv_algo_search == "HEURISTIC"
 
 
 @pytest.mark.ocr_extra
