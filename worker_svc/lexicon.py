@@ -63,7 +63,14 @@ class Lexicon:
             rows = await conn.fetch("SELECT word, category, severity FROM lexicon")
         entries = [LexiconEntry(r["word"], r["category"], r["severity"]) for r in rows]
         # building folds every word and its spellings (and, the first time, loads the rule tables): not on the loop
-        self.matcher = await asyncio.to_thread(Matcher, entries, version=version, rules=self.rules)
+        self.matcher = await asyncio.to_thread(
+            Matcher,
+            entries,
+            block_severity=self.settings.block_severity,
+            version=version,
+            rules=self.rules,
+            review_severity=self.settings.review_severity,
+        )
         self.version = version
         log.info("lexicon version %d loaded: %d words", version, self.matcher.size)
 
