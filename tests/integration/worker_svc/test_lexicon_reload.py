@@ -61,3 +61,16 @@ async def test_the_verdict_thresholds_are_the_settings(settings: Settings, pg: a
         Verdict.REVIEW,
         Verdict.BLOCK,
     ]
+
+
+async def test_a_word_that_is_nothing_once_normalised_is_left_out_not_the_lexicon(
+    settings: Settings, pg: asyncpg.Pool
+) -> None:
+    # Given a Hangul filler (a letter to Unicode, dropped by normalisation) beside an ordinary word
+    await pg.execute(
+        "INSERT INTO lexicon (word, category, severity) VALUES ($1, 'test', 3), ('zorblax', 'test', 3)", "\u3164"
+    )
+    # Then the worker still loads the lexicon, without it
+    lexicon = Lexicon(pg, settings)
+    await lexicon.start()
+    assert lexicon.matcher.size == 1 and [h.word for h in lexicon.matcher.match("a zorblax").hits] == ["zorblax"]
