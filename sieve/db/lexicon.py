@@ -130,7 +130,9 @@ class LexiconStore:
             if replace:
                 removed = len(
                     await conn.fetch(
-                        "DELETE FROM lexicon WHERE word <> ALL($1::text[]) RETURNING word", [w.word for w in words]
+                        "DELETE FROM lexicon AS l WHERE NOT EXISTS "
+                        "(SELECT 1 FROM unnest($1::text[]) AS u(word) WHERE u.word = l.word) RETURNING l.word",
+                        [w.word for w in words],
                     )
                 )
             rows = await conn.fetch(
