@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import grpc
 
+from intake_svc.lexicon import LEXICON_SERVICE_NAME, LexiconServicer
 from intake_svc.rejections import RejectionCounter
 from intake_svc.servicer import IntakeServicer
 from sieve import rpc
 from sieve.db.audit import AuditLog
+from sieve.db.lexicon import LexiconStore
 from sieve.db.tasks import TaskStore
 from sieve.observe.logs import setup_logging
 from sieve.observe.metrics import start_metrics_server
@@ -18,21 +20,25 @@ from sieve.observe.telemetry import setup_telemetry
 from sieve.redis.queue_store import QueueStore
 from sieve.rpc.readiness import Built, Readiness, Stores
 from sieve.settings import Settings
-from sieve.v1 import intake_pb2, intake_pb2_grpc
+from sieve.v1 import intake_pb2, intake_pb2_grpc, lexicon_pb2_grpc
 
 SERVICE_NAME = intake_pb2.DESCRIPTOR.services_by_name["IntakeService"].full_name
+#: what the intake process serves: IntakeService and, for operators, LexiconService (intake_svc/lexicon.py)
+SERVICE_NAMES = [SERVICE_NAME, LEXICON_SERVICE_NAME]
 
 
 class IntakeApp:
-    """The intake of one process: its `IntakeServicer` over the task rows (PostgreSQL) and the queues (Redis),
-    and the `rpc.Service` that serves it with the refusal counter and the audit log of operator calls."""
+    """The intake of one process: its `IntakeServicer` over the task rows (PostgreSQL) and the queues (Redis), the
+    `LexiconServicer` over the lexicon table, and the `rpc.Service` that serves them with the refusal counter and the
+    audit log of operator calls."""
 
     def __init__(self, settings: Settings, stores: Stores) -> None:
         tasks = TaskStore(stores.pool)
         self.servicer = IntakeServicer(tasks, QueueStore(stores.redis, settings), settings)
+        self.lexicon = LexiconServicer(LexiconStore(stores.pool))
         self.service = rpc.Service(
             name="sieve-intake",
-            service_names=[SERVICE_NAME],
+            service_names=SERVICE_NAMES,
             register=self._register,
             interceptors=[RejectionCounter()],
             audit=AuditLog(tasks.pool),
@@ -46,6 +52,7 @@ class IntakeApp:
 
     def _register(self, server: grpc.aio.Server) -> None:
         intake_pb2_grpc.add_IntakeServiceServicer_to_server(self.servicer, server)
+        lexicon_pb2_grpc.add_LexiconServiceServicer_to_server(self.lexicon, server)
 
 
 async def build(settings: Settings, stores: Stores) -> IntakeApp:
@@ -64,7 +71,7 @@ async def main() -> None:
         return Built(app.service)
 
     # listens at once (health NOT_SERVING) and serves once Redis and PostgreSQL answer (sieve/rpc/readiness.py)
-    readiness = Readiness(settings, "sieve-intake", [SERVICE_NAME], build_step, redis=True, postgres=True)
+    readiness = Readiness(settings, "sieve-intake", SERVICE_NAMES, build_step, redis=True, postgres=True)
     await readiness.run(settings.intake_addr)
 
 

@@ -277,6 +277,12 @@ class Settings:
     #: category; a list may say all, none and -rule ("*=all,-pinyin"). Rules: t2s, variant, confusable, leet,
     #: letter, decompose, pinyin, homophone (worker_svc/text/rules.py). Empty: every rule on for every category.
     text_rules: str = ""
+    #: A text whose worst lexicon hit has at least this severity (1-5) is BLOCKed (a hit through a fuzzy rule,
+    #: pinyin or homophone, counts as one below it).
+    block_severity: int = 3
+    #: A text whose worst hit is below the block severity and at least this one is REVIEWed; below it, PASSed (the
+    #: hits still reported). 1 (the lowest severity): every hit is at least REVIEW. At most SIEVE_BLOCK_SEVERITY.
+    review_severity: int = 1
     #: Tests only: "cpu=10,memory=20,gpu_memory=0" fixes the worker's resource readings.
     fixed_resources: str = ""
     #: Allows the test-only hooks (fixed_resources, ocr_fault): without it a service with either set refuses to start.
@@ -319,9 +325,14 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
     def _validate_text_rules(self) -> None:
+        """The text matching's settings: the rules per category, the verdict thresholds."""
         if self.text_rules and not _TEXT_RULES.fullmatch(self.text_rules):
             raise SettingsError(
                 "SIEVE_TEXT_RULES must be 'category=rule,rule;*=rule,...' (rules: lower-case names, all, none, -rule)"
+            )
+        if not 1 <= self.review_severity <= self.block_severity <= 5:
+            raise SettingsError(
+                "SIEVE_REVIEW_SEVERITY and SIEVE_BLOCK_SEVERITY must be 1 to 5, the review one at most the block one"
             )
 
     def validate(self) -> None:

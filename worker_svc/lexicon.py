@@ -17,7 +17,7 @@ from collections.abc import Callable
 import asyncpg
 
 from sieve.settings import Settings
-from worker_svc.text import LexiconEntry, Matcher, RuleConfig, load_lexicon_file
+from worker_svc.text import LexiconEntry, Matcher, RuleConfig, fold, load_lexicon_file
 
 log = logging.getLogger("sieve.worker.lexicon")
 #: how often the LISTEN connection is looked at, and the wait before opening it again after an error
@@ -63,9 +63,32 @@ class Lexicon:
             rows = await conn.fetch("SELECT word, category, severity FROM lexicon")
         entries = [LexiconEntry(r["word"], r["category"], r["severity"]) for r in rows]
         # building folds every word and its spellings (and, the first time, loads the rule tables): not on the loop
-        self.matcher = await asyncio.to_thread(Matcher, entries, version=version, rules=self.rules)
+        self.matcher = await asyncio.to_thread(self._build, entries, version)
         self.version = version
         log.info("lexicon version %d loaded: %d words", version, self.matcher.size)
+
+    def _build(self, entries: list[LexiconEntry], version: int) -> Matcher:
+        """The Matcher of these entries; a word that is nothing once normalised (only separators and invisible
+        characters: LexiconService refuses most, not every one) is left out with a warning, not the lexicon."""
+
+        def build(chosen: list[LexiconEntry]) -> Matcher:
+            return Matcher(
+                chosen,
+                block_severity=self.settings.block_severity,
+                version=version,
+                rules=self.rules,
+                review_severity=self.settings.review_severity,
+            )
+
+        try:
+            return build(entries)
+        except ValueError:
+            kept = [e for e in entries if fold(e.word).normalized.text]
+            left_out = sorted({e.word for e in entries} - {e.word for e in kept})
+            log.warning(
+                "lexicon version %d: left out %d words that match nothing: %r", version, len(left_out), left_out[:20]
+            )
+            return build(kept)
 
     async def start(self) -> None:
         await seed_default_lexicon(self.pool, self.settings)

@@ -13,7 +13,8 @@
 -- Roles (names are psql variables, defaults below):
 --   owner      owns the schema and every table in it; runs the migrations, the grants and retention
 --              (python -m sieve.db.migrate, python -m sieve.db.retention). No service runs as it.
---   intake     tasks (SELECT, INSERT, UPDATE, DELETE), results (SELECT), device owners, audit (INSERT only)
+--   intake     tasks (SELECT, INSERT, UPDATE, DELETE), results (SELECT), device owners, audit (INSERT only),
+--              lexicon (SELECT, INSERT, UPDATE, DELETE: LexiconService)
 --   scheduler  tasks (SELECT, UPDATE), audit (SELECT, INSERT)
 --   worker     tasks (SELECT, UPDATE), results (SELECT, INSERT), lexicon (SELECT, INSERT)
 -- None of the service roles may create anything in the schema, alter or drop a table, or change the audit log:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import grpc
 
 from sieve.cli.config import CliConfig, ConfigError, Role
-from sieve.v1 import intake_pb2_grpc, jobs_pb2_grpc, registry_pb2_grpc, scheduler_pb2_grpc
+from sieve.v1 import intake_pb2_grpc, jobs_pb2_grpc, lexicon_pb2_grpc, registry_pb2_grpc, scheduler_pb2_grpc
 
 T = TypeVar("T")
 
@@ -115,6 +115,8 @@ class Client:
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
         self._credentials = channel_credentials(config)
         self._channels: dict[str, grpc.aio.Channel] = {}
+        #: services reached at an address of their own (a worker's, for its periodic jobs): name -> address
+        self._addresses: dict[str, str] = {}
 
     async def __aenter__(self) -> Client:
         return self
@@ -126,7 +128,13 @@ class Client:
             await channel.close()
 
     def address(self, service: str) -> str:
+        if service in self._addresses:
+            return self._addresses[service]
         return str(getattr(self.config, service))
+
+    def reach(self, service: str, address: str) -> None:
+        """Calls to `service` go to `address` (one this command was given: a worker's health address)."""
+        self._addresses[service] = address
 
     def _channel(self, service: str) -> grpc.aio.Channel:
         if service not in self._channels:
@@ -152,6 +160,10 @@ class Client:
 
     def registry(self) -> registry_pb2_grpc.RegistryServiceStub:
         return registry_pb2_grpc.RegistryServiceStub(self._channel("registry"))
+
+    def lexicon(self) -> lexicon_pb2_grpc.LexiconServiceStub:
+        """LexiconService, which the intake serves."""
+        return lexicon_pb2_grpc.LexiconServiceStub(self._channel("intake"))
 
     def jobs(self, service: str) -> jobs_pb2_grpc.JobsServiceStub:
         """JobsService of `service` (every Sieve server hosts one)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from sieve.cli import cluster, dlq, submit, tasks, top
+from sieve.cli import cluster, dlq, lexicon, platform_jobs, submit, tasks, top
 from sieve.cli.runner import Obj
 
 #: every command of `sieve`, in the order `sieve --help` lists them
@@ -22,6 +22,9 @@ COMMANDS: tuple[click.Command, ...] = (
     dlq.dlq_group,
     cluster.workers_command,
     cluster.stats_command,
+    lexicon.lexicon_group,
+    platform_jobs.slots_command,
+    platform_jobs.jobs_group,
     top.top_command,
 )
 

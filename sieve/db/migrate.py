@@ -34,9 +34,10 @@ log = logging.getLogger("sieve.db.migrate")
 #: task_changes.py, callbacks.py, intake_svc/ownership.py, worker_svc/lexicon.py). task_changes and callback_deliveries
 #: are written by triggers running as the schema owner (migration 0014): no service inserts. Nothing updates or deletes
 #: audit_events; only the intake deletes tasks (a task it recorded but could not queue, with its idempotency key); the
-#: lexicon trigger bumps lexicon_version as the worker that seeds the lexicon. Partition maintenance and retention
-#: (sieve/db/retention.py: CREATE / DROP of day partitions) are the owner's: `python -m sieve.db.retention` with the
-#: owner role. A table or sequence listed here that this schema does not have (yet) is skipped with a warning.
+#: lexicon trigger bumps lexicon_version as the worker that seeds the lexicon and as the intake that changes it
+#: (LexiconService, sieve/db/lexicon.py). Partition maintenance and retention (sieve/db/retention.py: CREATE / DROP of
+#: day partitions) are the owner's: `python -m sieve.db.retention` with the owner role. A table or sequence listed
+#: here that this schema does not have (yet) is skipped with a warning.
 SERVICE_GRANTS: dict[str, dict[str, tuple[str, ...]]] = {
     "intake": {
         "schema_migrations": ("SELECT",),
@@ -52,6 +53,9 @@ SERVICE_GRANTS: dict[str, dict[str, tuple[str, ...]]] = {
         # written by triggers running as the schema owner (migration 0015); GetStats reads them
         "task_stats": ("SELECT",),
         "task_stats_words": ("SELECT",),
+        # LexiconService (sieve/db/lexicon.py); the table's trigger bumps lexicon_version as the caller
+        "lexicon": ("SELECT", "INSERT", "UPDATE", "DELETE"),
+        "lexicon_version": ("SELECT", "UPDATE"),
     },
     "scheduler": {
         "schema_migrations": ("SELECT",),

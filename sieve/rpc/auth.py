@@ -8,7 +8,7 @@ Every RPC of every service needs a credential, except health checks (and reflect
   rolled out before the old one is removed). A presented token is hashed and compared with every stored hash
   in constant time.
 - **Roles**: `client` (submits, reads and cancels its own tasks), `worker` (Pull, Register, Heartbeat, as the
-  worker its credential names), `operator` (dead letters, watermark, workers, audit, periodic jobs, every
+  worker its credential names), `operator` (dead letters, watermark, workers, audit, periodic jobs, the lexicon, every
   cross-tenant read; also every client RPC). `METHOD_ROLES` lists, for every method of every Sieve service, the
   roles allowed to call it; a method missing from it is refused to everyone (a new RPC must be given its roles).
 - **Anonymous**: with `SIEVE_ALLOW_ANONYMOUS=true` a call without a credential is served as the anonymous
@@ -45,7 +45,7 @@ from sieve.credentials import (
     new_token,
     parse_credentials,
 )
-from sieve.v1 import intake_pb2, jobs_pb2, registry_pb2, scheduler_pb2
+from sieve.v1 import intake_pb2, jobs_pb2, lexicon_pb2, registry_pb2, scheduler_pb2
 
 log = logging.getLogger("sieve.rpc.auth")
 
@@ -111,6 +111,8 @@ METHOD_ROLES: dict[str, frozenset[Role]] = {
     **_methods(registry_pb2.DESCRIPTOR.services_by_name["RegistryService"], _WORKER, ListWorkers=_OPERATOR),
     # every server's periodic jobs (sieve/rpc/jobs.py): seeing and running them is an operator's action
     **_methods(jobs_pb2.DESCRIPTOR.services_by_name["JobsService"], _OPERATOR),
+    # the lexicon (served by the intake: intake_svc/lexicon.py): reading and changing it is an operator's action
+    **_methods(lexicon_pb2.DESCRIPTOR.services_by_name["LexiconService"], _OPERATOR),
 }
 
 #: methods that need no credential: health checks always, reflection when it is on

@@ -32,7 +32,7 @@ from sieve import rpc
 from sieve.rpc.auth import METHOD_ROLES, AuthError, hash_token, new_token
 from sieve.rpc.readiness import Stores
 from sieve.settings import Settings
-from sieve.v1 import intake_pb2, intake_pb2_grpc, jobs_pb2, registry_pb2, scheduler_pb2
+from sieve.v1 import intake_pb2, intake_pb2_grpc, jobs_pb2, lexicon_pb2, registry_pb2, scheduler_pb2
 from tests.security.auth_stack import Credentials, SecureStack, eventually, secure_stack, text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,6 +43,8 @@ SERVICES = {
     "sieve.v1.RegistryService": registry_pb2.DESCRIPTOR.services_by_name["RegistryService"],
     # every server serves it (its periodic jobs); the stack's hosts name the scheduler's
     "sieve.v1.JobsService": jobs_pb2.DESCRIPTOR.services_by_name["JobsService"],
+    # served by the intake (intake_svc/lexicon.py)
+    "sieve.v1.LexiconService": lexicon_pb2.DESCRIPTOR.services_by_name["LexiconService"],
 }
 #: the roles the issue gives each RPC (client RPCs are open to operators too)
 EXPECTED_ROLES = {
@@ -65,6 +67,11 @@ EXPECTED_ROLES = {
     "/sieve.v1.RegistryService/ListWorkers": {OPERATOR},
     "/sieve.v1.JobsService/ListJobs": {OPERATOR},
     "/sieve.v1.JobsService/RunJob": {OPERATOR},
+    "/sieve.v1.LexiconService/ListLexicon": {OPERATOR},
+    "/sieve.v1.LexiconService/AddWords": {OPERATOR},
+    "/sieve.v1.LexiconService/RemoveWords": {OPERATOR},
+    "/sieve.v1.LexiconService/ImportLexicon": {OPERATOR},
+    "/sieve.v1.LexiconService/ExportLexicon": {OPERATOR},
 }
 #: a worker or client holding one of these would reach beyond its own work
 OPERATOR_ONLY = [m for m, roles in EXPECTED_ROLES.items() if roles == {OPERATOR}]

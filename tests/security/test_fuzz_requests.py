@@ -689,6 +689,7 @@ async def stack(settings: Settings, redis: Redis, pg: asyncpg.Pool) -> AsyncIter
         "sieve.v1.SchedulerService": settings.scheduler_addr,
         "sieve.v1.RegistryService": settings.registry_addr,
         "sieve.v1.JobsService": settings.scheduler_addr,  # every server serves it; the scheduler has jobs
+        "sieve.v1.LexiconService": f"127.0.0.1:{intake.port}",
     }
     try:
         yield Stack(settings, addresses, QueueStore(redis, settings), pg, redis)

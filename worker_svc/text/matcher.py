@@ -178,8 +178,10 @@ class Matcher:
     word, the one with the highest severity is kept (the first one on a tie). A word that normalises to
     nothing (only punctuation or spaces) could never match and is rejected with ``ValueError``.
 
-    Verdict: ``BLOCK`` if any hit has ``severity >= block_severity``, ``REVIEW`` if there are other
-    hits, ``PASS`` if there are none. An empty lexicon always gives ``PASS``.
+    Verdict: ``BLOCK`` if any hit has ``severity >= block_severity``, ``REVIEW`` if any other hit has
+    ``severity >= review_severity``, ``PASS`` otherwise (no hits, or only hits below ``review_severity``, which
+    are still reported). An empty lexicon always gives ``PASS``. The worker takes both thresholds from
+    ``SIEVE_BLOCK_SEVERITY`` and ``SIEVE_REVIEW_SEVERITY``.
     """
 
     __slots__ = (
@@ -187,6 +189,7 @@ class Matcher:
         "_block_severity",
         "_entries",
         "_grams",
+        "_review_severity",
         "_rules",
         "_sound_table",
         "_special",
@@ -199,7 +202,10 @@ class Matcher:
         block_severity: int = 3,
         version: int = -1,
         rules: RuleConfig | None = None,
+        review_severity: int = 1,
     ) -> None:
+        if not review_severity <= block_severity:
+            raise ValueError(f"review severity {review_severity} is above the block severity {block_severity}")
         #: the lexicon version the entries came from (-1: not from the lexicon table), stored with each result
         self.version = version
         self._rules = rules if rules is not None else RuleConfig()
@@ -214,6 +220,7 @@ class Matcher:
                 chosen[key] = (entry, folded)
         self._entries: dict[str, LexiconEntry] = {key: entry for key, (entry, _) in chosen.items()}
         self._block_severity = block_severity
+        self._review_severity = review_severity
         keys: dict[str, _Key] = {}
         for key, (entry, folded) in chosen.items():
             keys[key] = self._key(key, entry, 0, folded.masks, base=key, breaks=_breaks(entry.word))
@@ -308,6 +315,11 @@ class Matcher:
     def block_severity(self) -> int:
         """The lowest severity that makes the verdict ``BLOCK``."""
         return self._block_severity
+
+    @property
+    def review_severity(self) -> int:
+        """The lowest severity that makes the verdict at least ``REVIEW``."""
+        return self._review_severity
 
     @property
     def rules(self) -> RuleConfig:
@@ -405,6 +417,9 @@ class Matcher:
     def _verdict(self, hits: list[Hit]) -> Verdict:
         if not hits:
             return Verdict.PASS
-        if max(hit.severity for hit in hits) >= self._block_severity:
+        worst = max(hit.severity for hit in hits)
+        if worst >= self._block_severity:
             return Verdict.BLOCK
-        return Verdict.REVIEW
+        if worst >= self._review_severity:
+            return Verdict.REVIEW
+        return Verdict.PASS

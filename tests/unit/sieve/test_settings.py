@@ -97,6 +97,9 @@ def test_a_value_that_does_not_parse_names_the_variable(name: str, raw: str) -> 
         ({"SIEVE_DEFAULT_WEIGHT": "0"}, "SIEVE_DEFAULT_WEIGHT"),
         ({"SIEVE_MIN_BATCH_SIZE": "11"}, "SIEVE_MIN_BATCH_SIZE"),
         ({"SIEVE_NO_GPU_STRATEGY": "pray"}, "SIEVE_NO_GPU_STRATEGY"),
+        ({"SIEVE_BLOCK_SEVERITY": "6"}, "SIEVE_BLOCK_SEVERITY"),
+        ({"SIEVE_REVIEW_SEVERITY": "0"}, "SIEVE_REVIEW_SEVERITY"),
+        ({"SIEVE_BLOCK_SEVERITY": "2", "SIEVE_REVIEW_SEVERITY": "3"}, "SIEVE_REVIEW_SEVERITY"),
     ],
 )
 def test_settings_that_cannot_work_are_refused_naming_the_variable(env: dict[str, str], variable: str) -> None:

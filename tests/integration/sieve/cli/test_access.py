@@ -33,7 +33,18 @@ async def test_a_wrong_token_or_a_missing_right_is_exit_4_in_one_clean_line(
     creds = credentials()
     async with secure_stack(settings, redis, pg, creds) as stack:
         s = stack.settings
-        for command in (["submit", "-d", DEVICE, "x"], ["workers"], ["dlq", "ls"], ["top", "--once"], ["ls"]):
+        commands = (
+            ["submit", "-d", DEVICE, "x"],
+            ["workers"],
+            ["dlq", "ls"],
+            ["top", "--once"],
+            ["ls"],
+            ["lexicon", "ls"],
+            ["lexicon", "add", "w", "-c", "spam", "-s", "1"],
+            ["slots"],
+            ["jobs"],
+        )
+        for command in commands:
             wrong = await sieve(s, "--token", "sv_not-a-token", *command)
             assert wrong.exit_code == 4, (command, wrong.output)
             assert "authentication failed" in wrong.stderr and "Traceback" not in wrong.output
@@ -45,13 +56,15 @@ async def test_a_wrong_token_or_a_missing_right_is_exit_4_in_one_clean_line(
         nothing = await sieve(s, "workers")
         assert nothing.exit_code == 4 and "--token" in nothing.stderr
         # a client's token on an operator's command: permission denied, exit 4
-        denied = await sieve(s, "--token", creds.tokens["alice"], "dlq", "ls")
-        assert denied.exit_code == 4 and "permission denied" in denied.stderr
+        for command in (["dlq", "ls"], ["lexicon", "add", "w", "-c", "spam", "-s", "1"], ["slots"], ["jobs"]):
+            denied = await sieve(s, "--token", creds.tokens["alice"], *command)
+            assert denied.exit_code == 4 and "permission denied" in denied.stderr, (command, denied.output)
         # each command takes the token of its role from the variables run_local prints
         env = {"SIEVE_CLIENT_TOKEN": creds.tokens["alice"], "SIEVE_OPERATOR_TOKEN": creds.tokens["ops"]}
         submitted = json_of(await sieve(s, "submit", "-d", DEVICE, "hello", "-o", "json", env=env))
         assert submitted["accepted"] == 1
         assert json_of(await sieve(s, "dlq", "ls", "-o", "json", env=env))["total"] == 0
+        assert json_of(await sieve(s, "lexicon", "add", "w", "-c", "spam", "-s", "1", "-o", "json", env=env))["added"]
         listed = json_of(await sieve(s, "ls", "-o", "json", env=env))  # as alice: her task
         assert [t["task_id"] for t in listed["tasks"]] == [submitted["results"][0]["task_id"]]
 

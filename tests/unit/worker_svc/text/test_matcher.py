@@ -177,6 +177,22 @@ def test_block_severity_is_configurable() -> None:
     assert matcher.match("刷单").verdict is Verdict.BLOCK
 
 
+def test_hits_below_the_review_severity_pass_and_are_still_reported() -> None:
+    entries = [LexiconEntry("加微信", "spam", 1), LexiconEntry("刷单", "fraud", 2), LexiconEntry("诈骗", "fraud", 4)]
+    matcher = Matcher(entries, block_severity=4, review_severity=2)
+
+    assert matcher.review_severity == 2
+    low = matcher.match("请加微信")
+    assert low.verdict is Verdict.PASS and _words(low) == ["加微信"]
+    assert matcher.match("加微信刷单").verdict is Verdict.REVIEW
+    assert matcher.match("专业诈骗").verdict is Verdict.BLOCK
+
+
+def test_a_review_severity_above_the_block_severity_is_refused() -> None:
+    with pytest.raises(ValueError, match="above the block severity"):
+        Matcher([], block_severity=2, review_severity=3)
+
+
 def test_verdict_values_match_the_protobuf_enum() -> None:
     assert (Verdict.PASS.value, Verdict.REVIEW.value, Verdict.BLOCK.value) == (1, 2, 3)
 
