@@ -117,9 +117,10 @@ def score(
         errors, chars = character_errors(case.text, text)
         e, c = out.per_condition.get(case.condition, (0, 0))
         out.per_condition[case.condition] = (e + errors, c + chars)
-        found = {hit.word for hit in matcher.match(text).hits}
+        found = {hit.word for hit in matcher.match(text, ocr=True).hits}  # as the OCR pipeline matches
         out.words += len(case.words)
         out.words_hit += sum(1 for w in case.words if w in found)
+        out.misses += [f"{case.name}: {w!r} not hit in {text!r}" for w in case.words if w not in found]
         if errors > max(1, chars // 10):
             out.misses.append(f"{case.name}: {case.text!r} -> {text!r}")
     log(f"  {engine}{'' if orientation else ' (no orientation)'}: {out.images} images in {out.seconds:.1f}s")

@@ -90,7 +90,7 @@ async def run_ocr(
 
     matched_at = time.perf_counter()
     joined = join_lines([line.text for line in recognised.lines])
-    result = matcher.match(joined.text)
+    result = matcher.match(joined.text, ocr=True)
     hits = [{**asdict(hit), **joined.locate(hit.start, hit.end)} for hit in result.hits]
     timings["match"] = _ms((time.perf_counter() - matched_at) * 1000)
     timings["total"] = _ms((time.perf_counter() - began) * 1000)

@@ -164,6 +164,86 @@ def _starts_word(original: str, start: int) -> bool:
     return not (before in "'\u2019" and start >= 2 and _latin(original[start - 2]))
 
 
+#: short words OCR glues to a neighbour when it misses the space between them ("Free moneyfor everyone"): in text read
+#: from an image a Latin lexicon word may also start or end where one of these does, and nowhere else inside a word
+#: ("heroine", "moneybox" still do not hit). None of them makes an ordinary word with the default lexicon's words.
+OCR_JOINED = frozenset(
+    {
+        "a",
+        "an",
+        "and",
+        "all",
+        "at",
+        "buy",
+        "for",
+        "free",
+        "from",
+        "get",
+        "here",
+        "in",
+        "is",
+        "it",
+        "my",
+        "no",
+        "not",
+        "now",
+        "of",
+        "on",
+        "only",
+        "or",
+        "our",
+        "per",
+        "the",
+        "this",
+        "to",
+        "with",
+        "you",
+        "your",
+    }
+)
+#: a run of Latin letters this long read from an image is words whose spaces the OCR lost
+#: ("Freshcoffeeandpastriesmoneylaunderinginside"): inside it, word boundaries are unknown and not asked for
+OCR_SPACELESS_RUN = 20
+
+
+def _joined_before(original: str, start: int) -> bool:
+    """The Latin letters just before `start` (back to the previous non-letter) are one of OCR_JOINED."""
+    i = start
+    while i > 0 and _latin(original[i - 1]):
+        i -= 1
+    return 0 < start - i <= 5 and original[i:start].lower() in OCR_JOINED
+
+
+def _joined_after(original: str, end: int) -> bool:
+    """The Latin letters just after `end` (up to the next non-letter) are one of OCR_JOINED."""
+    j = end
+    while j < len(original) and _latin(original[j]):
+        j += 1
+    return 0 < j - end <= 5 and original[end:j].lower() in OCR_JOINED
+
+
+def _spaceless(original: str, start: int, end: int) -> bool:
+    """The match lies in a run of at least OCR_SPACELESS_RUN Latin letters (and what joins them: the match's own
+    characters) with no space: text whose spaces an OCR lost."""
+    i, j = start, end
+    while i > 0 and _latin(original[i - 1]):
+        i -= 1
+    while j < len(original) and _latin(original[j]):
+        j += 1
+    run = original[i:j]
+    return j - i >= OCR_SPACELESS_RUN and not any(c.isspace() for c in run)
+
+
+def _bounded(original: str, start: int, end: int, key: _Key, ocr: bool) -> bool:
+    """A Latin key's match starts and ends where a word does (as the key asks); in text read from an image (`ocr`)
+    also next to a glued OCR_JOINED word, or anywhere inside a run whose spaces the OCR lost."""
+    if ocr and _spaceless(original, start, end):
+        return True
+    if key.latin_start and not _starts_word(original, start) and not (ocr and _joined_before(original, start)):
+        return False
+    return not (key.latin_end and not _ends_word(original, end) and not (ocr and _joined_after(original, end)))
+
+
 def _ends_word(original: str, end: int) -> bool:
     if end >= len(original) or not _latin(original[end]):
         return True
@@ -326,8 +406,9 @@ class Matcher:
         """Which disguise rules are on for which category."""
         return self._rules
 
-    def match(self, text: str) -> MatchResult:
-        """Find every lexicon word in ``text`` and decide the verdict."""
+    def match(self, text: str, *, ocr: bool = False) -> MatchResult:
+        """Find every lexicon word in ``text`` and decide the verdict. ``ocr``: the text was read from an image,
+        where a missed space glues a short word to a Latin lexicon word (OCR_JOINED)."""
         if self._special.isdisjoint(text):  # no character any rule would change: the plain normalisation
             normalized = normalize(text)
             masks = None
@@ -343,7 +424,7 @@ class Matcher:
         if first is None:
             return MatchResult((), Verdict.PASS, plain)
         found: dict[tuple[str, int, int], tuple[int, LexiconEntry]] = {}
-        self._scan(text, normalized, masks, chain((first,), matches), found)
+        self._scan(text, normalized, masks, chain((first,), matches), found, ocr)
         if not found:
             return MatchResult((), Verdict.PASS, plain)
         hits = [self._hit(text, entry, start, end, bits) for (_, start, end), (bits, entry) in found.items()]
@@ -357,6 +438,7 @@ class Matcher:
         masks: tuple[int, ...] | None,
         matches: Iterable[tuple[int, tuple[int, tuple[_Key, ...]]]],
         found: dict[tuple[str, int, int], tuple[int, LexiconEntry]],
+        ocr: bool = False,
     ) -> None:
         """The automaton's matches (in the text's sound: one character for one) that are a key's characters, or
         a lexicon word's homophone, and pass the boundaries, the category's rules and, for a phonetic spelling,
@@ -377,9 +459,7 @@ class Matcher:
                         continue  # another key's characters, or another word found as itself
                     bits |= RULE_BITS["homophone"]
                     syllables = key.homophones
-                if key.latin_start and not _starts_word(text, start):
-                    continue
-                if key.latin_end and not _ends_word(text, end):
+                if (key.latin_start or key.latin_end) and not _bounded(text, start, end, key, ocr):
                     continue
                 if key.breaks is not None and not _split_as_written(text, normalized, first, length, key.breaks):
                     continue

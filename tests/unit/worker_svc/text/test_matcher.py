@@ -294,3 +294,32 @@ def test_a_lexicon_file_without_the_header_is_rejected(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="line 1: expected the header"):
         load_lexicon_file(path)
+
+
+@pytest.mark.parametrize(
+    ("read", "word"),
+    [
+        ("Free moneyfor everyone", "free money"),
+        ("getfree money now", "free money"),
+        ("the casinoand bar", "casino"),
+        ("Freshcoffeeandpastriesmoneylaunderinginside", "money laundering"),  # every space lost
+        ("All itemshalfpricethisweekbaccarat", "baccarat"),
+    ],
+)
+def test_in_text_read_from_an_image_a_short_word_glued_to_a_latin_word_does_not_hide_it(
+    read: str, word: str, default_matcher: Matcher
+) -> None:
+    matcher = default_matcher
+    # OCR missed the space: the word still hits in OCR text, at its own characters, and not in a typed text
+    result = matcher.match(read, ocr=True)
+    assert _words(result) == [word]
+    _assert_hits_map_back(read, result.hits)
+    assert matcher.match(read).hits == ()
+
+
+@pytest.mark.parametrize("read", ["heroine", "moneybox", "Free moneyback", "casinoroyale", "begun", "pornography"])
+def test_in_text_read_from_an_image_a_latin_word_inside_an_ordinary_word_still_does_not_hit(read: str) -> None:
+    matcher = _matcher(
+        ("heroin", "drugs", 3), ("free money", "spam", 2), ("casino", "gambling", 2), ("gun", "weapons", 3)
+    )
+    assert matcher.match(read, ocr=True).hits == ()
