@@ -69,6 +69,9 @@ STORE_ERRORS: tuple[type[BaseException], ...] = (
     EvictionPolicyError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,  # a pooled connection closed under us
+    # a pooled connection the server ended in the middle of an operation ("cannot switch to state 12; another
+    # operation (2) is in progress"): that connection is done for, not the store
+    asyncpg.InternalClientError,
     asyncpg.OperatorInterventionError,  # starting up, shutting down, terminated by an admin
     asyncpg.InvalidAuthorizationSpecificationError,  # the role (or its password) is not created yet
     asyncpg.InvalidCatalogNameError,  # the database is not created yet
