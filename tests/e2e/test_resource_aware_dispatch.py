@@ -65,10 +65,20 @@ async def workers_of(pg: asyncpg.Pool, ids: list[str], timeout_s: float = 30) ->
         await asyncio.sleep(0.1)
 
 
-async def listed(c: Cluster) -> dict[str, registry_pb2.WorkerInfo]:
-    async with rpc.channel(c.settings.registry_addr, c.operator) as channel:
-        reply = await registry_pb2_grpc.RegistryServiceStub(channel).ListWorkers(registry_pb2.ListWorkersRequest())
-    return {w.worker_id: w for w in reply.workers}
+async def listed(
+    c: Cluster, *, having: tuple[str, ...] = (), timeout_s: float = 10
+) -> dict[str, registry_pb2.WorkerInfo]:
+    """ListWorkers by worker id; with `having`, once those workers are listed (a worker serves its health port
+    as it starts registering: its first Register may land a moment later)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        async with rpc.channel(c.settings.registry_addr, c.operator) as channel:
+            stub = registry_pb2_grpc.RegistryServiceStub(channel)
+            reply = await stub.ListWorkers(registry_pb2.ListWorkersRequest())
+        workers = {w.worker_id: w for w in reply.workers}
+        if all(w in workers for w in having) or time.monotonic() >= deadline:
+            return workers
+        await asyncio.sleep(0.1)
 
 
 async def test_a_worker_over_its_memory_watermark_gets_nothing_until_it_drops_below_it(
@@ -80,7 +90,7 @@ async def test_a_worker_over_its_memory_watermark_gets_nothing_until_it_drops_be
     await start_worker(c, "worker-hot", hot)
     await start_worker(c, "worker-cool", cool)
     # Given one worker at 90 % memory and one at 20 %
-    workers = await listed(c)
+    workers = await listed(c, having=("worker-hot", "worker-cool"))
     assert not workers["worker-hot"].available and workers["worker-cool"].available
     assert "memory 90.0% >= 75.0%" in workers["worker-hot"].unavailable_reasons
     # When tasks come, Then the cool worker does all of them
