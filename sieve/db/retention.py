@@ -358,12 +358,22 @@ class Retention:
             if row["deleted"] < self.batch:
                 return
 
+    async def _delete_in_batches(self, conn: _Connection, cutoff: datetime, sql: str) -> int:
+        """Runs a delete of at most $2 rows older than $1 (`sql` returns how many it deleted) until a batch
+        comes back short; returns how many were deleted in all."""
+        total = 0
+        while True:
+            deleted: int = await conn.fetchval(sql, cutoff, self.batch)
+            total += deleted
+            if deleted < self.batch:
+                return total
+
     async def _purge_deliveries(self, conn: _Connection, now: datetime, report: RetentionReport) -> None:
         """Deletes callback deliveries made before the cutoff that are DELIVERED or GAVE_UP, in batches."""
-        cutoff = now - timedelta(days=self.retention_days)
-        while True:
-            deleted: int = await conn.fetchval(
-                """
+        report.purged_deliveries += await self._delete_in_batches(
+            conn,
+            now - timedelta(days=self.retention_days),
+            """
                 WITH chosen AS (
                     SELECT task_id, seq FROM callback_deliveries
                     WHERE created_at < $1 AND state IN ('DELIVERED', 'GAVE_UP')
@@ -375,21 +385,16 @@ class Retention:
                 )
                 SELECT count(*) FROM gone
                 """,
-                cutoff,
-                self.batch,
-            )
-            report.purged_deliveries += deleted
-            if deleted < self.batch:
-                return
+        )
 
     async def _purge_external(self, conn: _Connection, now: datetime, report: RetentionReport) -> None:
         """Deletes external jobs' stage rows that ended (completed, or failed at the provider) before the cutoff,
         in batches; a stage still submitting, submitted or succeeded (its output not stored yet) stays, whatever its
         age: an engine may still resume it."""
-        cutoff = now - timedelta(days=self.retention_days)
-        while True:
-            deleted: int = await conn.fetchval(
-                """
+        report.purged_external += await self._delete_in_batches(
+            conn,
+            now - timedelta(days=self.retention_days),
+            """
                 WITH chosen AS (
                     SELECT task_id, stage FROM external_jobs
                     WHERE created_at < $1 AND state IN ('completed', 'failed')
@@ -402,12 +407,7 @@ class Retention:
                 )
                 SELECT count(*) FROM gone
                 """,
-                cutoff,
-                self.batch,
-            )
-            report.purged_external += deleted
-            if deleted < self.batch:
-                return
+        )
 
     async def _purge_stats(self, conn: _Connection, now: datetime, report: RetentionReport) -> None:
         """Deletes GetStats' rollup rows of hours older than `stats_retention_days`, oldest first, in batches (their
