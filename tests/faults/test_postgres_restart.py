@@ -217,6 +217,13 @@ async def connect_when_up(url: str, schema: str, timeout_s: float = 30) -> async
             await asyncio.sleep(0.1)
 
 
+def final_error(stack: str) -> str:
+    """The last exception of a logged stack, all its lines (PostgreSQL's messages end in a DETAIL line)."""
+    lines = stack.splitlines()
+    frames = [i for i, line in enumerate(lines) if line.startswith(" ")]
+    return "\n".join(lines[frames[-1] + 1 :] if frames else lines)
+
+
 def other_errors(logs: Path) -> list[str]:
     """Log lines with a stack whose error is not PostgreSQL being unreachable (a bug the restart found)."""
     found = []
@@ -227,8 +234,8 @@ def other_errors(logs: Path) -> list[str]:
             except ValueError:
                 continue
             stack = str(entry.get("exception") or "").strip()
-            if stack and not STORE_AWAY.search(stack.splitlines()[-1]):
-                found.append(f"{path.stem}: {entry.get('message')}: {stack.splitlines()[-1]}")
+            if stack and not STORE_AWAY.search(error := final_error(stack)):
+                found.append(f"{path.stem}: {entry.get('message')}: {error}")
     return found
 
 
