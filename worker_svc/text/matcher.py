@@ -35,8 +35,8 @@ from worker_svc.text.rules import (
     fold,
     is_cjk,
     key_grams,
+    needs_fold,
     rule_names,
-    special_chars,
 )
 
 __all__ = ["Hit", "LexiconEntry", "MatchResult", "Matcher", "RuleConfig", "Verdict"]
@@ -272,7 +272,6 @@ class Matcher:
         "_review_severity",
         "_rules",
         "_sound_table",
-        "_special",
         "version",
     )
 
@@ -309,7 +308,6 @@ class Matcher:
                 if spelling not in keys:
                     keys[spelling] = self._key(spelling, entry, bits, None, syllables, key, breaks)
         self._grams = key_grams(keys, [entry.word for entry, _ in chosen.values()])
-        self._special = special_chars()
         self._sound_table: dict[int, str] | None = None
         self._automaton = self._sounds(keys, chosen)
 
@@ -409,7 +407,7 @@ class Matcher:
     def match(self, text: str, *, ocr: bool = False) -> MatchResult:
         """Find every lexicon word in ``text`` and decide the verdict. ``ocr``: the text was read from an image,
         where a missed space glues a short word to a Latin lexicon word (OCR_JOINED)."""
-        if self._special.isdisjoint(text):  # no character any rule would change: the plain normalisation
+        if not needs_fold(text):  # nothing any rule would change: the plain normalisation
             normalized = normalize(text)
             masks = None
         else:

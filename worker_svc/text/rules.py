@@ -511,18 +511,68 @@ def _plus(text: str, rewritten: tuple[str, list[int]] | None) -> tuple[str, list
     return ("".join(chars), masks) if changed else rewritten
 
 
-def special_chars() -> frozenset[str]:
-    """Every character a rule may change: a text with none of them folds as ``normalize`` folds it."""
-    return _special()[0]
+#: blocks whose characters NFKC turns into ideographs (Kangxi and CJK radicals, enclosed and compatibility forms)
+_NFKC_TO_CJK_RANGES = ((0x2E80, 0x2FDF), (0x3200, 0x33FF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+
+
+@cache
+def _anywhere() -> frozenset[str]:
+    """The characters that send a text to the rules wherever they stand: look-alikes, the ideographs of the CJK
+    table and the characters NFKC turns into one of them (a Kangxi radical ⾺ for 馬), and the ``letter`` rule's
+    plus signs. The other characters a rule may change (leet digits and symbols) count only next to a Latin
+    letter (``_LEET_NEAR_LETTER``): "5 %", "2024" or "!" after a word change nothing."""
+    sources = _cjk_sources()
+    through_nfkc = {
+        chr(cp)
+        for low, high in _NFKC_TO_CJK_RANGES
+        for cp in range(low, high + 1)
+        if not sources.isdisjoint(unicodedata.normalize("NFKC", chr(cp)))
+    }
+    return frozenset(_special()[2] | sources | through_nfkc | {"+", "＋"})
+
+
+#: the digits and symbols _LEET_NEAR_LETTER looks for
+_LEET_CHARS = "0123456789０１２３４５６７８９@$!|+€¡"
+
+
+def _char_class(chars: Iterable[str]) -> re.Pattern[str]:
+    """One regular-expression character class of the `chars` of the Basic Multilingual Plane, and every character
+    outside it: a class of the BMP only is a bitmap searched at C speed (thousands of ranges beyond it are tried
+    one by one)."""
+    points = sorted({ord(c) for c in chars if ord(c) <= 0xFFFF})
+    ranges: list[str] = []
+    i = 0
+    while i < len(points):
+        j = i
+        while j + 1 < len(points) and points[j + 1] == points[j] + 1:
+            j += 1
+        low, high = (f"\\U{points[k]:08x}" for k in (i, j))
+        ranges.append(low if i == j else f"{low}-{high}")
+        i = j + 1
+    return re.compile(f"[{''.join(ranges)}\\U00010000-\\U0010ffff]")
+
+
+@cache
+def _candidate() -> re.Pattern[str]:
+    """Any character of ``_anywhere`` or of ``_LEET_CHARS``, or beyond the BMP: a text with none of them needs no
+    rule (most text)."""
+    return _char_class(_anywhere() | set(_LEET_CHARS))
+
+
+def needs_fold(text: str) -> bool:
+    """Whether a rule may change ``text``; when not, ``fold(text)`` is ``normalize(text)`` with no rule bits."""
+    if _candidate().search(text) is None:
+        return False
+    return not _anywhere().isdisjoint(text) or _LEET_NEAR_LETTER.search(text) is not None
 
 
 def fold(text: str, grams: frozenset[str] | None = None, special: bool = False) -> Folded:
     """Normalise ``text`` (``normalize``) after the contextual rewrite, then fold CJK forms; the rule bits of
     every normalised character that a rule changed. With ``grams`` (``key_grams`` of the lexicon), a word is
     rewritten only when its rewritten form may lie inside a Latin lexicon word (a hit must hold whole words).
-    ``special``: the caller knows that the text has characters of ``special_chars``."""
-    chars, contextual, looks = _special()
-    if not special and chars.isdisjoint(text):
+    ``special``: the caller knows that ``needs_fold(text)``."""
+    _, contextual, looks = _special()
+    if not special and not needs_fold(text):
         return Folded(normalize(text), None)
     needs_rewrite = not looks.isdisjoint(text) or _LEET_NEAR_LETTER.search(text) is not None
     rewritten = _rewrite(text, contextual, grams) if needs_rewrite else None

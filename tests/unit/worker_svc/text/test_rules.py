@@ -114,6 +114,21 @@ def test_traditional_characters_with_separators_map_back_to_the_original() -> No
     ]
 
 
+def test_a_kangxi_radical_of_a_traditional_character_is_folded_like_the_character() -> None:
+    original = "看⿈⾊网站吗"  # U+2FC8 (黃) and U+2F8A (色): NFKC makes them ideographs, t2s the simplified word
+
+    hit = _only_hit(_matcher(("黄色网站", "porn", 3)).match(original), original)
+
+    assert (hit.matched_text, hit.rules) == ("⿈⾊网站", ["t2s"])
+
+
+@pytest.mark.parametrize("text", ["Meet at 5 pm, room 204!", "价格 120 元，好评！", "5+3 = 8", "＋86 电话"])
+def test_text_with_digits_and_symbols_but_no_disguise_folds_as_normalize_does(text: str) -> None:
+    folded = fold(text)
+
+    assert folded.normalized == normalize(text) and folded.masks is None
+
+
 def test_the_fold_keeps_one_normalised_character_per_original_one() -> None:
     original = "ｃ４ｓｉｎｏ 賭博 ѕех"
     folded = fold(original)
