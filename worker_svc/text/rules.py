@@ -223,6 +223,12 @@ def _cjk_sources() -> frozenset[str]:
 
 
 @cache
+def _cjk_source_class() -> re.Pattern[str]:
+    """Any ideograph ``_cjk_table`` changes (and any character beyond the BMP: ``_char_class``), found at C speed."""
+    return _char_class(_cjk_sources())
+
+
+@cache
 def _cjk_rule() -> dict[str, int]:
     """Which rule a change of ``_cjk_table`` is: t2s when OpenCC's t2s does it, else variant."""
     import opencc
@@ -535,7 +541,8 @@ def _anywhere() -> frozenset[str]:
 _LEET_CHARS = "0123456789０１２３４５６７８９@$!|+€¡"
 
 
-def _char_class(chars: Iterable[str]) -> re.Pattern[str]:
+@cache
+def _char_class(chars: frozenset[str]) -> re.Pattern[str]:
     """One regular-expression character class of the `chars` of the Basic Multilingual Plane, and every character
     outside it: a class of the BMP only is a bitmap searched at C speed (thousands of ranges beyond it are tried
     one by one)."""
@@ -556,7 +563,7 @@ def _char_class(chars: Iterable[str]) -> re.Pattern[str]:
 def _candidate() -> re.Pattern[str]:
     """Any character of ``_anywhere`` or of ``_LEET_CHARS``, or beyond the BMP: a text with none of them needs no
     rule (most text)."""
-    return _char_class(_anywhere() | set(_LEET_CHARS))
+    return _char_class(_anywhere() | frozenset(_LEET_CHARS))
 
 
 def needs_fold(text: str) -> bool:
@@ -585,15 +592,14 @@ def fold(text: str, grams: frozenset[str] | None = None, special: bool = False) 
         normalized = normalize(rewritten[0])
         pre = rewritten[1]
     plain = normalized.text
-    folded = plain if _cjk_sources().isdisjoint(plain) else plain.translate(_cjk_table())
-    if pre is None and folded == plain:
+    rules = _cjk_rule()
+    changed = [(m.start(), rules[ch]) for m in _cjk_source_class().finditer(plain) if (ch := m.group()) in rules]
+    if pre is None and not changed:
         return Folded(normalized, None)
     offsets = normalized.offsets
-    masks = [pre[offset] for offset in offsets] if pre is not None else [0] * len(plain)
-    if folded != plain:
-        rules = _cjk_rule()
-        for i, (a, b) in enumerate(zip(plain, folded, strict=True)):
-            if a != b:
-                masks[i] |= rules[a]
-        normalized = Normalized(folded, offsets, normalized.ends)
+    masks = list(map(pre.__getitem__, offsets)) if pre is not None else [0] * len(plain)
+    if changed:
+        for i, rule in changed:
+            masks[i] |= rule
+        normalized = Normalized(plain.translate(_cjk_table()), offsets, normalized.ends)
     return Folded(normalized, tuple(masks) if any(masks) else None)
