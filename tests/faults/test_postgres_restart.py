@@ -32,7 +32,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -56,7 +55,7 @@ from tests.faults.harness import (
     when_results_reach,
 )
 from tests.support.cluster import Cluster, on_free_ports, service_env
-from tests.support.servers import PostgresProcess, RedisProcess, postgres_bin
+from tests.support.servers import PostgresProcess, RedisProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -165,16 +164,13 @@ def sigquit_pending(pid: int) -> bool:
 
 
 def stop_immediately(server: PostgresProcess, paused_walwriter: int) -> None:
-    """`pg_ctl stop -m immediate`: the postmaster sends every server process SIGQUIT, and they quit at once,
-    nothing checkpointed or written out; the next start runs crash recovery. The paused WAL writer is continued
-    only once the SIGQUIT waits for it, so that it quits before anything else."""
-    subprocess.run(
-        [postgres_bin("pg_ctl"), "stop", "-D", str(server.data), "-m", "immediate", "-W"],
-        check=True,
-        capture_output=True,
-        user=server.user,
-        timeout=30,
-    )
+    """What `pg_ctl stop -m immediate` does, SIGQUIT to the postmaster: it sends every server process SIGQUIT, and
+    they quit at once, nothing checkpointed or written out; the next start runs crash recovery. Sent from here,
+    not by forking pg_ctl (CI once saw pg_ctl, forked from this process with gRPC's threads running, die of
+    SIGSEGV before it signalled anything). The paused WAL writer is continued only once the SIGQUIT waits for it,
+    so that it quits before anything else."""
+    assert server.proc is not None and server.proc.poll() is None
+    os.kill(server.proc.pid, signal.SIGQUIT)
     deadline = time.monotonic() + 20
     while not sigquit_pending(paused_walwriter):
         assert time.monotonic() < deadline, "the WAL writer was never told to quit"

@@ -452,6 +452,11 @@ async def test_with_delete_retention_image_bytes_are_removed_once_the_result_is_
     task_id = await submit(platform, image_spec(render(SAMPLES[9], font)))
     task = await wait_final(platform.intake, task_id, OCR_WAIT_S)
     assert task.status == types_pb2.TASK_STATUS_SUCCEEDED, task.error
-    row = await platform.pg.fetchrow("SELECT payload_bytes, status FROM tasks WHERE id = $1", uuid.UUID(task_id))
-    assert row["payload_bytes"] is None and row["status"] == "SUCCEEDED"
+    # the bytes go in the statement right after the results' group commit: the task may be seen SUCCEEDED just before
+    for _ in range(200):
+        row = await platform.pg.fetchrow("SELECT payload_bytes, status FROM tasks WHERE id = $1", uuid.UUID(task_id))
+        if row is None or row["payload_bytes"] is None:
+            break
+        await asyncio.sleep(0.05)
+    assert row is not None and row["payload_bytes"] is None and row["status"] == "SUCCEEDED"
     assert {"免费领取", "加微信"} <= {h.word for h in task.result.hits}
