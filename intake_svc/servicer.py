@@ -30,6 +30,7 @@ from intake_svc.reports import ReportConflict, report_message, validate_report
 from intake_svc.stats import get_stats
 from intake_svc.submission import Submitter
 from intake_svc.task_view import new_task_message, task_message
+from intake_svc.tracing import step_timer
 from intake_svc.validation import parse_device, parse_task_id, validate_batch, validate_spec
 from intake_svc.watch import (
     CursorExpired,
@@ -117,7 +118,8 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
         async def run() -> intake_pb2.SubmitResponse | Refused | Conflict:
             if not request.HasField("task"):
                 raise InvalidInput("task", "is required")
-            task = validate_spec(request.task, "task", current_principal.get().name, self.settings)
+            with step_timer("validate"):
+                task = validate_spec(request.task, "task", current_principal.get().name, self.settings)
             (decision,) = await self.submitter.submit([task], current_principal.get(), ["task"])
             if isinstance(decision, Refused | Conflict):
                 return decision
@@ -145,7 +147,8 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
         self, request: intake_pb2.SubmitBatchRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> intake_pb2.SubmitBatchResponse:
         async def run() -> intake_pb2.SubmitBatchResponse:
-            batch = validate_batch(request, current_principal.get().name, self.settings)
+            with step_timer("validate"):
+                batch = validate_batch(request, current_principal.get().name, self.settings)
             decisions = await self.submitter.submit(
                 batch, current_principal.get(), [f"tasks[{i}]" for i in range(len(batch))]
             )

@@ -22,7 +22,7 @@ from intake_svc.admission import RetryAdvisor
 from intake_svc.caller_limits import CallerLimits
 from intake_svc.decisions import Accepted, Conflict, Decision, Refused
 from intake_svc.ownership import DeviceOwners, Ownership
-from intake_svc.tracing import count_decisions, enqueue_span, stamp_trace
+from intake_svc.tracing import count_decisions, enqueue_span, stamp_trace, step_timer
 from sieve.caller_policy import CallerPolicy
 from sieve.db.tasks import NewTask, TaskStore
 from sieve.errors import AdmissionRefused, ScriptCode
@@ -133,21 +133,25 @@ class Submitter:
         decisions: list[Decision | None] = [None] * len(batch)
         policy = self.limits.policy_of(principal)
 
-        # 0. priorities this caller may not use
-        allowed = self._entitled(batch, principal, policy, fields, decisions)
-        # 1. one round trip: the caller's submit tokens, and the counters of a cheap check before writing anything
-        allowed, counters = await self._rate_limited(batch, principal, policy, allowed, decisions)
+        with step_timer("caller_limits"):
+            # 0. priorities this caller may not use
+            allowed = self._entitled(batch, principal, policy, fields, decisions)
+            # 1. one round trip: the caller's submit tokens, and the counters of a cheap check before writing
+            allowed, counters = await self._rate_limited(batch, principal, policy, allowed, decisions)
         # 2. devices of other callers
-        candidates = await self._owned(batch, principal, allowed, decisions)
+        with step_timer("ownership"):
+            candidates = await self._owned(batch, principal, allowed, decisions)
         # 3. refuse devices (or all) that are already full, and a caller at its quota
         quota = self.limits.quota(policy)
         admitted = await self._within_limits(batch, principal, candidates, counters, quota, decisions)
         if admitted:
             # 4. the record first
-            fresh = await self._record(batch, admitted, decisions)
+            with step_timer("record"):
+                fresh = await self._record(batch, admitted, decisions)
             # 5. then the queues, one atomic admission + enqueue per device
             if fresh:
-                await self._enqueue(batch, fresh, principal, quota, decisions)
+                with step_timer("enqueue"):
+                    await self._enqueue(batch, fresh, principal, quota, decisions)
         return count_decisions([d for d in decisions if d is not None])
 
     async def _rate_limited(

@@ -1,4 +1,5 @@
-"""The intake's telemetry hooks: the Submit trace stored with each task, the enqueue span, submit counts.
+"""The intake's telemetry hooks: the Submit trace stored with each task, the enqueue span, submit counts and
+the time of each submit step.
 
 `stamp_trace` puts a traceparent on the new tasks — the Submit server span's, or for each task of a
 SubmitBatch its own root span's, linked to the batch — so that it is stored in `tasks.trace_context` and
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -73,6 +75,16 @@ def enqueue_span(groups: dict[str, list[Entry]]) -> Iterator[None]:
         attributes.update({"task.id": entries[0].task_id, "device": next(iter(groups))})
     with telemetry.tracer().start_as_current_span("enqueue", kind=trace.SpanKind.INTERNAL, attributes=attributes):
         yield
+
+
+@contextlib.contextmanager
+def step_timer(step: str) -> Iterator[None]:
+    """Times one step of accepting a Submit's tasks (`sieve_submit_step_seconds`), whether it ends or raises."""
+    began = time.perf_counter()
+    try:
+        yield
+    finally:
+        metrics.SUBMIT_STEP_SECONDS.labels(step).observe(time.perf_counter() - began)
 
 
 def count_decisions(decisions: Sequence[D]) -> list[D]:

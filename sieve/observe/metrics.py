@@ -88,6 +88,14 @@ REJECTIONS = Counter(
     ["reason"],
     registry=REGISTRY,
 )
+SUBMIT_STEP_SECONDS = Histogram(
+    "sieve_submit_step_seconds",
+    "Time one Submit / SubmitBatch spent in each step of accepting its tasks: validate, caller_limits (priority "
+    "entitlements and submit tokens, with the admission counters), ownership, record (PostgreSQL), enqueue (Redis)",
+    ["step"],
+    buckets=_RPC_BUCKETS,
+    registry=REGISTRY,
+)
 
 # --- scheduler ---------------------------------------------------------------------------------------
 CALLBACK_ATTEMPTS = Counter(

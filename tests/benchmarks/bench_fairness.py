@@ -39,12 +39,24 @@ import asyncpg
 from redis.asyncio import Redis
 
 from sieve import rpc
+from sieve.launch import free_port
 from sieve.redis.entry import Entry
 from sieve.redis.queue_store import QueueStore, now_ms
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2_grpc
 from tests.benchmarks.cluster import cleanup, running_cluster
-from tests.benchmarks.common import TaskTiming, jain, mac, pct, submit_all, task_timings, text, wait_final
+from tests.benchmarks.common import (
+    TaskTiming,
+    jain,
+    mac,
+    pct,
+    step_means,
+    submit_all,
+    submit_steps,
+    task_timings,
+    text,
+    wait_final,
+)
 from tests.benchmarks.report import Row, num
 from tests.benchmarks.timed_worker import Start, TimedWorker
 from tests.support.cluster import Cluster
@@ -75,6 +87,8 @@ def fairness_env(tasks: int = 60000) -> dict[str, str]:
         "SIEVE_CALLER_MAX_PENDING": str(tasks),
         "SIEVE_CALLER_SUBMIT_RATE_PER_S": "0",
         "SIEVE_DEVICE_WEIGHTS": ",".join(f"{d}={w}" for d, w in zip(WEIGHT_DEVICES, WEIGHTS, strict=True)),
+        # the intake's metrics: the noisy benchmark reads the time of each step of the small devices' submit
+        "SIEVE_INTAKE_METRICS_ADDR": f"127.0.0.1:{free_port()}",
     }
 
 
@@ -119,6 +133,8 @@ class NoisyResult:
     #: each small device's first hand-out after that reply (p99): where the wait goes, submit or schedule
     submit_s: float = 0.0
     after_reply_p99_s: float = 0.0
+    #: the intake's time in each step of that SubmitBatch (sieve_submit_step_seconds), where it reads them
+    submit_steps_s: dict[str, float] = field(default_factory=dict)
 
 
 async def noisy_neighbour(
@@ -139,10 +155,14 @@ async def noisy_neighbour(
             async with rpc.channel(s.intake_addr, s) as channel:
                 stub = intake_pb2_grpc.IntakeServiceStub(channel)
                 await submit_all(stub, [text(noisy, i) for i in range(noisy_tasks)])
+                metrics_addr = c.env.get("SIEVE_INTAKE_METRICS_ADDR")
+                steps = await submit_steps(metrics_addr) if metrics_addr else {}
                 sent = time.time()
                 await submit_all(stub, small)
                 replied = time.time()
                 out.submit_s = replied - sent
+                if metrics_addr:
+                    out.submit_steps_s = step_means(steps, await submit_steps(metrics_addr))
                 await wait_final(pg, before + noisy_tasks + len(small), timeout_s)
             timings = await task_timings(pg, "AA:00:00:") + await task_timings(pg, "BB:00:00:")
         finally:
@@ -186,6 +206,7 @@ def noisy_rows(r: NoisyResult) -> list[Row]:
         "lost": r.lost,
         "small_submit_batch_s": round(r.submit_s, 4),
         "first_hand_out_after_reply_p99_s": round(r.after_reply_p99_s, 4),
+        "small_submit_steps_s": {step: round(seconds, 4) for step, seconds in r.submit_steps_s.items()},
     }
     return [
         Row(
@@ -193,8 +214,9 @@ def noisy_rows(r: NoisyResult) -> list[Row]:
             f"small devices' submit->first hand-out p99 behind {num(r.noisy_tasks)} tasks of one device",
             f"p50 {r.p50_s:.3f} s, p99 {r.p99_s:.3f} s, max {r.max_s:.3f} s; every small task p50 "
             f"{r.task_p50_s:.3f} s, p99 {r.task_p99_s:.3f} s; noisy device meanwhile {num(r.noisy_rate)} tasks/s; "
-            f"the small devices' SubmitBatch took {r.submit_s:.3f} s, first hand-out after its reply p99 "
-            f"{r.after_reply_p99_s:.3f} s",
+            f"the small devices' SubmitBatch took {r.submit_s:.3f} s ("
+            + ", ".join(f"{step} {seconds * 1000:.0f} ms" for step, seconds in r.submit_steps_s.items())
+            + f"), first hand-out after its reply p99 {r.after_reply_p99_s:.3f} s",
             f"p99 <= {NOISY_P99_S} s",
             r.p99_s <= NOISY_P99_S and r.small_done > 0,
             values,

@@ -128,3 +128,36 @@ def jain(counts: Sequence[float]) -> float:
     """Jain's fairness index: 1.0 when every count is equal, 1/n when one holds everything."""
     total = sum(counts)
     return total * total / (len(counts) * sum(c * c for c in counts)) if total else 1.0
+
+
+def _submit_steps(address: str) -> dict[str, tuple[float, float]]:
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urlopen(f"http://{address}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    steps: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "sieve_submit_step_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith(("_sum", "_count")):
+                pair = steps.setdefault(sample.labels["step"], [0.0, 0.0])
+                pair[sample.name.endswith("_count")] += sample.value
+    return {step: (total, count) for step, (total, count) in steps.items()}
+
+
+async def submit_steps(address: str) -> dict[str, tuple[float, float]]:
+    """The intake's `sieve_submit_step_seconds` at `address` (its metrics port): step -> (seconds, calls) so far."""
+    return await asyncio.to_thread(_submit_steps, address)
+
+
+def step_means(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Each step's mean seconds per call between two `submit_steps` readings."""
+    means = {}
+    for step, (total, count) in after.items():
+        total0, count0 = before.get(step, (0.0, 0.0))
+        if count > count0:
+            means[step] = (total - total0) / (count - count0)
+    return means

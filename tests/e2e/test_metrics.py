@@ -163,6 +163,11 @@ async def test_every_services_metrics_parse_and_move_with_a_known_workload(clust
     assert delta("intake", "sieve_grpc_server_handled_total", grpc_method=submit, grpc_code="OK") == 5
     assert delta("intake", "sieve_grpc_server_handled_total", grpc_method=submit, grpc_code="INVALID_ARGUMENT") == 1
     assert delta("intake", "sieve_grpc_server_handling_seconds_count", grpc_method=submit) == 6
+    # each call's steps were timed: the six Submits and the SubmitBatch validated, the accepted ones recorded and
+    # enqueued
+    assert delta("intake", "sieve_submit_step_seconds_count", step="validate") == 7
+    assert delta("intake", "sieve_submit_step_seconds_count", step="record") >= 4
+    assert delta("intake", "sieve_submit_step_seconds_count", step="enqueue") >= 4
     # the scheduler dispatched the 3 texts, holds the image as PENDING HIGH OCR_IMAGE, waiting on its own
     assert delta("scheduler", "sieve_dispatched_tasks_total") == 3
     assert delta("scheduler", "sieve_dispatch_batch_size_sum") == 3
