@@ -24,18 +24,16 @@ import json
 import os
 import statistics
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import asyncpg
-from prometheus_client.parser import text_string_to_metric_families
 
 from sieve import rpc
 from sieve.settings import Settings
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 from tests.benchmarks.cluster import running_cluster
-from tests.benchmarks.common import submit_all
+from tests.benchmarks.common import metric_samples, submit_all
 from tests.benchmarks.report import Row
 from tests.ocr_samples import SAMPLES, character_errors, find_cjk_font, render_all
 from tests.support.cluster import Cluster
@@ -83,22 +81,12 @@ async def taking_work(cluster: Cluster, timeout_s: float = 30) -> float:
         held = 0.0
         for name, address in cluster.metrics.items():
             if name.startswith("worker"):
-                text = await asyncio.to_thread(_scrape, address)
-                held += sum(
-                    s.value
-                    for f in text_string_to_metric_families(text)
-                    for s in f.samples
-                    if s.name == "sieve_worker_over_watermark"
-                )
+                samples = await asyncio.to_thread(metric_samples, address, 5)
+                held += sum(s.value for s in samples if s.name == "sieve_worker_over_watermark")
         waited = time.perf_counter() - began
         if not held or waited > timeout_s:
             return waited
         await asyncio.sleep(0.1)
-
-
-def _scrape(address: str) -> str:
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as reply:
-        return reply.read().decode()
 
 
 @dataclass

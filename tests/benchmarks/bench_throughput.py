@@ -15,16 +15,14 @@ import asyncio
 import random
 import statistics
 import time
-import urllib.request
 from dataclasses import dataclass, field
 
 import asyncpg
-from prometheus_client.parser import text_string_to_metric_families
 
 from sieve import rpc
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 from tests.benchmarks.cluster import running_cluster
-from tests.benchmarks.common import submit_all, wait_final
+from tests.benchmarks.common import metric_samples, submit_all, wait_final
 from tests.support.cluster import Cluster
 
 TEXTS = [
@@ -133,13 +131,10 @@ def group_commits(cluster: Cluster) -> dict[str, tuple[float, float]]:
     for name, address in cluster.metrics.items():
         if not name.startswith("worker"):
             continue
-        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
-            text = reply.read().decode()
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name in ("sieve_worker_db_writes_total", "sieve_worker_db_rows_total"):
-                    pair = sums.setdefault(sample.labels["writer"], [0.0, 0.0])
-                    pair[sample.name.endswith("rows_total")] += sample.value
+        for sample in metric_samples(address):
+            if sample.name in ("sieve_worker_db_writes_total", "sieve_worker_db_rows_total"):
+                pair = sums.setdefault(sample.labels["writer"], [0.0, 0.0])
+                pair[sample.name.endswith("rows_total")] += sample.value
     return {writer: (writes, rows) for writer, (writes, rows) in sums.items()}
 
 

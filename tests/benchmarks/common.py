@@ -8,8 +8,11 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.request import urlopen
 
 import asyncpg
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from sieve.v1 import intake_pb2, intake_pb2_grpc, types_pb2
 from worker_svc.runner import NOT_WORKER_TIME
@@ -130,21 +133,19 @@ def jain(counts: Sequence[float]) -> float:
     return total * total / (len(counts) * sum(c * c for c in counts)) if total else 1.0
 
 
-def _submit_steps(address: str) -> dict[str, tuple[float, float]]:
-    from urllib.request import urlopen
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urlopen(f"http://{address}/metrics", timeout=10) as reply:
+def metric_samples(address: str, timeout_s: float = 10) -> list[Sample]:
+    """Every sample a service's metrics port at `address` serves now (blocking: call it in a thread)."""
+    with urlopen(f"http://{address}/metrics", timeout=timeout_s) as reply:
         text = reply.read().decode()
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+def _submit_steps(address: str) -> dict[str, tuple[float, float]]:
     steps: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name != "sieve_submit_step_seconds":
-            continue
-        for sample in family.samples:
-            if sample.name.endswith(("_sum", "_count")):
-                pair = steps.setdefault(sample.labels["step"], [0.0, 0.0])
-                pair[sample.name.endswith("_count")] += sample.value
+    for sample in metric_samples(address):
+        if sample.name in ("sieve_submit_step_seconds_sum", "sieve_submit_step_seconds_count"):
+            pair = steps.setdefault(sample.labels["step"], [0.0, 0.0])
+            pair[sample.name.endswith("_count")] += sample.value
     return {step: (total, count) for step, (total, count) in steps.items()}
 
 
