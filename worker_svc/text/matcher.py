@@ -19,6 +19,8 @@ be shared by all the tasks (and threads) of a worker.
 from __future__ import annotations
 
 import enum
+import re
+from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import chain
@@ -138,16 +140,30 @@ def _split_as_written(text: str, normalized: Normalized, first: int, length: int
     """Whether a Latin word found at normalised ``first`` is split by blanks in the text only where the lexicon
     word has its own (``free money``), or spelled out letter by letter (``h e r o i n``): ``hero in`` holds no
     ``heroin``. Other separators (``c-a-s-i-n-o``, ``her.oin``) split it as they like."""
-    start, end = normalized.offsets[first], normalized.ends[first + length - 1]
-    pieces = text[start:end].split()
-    if len(pieces) < 2 or all(sum(c.isalpha() for c in piece) <= 1 for piece in pieces):
+    offsets = normalized.offsets
+    start, end = offsets[first], normalized.ends[first + length - 1]
+    blanks = [found.start() for found in _BLANK.finditer(text, start, end)]
+    if not blanks:
         return True
-    offsets, ends = normalized.offsets, normalized.ends
-    for k in range(1, length):
-        gap = text[ends[first + k - 1] : offsets[first + k]]
-        if gap and k not in breaks and any(c.isspace() for c in gap):
-            return False
-    return True
+    # a blank lies before the first normalised character that starts after it: k characters into the word
+    if all(bisect_right(offsets, at, first, first + length) - first in breaks for at in blanks):
+        return True
+    return all(sum(c.isalpha() for c in piece) <= 1 for piece in text[start:end].split())  # spelled out
+
+
+_BLANK = re.compile(r"\s")
+
+
+def _text_rules(masks: tuple[int, ...], word_masks: tuple[int, ...] | None) -> int:
+    """The rules that changed a match's characters in the text, less those the lexicon word has there too."""
+    bits = 0
+    if word_masks is None:
+        for mask in masks:
+            bits |= mask
+    else:
+        for mask, own in zip(masks, word_masks, strict=True):
+            bits |= mask & ~own
+    return bits
 
 
 def _latin(ch: str) -> bool:
@@ -462,9 +478,7 @@ class Matcher:
                 if key.breaks is not None and not _split_as_written(text, normalized, first, length, key.breaks):
                     continue
                 if masks is not None:
-                    word_masks = key.word_masks
-                    for k in range(length):
-                        bits |= masks[first + k] & ~(word_masks[k] if word_masks is not None else 0)
+                    bits |= _text_rules(masks[first : last + 1], key.word_masks)
                 if bits & ~key.allowed:
                     continue
                 if syllables and not phonetic.plausible(text, plain, first, last, syllables, key.base):

@@ -38,7 +38,7 @@ from functools import cache
 from importlib import resources
 from itertools import combinations
 
-from worker_svc.text.rules import RULE_BITS, is_cjk
+from worker_svc.text.rules import CJK_PATTERN, RULE_BITS, is_cjk
 
 __all__ = ["LONG", "initials", "plausible", "sound_keys", "sound_table", "spellings", "syllable"]
 
@@ -210,9 +210,9 @@ def spellings(key: str) -> list[tuple[str, int, int]]:
 def plausible(original: str, text: str, first: int, last: int, syllables: int, word: str) -> bool:
     """Whether a pinyin or homophone spelling found at ``text[first:last + 1]`` (``original`` normalised) may
     stand for the lexicon word ``word`` (folded; see the module docstring)."""
-    if any(is_cjk(ch) for ch in text[first : last + 1]):
+    if CJK_PATTERN.search(text, first, last + 1) is not None:
         return not _ordinary(text, first, last + 1, word)
-    return syllables >= LONG or any(is_cjk(ch) for ch in text) or _all_pinyin(original)
+    return syllables >= LONG or CJK_PATTERN.search(text) is not None or _all_pinyin(original)
 
 
 @cache

@@ -46,6 +46,7 @@ from itertools import compress
 from worker_svc.text.normalize import Normalized, normalize
 
 __all__ = [
+    "CJK_PATTERN",
     "FUZZY_RULES",
     "RULES",
     "RULE_BITS",
@@ -91,6 +92,10 @@ def is_cjk(ch: str) -> bool:
         or 0xF900 <= cp <= 0xFAFF
         or cp == 0x3007
     )
+
+
+#: any CJK ideograph (``is_cjk``), for a search at C speed
+CJK_PATTERN = re.compile("[\u3007\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,25 +299,78 @@ AMBIGUOUS = "1"
 
 
 @cache
-def _special() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
-    """(every character a rule may change, those of them the contextual rewrite looks at, the look-alikes): leet
-    digits and symbols (half- and full-width), look-alikes, and the ideographs of the CJK table. A text with none
-    of them is folded as ``normalize`` folds it; one without look-alikes needs the contextual rewrite only where
-    ``_LEET_NEAR_LETTER`` finds a leet character next to a Latin letter."""
+def _special() -> tuple[frozenset[str], frozenset[str]]:
+    """(the characters the contextual rewrite looks at, the look-alikes): leet digits and symbols in every form that
+    triggers the rule (``_leet_forms``), and the look-alikes of Latin letters and of ideographs. A text without
+    look-alikes needs the contextual rewrite only where ``_leet_near_letter`` finds a leet character next to a Latin
+    letter."""
     latin, cjk = _confusables()
-    # full-width digits too (ｐ０ｒｎ), not full-width symbols: ！ is Chinese punctuation, and would send most
-    # Chinese chat down the slow path for nothing
-    contextual = {*LEET_SYMBOLS, *LEET_DIGITS, *latin, *cjk, *(chr(ord(c) + 0xFEE0) for c in LEET_DIGITS)}
-    return (
-        frozenset(contextual | {chr(cp) for cp in _cjk_table()}),
-        frozenset(contextual),
-        frozenset(latin.keys() | cjk.keys()),
-    )
+    return frozenset({*_leet_forms(), *latin, *cjk}), frozenset(latin.keys() | cjk.keys())
 
 
-#: a digit or leet symbol next to a Latin letter (half- or full-width); "!" only before one (after a word it is
-#: punctuation, which the rewrite would leave alone anyway)
-_LEET_NEAR_LETTER = re.compile(r"[A-Za-zＡ-Ｚａ-ｚ][0-9０-９@$|+€]|[0-9０-９@$!|+€¡][A-Za-zＡ-Ｚａ-ｚ]")
+#: planes 0 and 1, where every character NFKC turns into an ASCII letter, digit or symbol lies
+_PLANES_0_1 = range(0x20000)
+
+
+@cache
+def _leet_forms() -> frozenset[str]:
+    """The digits and symbols that make a word next to a Latin letter a leet candidate: every form NFKC turns into
+    one of ``LEET_SYMBOLS`` or ``LEET_DIGITS`` (full-width ０ ＠, mathematical 𝟎, circled ⓪), but not superscripts
+    and subscripts (m³, CO₂: units and formulas), nor the full-width or small ！ and ｜ of Chinese punctuation
+    (they would send most Chinese chat down the slow path for nothing)."""
+    leet = LEET_SYMBOLS.keys() | LEET_DIGITS.keys()
+    forms: set[str] = set()
+    for cp in _PLANES_0_1:
+        ch = chr(cp)
+        plain = unicodedata.normalize("NFKC", ch)
+        if plain not in leet:
+            continue
+        if unicodedata.decomposition(ch).startswith(("<super>", "<sub>")):
+            continue
+        if plain in "!|" and ch != plain:
+            continue
+        forms.add(ch)
+    return frozenset(forms)
+
+
+@cache
+def _latin_forms() -> frozenset[str]:
+    """Every character that is a Latin letter once NFKC-folded (``_latin_letter``): ASCII, full-width,
+    mathematical, circled, small capitals with a decomposition ..."""
+    return frozenset(ch for ch in map(chr, _PLANES_0_1) if _is_latin_letter(ch))
+
+
+def _exact_class(chars: Iterable[str]) -> str:
+    """A regular-expression character class of exactly ``chars`` (ranges of consecutive code points)."""
+    points = sorted({ord(c) for c in chars})
+    ranges: list[str] = []
+    i = 0
+    while i < len(points):
+        j = i
+        while j + 1 < len(points) and points[j + 1] == points[j] + 1:
+            j += 1
+        low, high = (f"\\U{points[k]:08x}" for k in (i, j))
+        ranges.append(low if i == j else f"{low}-{high}")
+        i = j + 1
+    return f"[{''.join(ranges)}]"
+
+
+@cache
+def _leet_near_letter() -> re.Pattern[str]:
+    """A leet digit or symbol (``_leet_forms``) next to a Latin letter (``_latin_forms``: p0rn, ｐ０ｒｎ, 𝐩0𝐫𝐧);
+    "!" and "¡" only before one (after a word they are punctuation). The pattern starts with one class of the
+    BMP's leet characters and of every character beyond it (a bitmap and a range: a search skips at C speed to the
+    few digits and symbols of a text); a lookbehind then keeps the leet ones beyond the BMP (𝟎)."""
+    leet_bmp, leet_beyond = _exact_classes(_leet_forms())
+    letter = "(?:{}|{})".format(*_exact_classes(_latin_forms()))
+    lead = leet_bmp[:-1] + "\\U00010000-\\U0010ffff]"
+    return re.compile(f"{lead}(?<={leet_bmp}|{leet_beyond})(?:(?<={letter}.)(?<![!¡])|(?={letter}))")
+
+
+def _exact_classes(chars: Iterable[str]) -> tuple[str, str]:
+    """``_exact_class`` of the ``chars`` in the BMP, and of those beyond it (a class of the BMP only is a bitmap)."""
+    chars = list(chars)
+    return _exact_class(c for c in chars if ord(c) <= 0xFFFF), _exact_class(c for c in chars if ord(c) > 0xFFFF)
 
 
 def _rewrite(text: str, contextual: frozenset[str], grams: frozenset[str] | None) -> tuple[str, list[int]] | None:
@@ -323,56 +381,79 @@ def _rewrite(text: str, contextual: frozenset[str], grams: frozenset[str] | None
     single one next to a Latin word)."""
     latin, cjk = _confusables()
     n = len(text)
-    chars: list[str] = []
+    chars: list[str] | None = None  # made on the first change
     masks: list[int] = []
-    changed = False
     done = 0  # everything before this index has been looked at
     for i in compress(range(n), map(contextual.__contains__, text)):
         if i < done:
             continue
         target = cjk.get(text[i])
-        alone = (i == 0 or not _in_word(text[i - 1])) and (i + 1 == n or not _in_word(text[i + 1]))
-        if target is None and alone and text[i] not in latin:
-            continue  # a digit or symbol on its own ("5 %", "！")
-        if not chars:
-            chars = list(text)
-            masks = [0] * n
         if target is not None:
+            if chars is None:
+                chars, masks = list(text), [0] * n
             chars[i] = target
             masks[i] = CONFUSABLE
-            changed = True
             done = i + 1
             continue
-        while i > done and _in_word(chars[i - 1]):
-            i -= 1
-        j = i
-        while j < n and _in_word(chars[j]):
-            j += 1
-        if j == i:
-            done = i + 1
-            continue
-        if grams is None or _maybe_worth(text[i:j], grams):
-            changed = _rewrite_word(chars, masks, i, j, latin, grams) or changed
-        done = j
-    return ("".join(chars), masks) if changed else None
+        alone = (i == 0 or not _in_word(text[i - 1])) and (i + 1 == n or not _in_word(text[i + 1]))
+        if alone and text[i] not in latin:
+            continue  # a digit or symbol on its own ("5 %", "！")
+        start, end = i, i
+        while start > done and _in_word(text[start - 1]):
+            start -= 1
+        while end < n and _in_word(text[end]):
+            end += 1
+        done = max(end, i + 1)
+        found = _fold_word(text if chars is None else chars, start, end, latin, grams) if end > start else None
+        if found is not None:
+            if chars is None:
+                chars, masks = list(text), [0] * n
+            offset, letters, bits = found
+            chars[start + offset : start + offset + len(bits)] = letters
+            masks[start + offset : start + offset + len(bits)] = bits
+    return ("".join(chars), masks) if chars is not None else None
 
 
 @cache
-def _quick() -> dict[int, str]:
-    """For ``str.translate``: leet digits and symbols (half- and full-width) as the letters they stand for."""
-    table = {ord(c): t for c, t in {**LEET_SYMBOLS, **LEET_DIGITS}.items()}
-    table.update({ord(c) + 0xFEE0: t for c, t in LEET_DIGITS.items()})
-    return table
+def _word_fold() -> tuple[dict[int, str], dict[str, int]]:
+    """(for ``str.translate``: each look-alike of a Latin letter and each leet digit or symbol, in any form NFKC
+    folds, as the letter it stands for, "1" for i or l; each of them -> its rule's bit)."""
+    latin, _ = _confusables()
+    table: dict[int, str] = {}
+    bits: dict[str, int] = {}
+    for ch in map(chr, _PLANES_0_1):
+        leet = _leet(ch)
+        if leet is not None:
+            table[ord(ch)] = leet
+            bits[ch] = LEET  # also for a "1" kept as it is: a hit through it used the rule
+    for ch, letter in latin.items():
+        table[ord(ch)] = letter
+        bits[ch] = CONFUSABLE
+    return table, bits
 
 
-def _maybe_worth(word: str, grams: frozenset[str]) -> bool:
-    """A quick no for a word of ASCII letters, digits and leet symbols whose leet reading lies inside no Latin
-    lexicon word, whole or without the symbols at its ends (5G, 4K, 7pm, Q3): ``_rewrite_word`` need not look."""
-    quick = word.translate(_quick()).casefold()
-    if not (quick.isascii() and quick.isalnum()):
-        return True
-    core = word.strip(_SYMBOLS).translate(_quick()).casefold()
-    return _in_some_key(quick, grams) or (bool(core) and _in_some_key(core, grams))
+def _fold_word(
+    chars: str | list[str], start: int, end: int, latin: dict[str, str], grams: frozenset[str] | None
+) -> tuple[int, str, list[int]] | None:
+    """The leet and look-alike reading of the word ``chars[start:end]``: (where it starts in the word, its letters,
+    the rule of each), or None when the word is not one to read so, or (with ``grams``) its reading lies inside no
+    Latin lexicon word, whole or without the symbols at its ends (5G, 4K, 7pm; p0rn!!! is p0rn)."""
+    word = "".join(chars[start:end])
+    table, kinds = _word_fold()
+    bits = [kinds.get(c, 0) for c in word]
+    if not any(bits) or not _eligible(chars, word, start, end, latin):
+        return None
+    new = word.translate(table)
+    if grams is None or _worth(new, grams):
+        return 0, new, bits
+    a, b = 0, len(new)
+    while a < b and _leet_symbol(word[a]):
+        a += 1
+    while b > a and _leet_symbol(word[b - 1]):
+        b -= 1
+    if (a, b) == (0, len(new)) or not any(bits[a:b]) or not _worth(new[a:b], grams):
+        return None
+    return a, new[a:b], bits[a:b]
 
 
 @cache
@@ -381,19 +462,22 @@ def _in_word(ch: str) -> bool:
     latin, cjk = _confusables()
     if ch in cjk or is_cjk(ch):
         return False
-    if ch in LEET_SYMBOLS or ch in latin or unicodedata.normalize("NFKC", ch) in LEET_SYMBOLS:
-        return True
+    if ch in LEET_SYMBOLS or ch in latin or unicodedata.normalize("NFKC", ch) in LEET_SYMBOLS or _latin_letter(ch):
+        return True  # a Latin letter in any form NFKC folds (ⓟ is a symbol to Unicode)
     category = unicodedata.category(ch)
     return category[0] in "LNM" or category == "Cf"
 
 
-@cache
-def _latin_letter(ch: str) -> bool:
+def _is_latin_letter(ch: str) -> bool:
+    """A Latin letter once NFKC-folded (ａ, 𝐚, ⓐ, ſ ...)."""
     folded = unicodedata.normalize("NFKC", ch)
     return len(folded) == 1 and "a" <= folded.casefold() <= "z"
 
 
-def _near_latin(chars: list[str], start: int, end: int, latin: dict[str, str]) -> bool:
+_latin_letter = cache(_is_latin_letter)
+
+
+def _near_latin(chars: str | list[str], start: int, end: int, latin: dict[str, str]) -> bool:
     """Whether the nearest word before or after chars[start:end] (past blanks) ends / starts with a Latin letter
     or a look-alike of one."""
     before = start - 1
@@ -408,37 +492,16 @@ def _near_latin(chars: list[str], start: int, end: int, latin: dict[str, str]) -
     )
 
 
-def _rewrite_word(
-    chars: list[str], masks: list[int], start: int, end: int, latin: dict[str, str], grams: frozenset[str] | None
-) -> bool:
-    if not _eligible(chars, start, end, latin):
-        return False
-    new, bits = _mapped(chars[start:end], latin)
-    if not any(bits):
-        return False
-    if grams is not None:
-        # only what may lie inside a Latin word of the lexicon is worth it (not 5G, 4K, 7pm); symbols at the
-        # ends of a word may be punctuation (p0rn!!!)
-        a, b = 0, len(new)
-        if not _worth(new, grams):
-            while a < b and chars[start + a] in LEET_SYMBOLS:
-                a += 1
-            while b > a and chars[start + b - 1] in LEET_SYMBOLS:
-                b -= 1
-            if (a, b) == (0, len(new)) or not any(bits[a:b]) or not _worth(new[a:b], grams):
-                return False
-        new, bits, start, end = new[a:b], bits[a:b], start + a, start + b
-    chars[start:end] = new
-    masks[start:end] = bits
-    return True
+@cache
+def _latin_class() -> re.Pattern[str]:
+    return re.compile("{}|{}".format(*_exact_classes(_latin_forms())))
 
 
-def _eligible(chars: list[str], start: int, end: int, latin: dict[str, str]) -> bool:
-    """A word with a Latin letter, or of look-alikes only in a text that is not Greek, Cyrillic or Armenian (no
-    other letter of those scripts in it: ``как`` in a Russian sentence stays): two letters or more (ѕех), or one
-    next to a Latin word (buy α gun)."""
-    word = chars[start:end]
-    if any(_latin_letter(c) for c in word):
+def _eligible(chars: str | list[str], word: str, start: int, end: int, latin: dict[str, str]) -> bool:
+    """A word (``chars[start:end]``) with a Latin letter, or of look-alikes only in a text that is not Greek,
+    Cyrillic or Armenian (no other letter of those scripts in it: ``как`` in a Russian sentence stays): two letters
+    or more (ѕех), or one next to a Latin word (buy α gun)."""
+    if _latin_class().search(word) is not None:
         return True
     letters = [c for c in word if unicodedata.category(c)[0] == "L"]
     if not letters or not all(c in latin for c in letters):
@@ -449,31 +512,22 @@ def _eligible(chars: list[str], start: int, end: int, latin: dict[str, str]) -> 
 
 
 @cache
+def _leet_symbol(ch: str) -> bool:
+    """A leet symbol in any form NFKC folds (＠, ！): at the ends of a word it may be punctuation."""
+    return unicodedata.normalize("NFKC", ch) in LEET_SYMBOLS
+
+
 def _leet(ch: str) -> str | None:
-    """The letter a digit or leet symbol (half- or full-width) stands for ("1" for i or l), else None."""
+    """The letter a digit or leet symbol (in any form NFKC folds) stands for ("1" for i or l), else None."""
     plain = unicodedata.normalize("NFKC", ch)
     return LEET_SYMBOLS.get(plain) or LEET_DIGITS.get(plain)
 
 
-def _mapped(word: list[str], latin: dict[str, str]) -> tuple[list[str], list[int]]:
-    """The word with its look-alikes and leet characters as letters, and the rule of each character."""
-    new = list(word)
-    bits = [0] * len(word)
-    for k, c in enumerate(word):
-        look = latin.get(c)
-        if look is not None:
-            new[k] = look
-            bits[k] = CONFUSABLE
-            continue
-        leet = _leet(c)
-        if leet is not None:
-            new[k] = leet
-            bits[k] = LEET  # also for a "1" kept as it is: a hit through it used the rule
-    return new, bits
-
-
-def _worth(new: list[str], grams: frozenset[str]) -> bool:
-    plain = "".join(new).casefold()
+def _worth(new: str, grams: frozenset[str]) -> bool:
+    """Whether a word's reading may lie inside a Latin lexicon word (its letters as NFKC folds them: 𝐩𝐨𝐫𝐧 is porn)."""
+    plain = new.casefold()
+    if not plain.isascii():
+        plain = unicodedata.normalize("NFKC", plain).casefold()
     return not (plain.isascii() and plain.isalnum()) or _in_some_key(plain, grams)
 
 
@@ -483,7 +537,7 @@ def _in_some_key(word: str, grams: frozenset[str]) -> bool:
     lexicon (``qq``, not the ``ak`` of 4K inside ``fake``), else every three letters in a row in a key."""
     if len(word) < 3:
         return len(word) == 1 or word in grams
-    return all(word[i : i + 3] in grams for i in range(len(word) - 2))
+    return grams.issuperset([word[i : i + 3] for i in range(len(word) - 2)])
 
 
 def key_grams(keys: Iterable[str], words: Iterable[str]) -> frozenset[str]:
@@ -526,7 +580,7 @@ def _anywhere() -> frozenset[str]:
     """The characters that send a text to the rules wherever they stand: look-alikes, the ideographs of the CJK
     table and the characters NFKC turns into one of them (a Kangxi radical ⾺ for 馬), and the ``letter`` rule's
     plus signs. The other characters a rule may change (leet digits and symbols) count only next to a Latin
-    letter (``_LEET_NEAR_LETTER``): "5 %", "2024" or "!" after a word change nothing."""
+    letter (``_leet_near_letter``): "5 %", "2024" or "!" after a word change nothing."""
     sources = _cjk_sources()
     through_nfkc = {
         chr(cp)
@@ -534,11 +588,7 @@ def _anywhere() -> frozenset[str]:
         for cp in range(low, high + 1)
         if not sources.isdisjoint(unicodedata.normalize("NFKC", chr(cp)))
     }
-    return frozenset(_special()[2] | sources | through_nfkc | {"+", "＋"})
-
-
-#: the digits and symbols _LEET_NEAR_LETTER looks for
-_LEET_CHARS = "0123456789０１２３４５６７８９@$!|+€¡"
+    return frozenset(_special()[1] | sources | through_nfkc | {"+", "＋"})
 
 
 @cache
@@ -560,17 +610,22 @@ def _char_class(chars: frozenset[str]) -> re.Pattern[str]:
 
 
 @cache
-def _candidate() -> re.Pattern[str]:
-    """Any character of ``_anywhere`` or of ``_LEET_CHARS``, or beyond the BMP: a text with none of them needs no
-    rule (most text)."""
-    return _char_class(_anywhere() | frozenset(_LEET_CHARS))
+def _anywhere_class() -> re.Pattern[str]:
+    """Any character of ``_anywhere`` in the BMP, or any character beyond it (``_char_class``)."""
+    return _char_class(_anywhere())
 
 
 def needs_fold(text: str) -> bool:
-    """Whether a rule may change ``text``; when not, ``fold(text)`` is ``normalize(text)`` with no rule bits."""
-    if _candidate().search(text) is None:
-        return False
-    return not _anywhere().isdisjoint(text) or _LEET_NEAR_LETTER.search(text) is not None
+    """Whether a rule may change ``text``; when not, ``fold(text)`` is ``normalize(text)`` with no rule bits. Two
+    searches at C speed: for a character of ``_anywhere`` (the few beyond the BMP checked one by one), and for a
+    leet character next to a Latin letter."""
+    anywhere, pattern = _anywhere(), _anywhere_class()
+    found = pattern.search(text)
+    while found is not None:
+        if found.group() in anywhere:
+            return True
+        found = pattern.search(text, found.end())
+    return _leet_near_letter().search(text) is not None
 
 
 def fold(text: str, grams: frozenset[str] | None = None, special: bool = False) -> Folded:
@@ -578,10 +633,10 @@ def fold(text: str, grams: frozenset[str] | None = None, special: bool = False) 
     every normalised character that a rule changed. With ``grams`` (``key_grams`` of the lexicon), a word is
     rewritten only when its rewritten form may lie inside a Latin lexicon word (a hit must hold whole words).
     ``special``: the caller knows that ``needs_fold(text)``."""
-    _, contextual, looks = _special()
+    contextual, looks = _special()
     if not special and not needs_fold(text):
         return Folded(normalize(text), None)
-    needs_rewrite = not looks.isdisjoint(text) or _LEET_NEAR_LETTER.search(text) is not None
+    needs_rewrite = not looks.isdisjoint(text) or _leet_near_letter().search(text) is not None
     rewritten = _rewrite(text, contextual, grams) if needs_rewrite else None
     if "+" in text or "＋" in text:
         rewritten = _plus(text, rewritten)

@@ -54,6 +54,10 @@ FOLDINGS = [
     ("leet", "buy a gun", "8uy 4 9un"),
     ("leet", "buy a gun", "buy @ gun"),
     ("leet", "porn", "ｐ０ｒｎ"),  # full-width digits count too
+    ("leet", "porn", "𝐩0𝐫𝐧"),  # beside mathematical bold letters
+    ("leet", "porn", "ⓟ0ⓡⓝ"),  # beside circled letters (a symbol to Unicode, a letter once NFKC-folded)
+    ("leet", "porn", "p𝟎rn"),  # a mathematical digit
+    ("leet", "fake passport", "ｆ＠ｋｅ ｐａｓｓｐｏｒｔ"),  # a full-width at sign
     ("letter", "加微信", "加V信"),
     ("letter", "加微信", "加vx"),
     ("letter", "约炮", "约P"),
@@ -122,7 +126,17 @@ def test_a_kangxi_radical_of_a_traditional_character_is_folded_like_the_characte
     assert (hit.matched_text, hit.rules) == ("⿈⾊网站", ["t2s"])
 
 
-@pytest.mark.parametrize("text", ["Meet at 5 pm, room 204!", "价格 120 元，好评！", "5+3 = 8", "＋86 电话"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Meet at 5 pm, room 204!",
+        "价格 120 元，好评！",
+        "5+3 = 8",
+        "＋86 电话",
+        "5 m³ of water, CO₂ levels",  # superscripts and subscripts are units and formulas
+        "新品！iPhone｜Pro",  # the full-width ！ and ｜ are Chinese punctuation
+    ],
+)
 def test_text_with_digits_and_symbols_but_no_disguise_folds_as_normalize_does(text: str) -> None:
     folded = fold(text)
 
