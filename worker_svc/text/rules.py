@@ -16,7 +16,8 @@ the original characters stays exact:
   the Cyrillic, Greek, Armenian and small-capital look-alikes it leaves out), and CJK
   radicals and strokes to the ideograph they look like (⺟ -> 母);
 * ``leet`` digits and symbols for letters inside a word that has Latin letters (``f@ke p4ssport``,
-  ``c0ca1ne``): ``4 @`` -> a, ``3 €`` -> e, ``0`` -> o, ``5 $`` -> s, ``7 +`` -> t, ``8`` -> b, ``9`` -> g;
+  ``c0ca1ne``, a word spelled out ``p.0.r.n``; digits, symbols and letters in any form NFKC folds: ``𝐩0𝐫𝐧``,
+  ``ｆ＠ｋｅ``): ``4 @`` -> a, ``3 €`` -> e, ``0`` -> o, ``5 $`` -> s, ``7 +`` -> t, ``8`` -> b, ``9`` -> g;
   ``1 ! |`` stand for either ``i`` or ``l`` and are kept as ``1``, which the lexicon side expands
   (``worker_svc.text.variants``). A number on its own (``5 000``, ``2026``) is never touched.
 
@@ -37,7 +38,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -364,7 +365,15 @@ def _leet_near_letter() -> re.Pattern[str]:
     leet_bmp, leet_beyond = _exact_classes(_leet_forms())
     letter = "(?:{}|{})".format(*_exact_classes(_latin_forms()))
     lead = leet_bmp[:-1] + "\\U00010000-\\U0010ffff]"
-    return re.compile(f"{lead}(?<={leet_bmp}|{leet_beyond})(?:(?<={letter}.)(?<![!¡])|(?={letter}))")
+    beside = f"(?<={letter}.)(?<![!¡])|(?={letter})"
+    # or one character of a word spelled out (p.0.r.n, h e r 0): two single letters after it, or before it, each
+    # behind one separator
+    spelled = f"(?=(?P<sep>{_SEPARATOR}){letter}(?P=sep){letter})|(?<={letter}{_SEPARATOR}{letter}{_SEPARATOR}.)"
+    return re.compile(f"{lead}(?<={leet_bmp}|{leet_beyond})(?:{beside}|{spelled})")
+
+
+#: a separator between the characters of a word spelled out: not part of a word, not a line break
+_SEPARATOR = "(?:[^\\w\\n@$!|+€¡]|_)"
 
 
 def _exact_classes(chars: Iterable[str]) -> tuple[str, str]:
@@ -376,42 +385,108 @@ def _exact_classes(chars: Iterable[str]) -> tuple[str, str]:
 def _rewrite(text: str, contextual: frozenset[str], grams: frozenset[str] | None) -> tuple[str, list[int]] | None:
     """The contextual rewrite, one code point for one: (rewritten text, rule bits per original character), or
     None when nothing changed. Only the words around the ``contextual`` characters are looked at. Words are maximal
-    runs of letters, digits, leet symbols and invisible characters; leet and Latin look-alikes are folded only in
-    a word with at least one Latin letter (or a word made only of look-alikes: an all-Cyrillic ``ѕех``, or a
-    single one next to a Latin word)."""
+    runs of letters, digits, leet symbols and invisible characters, or a word spelled out (p.0.r.n); leet and Latin
+    look-alikes are folded only in a word with at least one Latin letter (or a word made only of look-alikes: an
+    all-Cyrillic ``ѕех``, or a single one next to a Latin word)."""
     latin, cjk = _confusables()
     n = len(text)
-    chars: list[str] | None = None  # made on the first change
-    masks: list[int] = []
+    out = _Rewritten(text)
     done = 0  # everything before this index has been looked at
     for i in compress(range(n), map(contextual.__contains__, text)):
         if i < done:
             continue
         target = cjk.get(text[i])
         if target is not None:
-            if chars is None:
-                chars, masks = list(text), [0] * n
-            chars[i] = target
-            masks[i] = CONFUSABLE
+            out.put(i, target, CONFUSABLE)
             done = i + 1
             continue
-        alone = (i == 0 or not _in_word(text[i - 1])) and (i + 1 == n or not _in_word(text[i + 1]))
-        if alone and text[i] not in latin:
-            continue  # a digit or symbol on its own ("5 %", "！")
+        if (i == 0 or not _in_word(text[i - 1])) and (i + 1 == n or not _in_word(text[i + 1])):  # alone
+            units = _spelled_out(text, i, done)
+            if units is not None:  # one character of a word spelled out: p.0.r.n
+                done = units[-1] + 1
+                out.fold(units, latin, grams)
+                continue
+            if text[i] not in latin:
+                continue  # a digit or symbol on its own ("5 %", "！")
         start, end = i, i
         while start > done and _in_word(text[start - 1]):
             start -= 1
         while end < n and _in_word(text[end]):
             end += 1
         done = max(end, i + 1)
-        found = _fold_word(text if chars is None else chars, start, end, latin, grams) if end > start else None
+        if end > start:
+            out.fold(range(start, end), latin, grams)
+    return out.result()
+
+
+class _Rewritten:
+    """The text being rewritten: its characters and each one's rule bits, copied at the first change."""
+
+    __slots__ = ("chars", "masks", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.chars: list[str] | None = None
+        self.masks: list[int] = []
+
+    def put(self, at: int, char: str, bits: int) -> None:
+        if self.chars is None:
+            self.chars, self.masks = list(self.text), [0] * len(self.text)
+        self.chars[at] = char
+        self.masks[at] = bits
+
+    def fold(self, places: Sequence[int], latin: dict[str, str], grams: frozenset[str] | None) -> None:
+        """Reads the word at ``places`` (consecutive, or the characters of a word spelled out) by ``_fold_word``."""
+        current = self.text if self.chars is None else self.chars
+        word = "".join(current[k] for k in places)
+        found = _fold_word(word, current, places[0], places[-1] + 1, latin, grams)
         if found is not None:
-            if chars is None:
-                chars, masks = list(text), [0] * n
             offset, letters, bits = found
-            chars[start + offset : start + offset + len(bits)] = letters
-            masks[start + offset : start + offset + len(bits)] = bits
-    return ("".join(chars), masks) if chars is not None else None
+            for k, letter, bit in zip(places[offset:], letters, bits, strict=False):
+                self.put(k, letter, bit)
+
+    def result(self) -> tuple[str, list[int]] | None:
+        return ("".join(self.chars), self.masks) if self.chars is not None else None
+
+
+#: a word spelled out holds this many characters at least, each behind at most _SPELLED_GAP separators
+_SPELLED_UNITS = 3
+_SPELLED_GAP = 3
+
+
+def _spelled_out(text: str, i: int, done: int) -> list[int] | None:
+    """The places of the characters of a word spelled out around ``text[i]`` (single word characters, each behind
+    one to ``_SPELLED_GAP`` separators: p.0.r.n, h e r 0 i n), or None when there is no such word of
+    ``_SPELLED_UNITS`` characters or more, one of them a Latin letter, none before ``done``."""
+    units = [i]
+    k = i
+    while True:  # to the left
+        j, gap = k - 1, 0
+        while j >= done and gap < _SPELLED_GAP and _separator(text[j]):
+            j, gap = j - 1, gap + 1
+        if gap == 0 or j < done or not _in_word(text[j]) or (j > 0 and _in_word(text[j - 1])):
+            break
+        units.insert(0, j)
+        k = j
+    k, n = i, len(text)
+    while True:  # to the right
+        j, gap = k + 1, 0
+        while j < n and gap < _SPELLED_GAP and _separator(text[j]):
+            j, gap = j + 1, gap + 1
+        if gap == 0 or j >= n or not _in_word(text[j]) or (j + 1 < n and _in_word(text[j + 1])):
+            break
+        units.append(j)
+        k = j
+    if len(units) < _SPELLED_UNITS or not any(_latin_letter(text[k]) for k in units):
+        return None
+    return units
+
+
+@cache
+def _separator(ch: str) -> bool:
+    """A character between those of a word spelled out: not of a word, no letter or digit (an ideograph ends it),
+    no line break."""
+    return not _in_word(ch) and not ch.isalnum() and ch not in "\n\r"
 
 
 @cache
@@ -433,12 +508,12 @@ def _word_fold() -> tuple[dict[int, str], dict[str, int]]:
 
 
 def _fold_word(
-    chars: str | list[str], start: int, end: int, latin: dict[str, str], grams: frozenset[str] | None
+    word: str, chars: str | list[str], start: int, end: int, latin: dict[str, str], grams: frozenset[str] | None
 ) -> tuple[int, str, list[int]] | None:
-    """The leet and look-alike reading of the word ``chars[start:end]``: (where it starts in the word, its letters,
-    the rule of each), or None when the word is not one to read so, or (with ``grams``) its reading lies inside no
-    Latin lexicon word, whole or without the symbols at its ends (5G, 4K, 7pm; p0rn!!! is p0rn)."""
-    word = "".join(chars[start:end])
+    """The leet and look-alike reading of the ``word`` that ``chars[start:end]`` holds (spelled out, its characters
+    only): (where it starts in the word, its letters, the rule of each), or None when the word is not one to read
+    so, or (with ``grams``) its reading lies inside no Latin lexicon word, whole or without the symbols at its ends
+    (5G, 4K, 7pm; p0rn!!! is p0rn)."""
     table, kinds = _word_fold()
     bits = [kinds.get(c, 0) for c in word]
     if not any(bits) or not _eligible(chars, word, start, end, latin):

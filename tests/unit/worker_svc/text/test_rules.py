@@ -58,6 +58,10 @@ FOLDINGS = [
     ("leet", "porn", "ⓟ0ⓡⓝ"),  # beside circled letters (a symbol to Unicode, a letter once NFKC-folded)
     ("leet", "porn", "p𝟎rn"),  # a mathematical digit
     ("leet", "fake passport", "ｆ＠ｋｅ ｐａｓｓｐｏｒｔ"),  # a full-width at sign
+    ("leet", "porn", "p.0.r.n"),  # spelled out, one character at a time
+    ("leet", "heroin", "h e r 0 i n"),
+    ("leet", "cocaine", "c-0-c-a-1-n-e"),
+    ("leet", "free money", "f.r.3.3 m.0.n.3.y"),
     ("letter", "加微信", "加V信"),
     ("letter", "加微信", "加vx"),
     ("letter", "约炮", "约P"),
@@ -161,6 +165,7 @@ def test_the_fold_keeps_one_normalised_character_per_original_one() -> None:
     [
         "价格5000元，2026年12月2日发货",
         "call 555 0100 at 7pm, 4 adults and 2 kids",
+        "room 2 0 4, 5 a day, at 7 p m",  # single digits and letters between spaces spell nothing
         "COVID-19 cases fell 3% in Q3; win 10 iPhone 15 cases",
         "Привет, как дела? Всё хорошо",  # Cyrillic words stay Cyrillic
         "Καλημέρα από την Αθήνα",
