@@ -288,7 +288,15 @@ def _confusables() -> tuple[dict[str, str], dict[str, str]]:
     # digits of other scripts that look like Latin letters (Devanagari zero ...) are no disguise of a letter
     latin = {c: t for c, t in latin.items() if not unicodedata.category(c).startswith("N")}
     latin.update(_LATIN_EXTRA)
+    # letters in boxes and circles that NFKC leaves alone (🅲🅰🆂🅸🅽🅾, 🅒🅐🅢🅘🅝🅞, 🇨🇦🇸🇮🇳🇴 as fancy-text tools write them)
+    for first in _BOXED_LETTERS:
+        latin.update((chr(first + k), chr(ord("a") + k)) for k in range(26))
     return latin, cjk
+
+
+#: the first code point (A) of each run of 26 boxed or circled Latin letters without a decomposition: negative
+#: circled, negative squared, regional indicator symbols
+_BOXED_LETTERS = (0x1F150, 0x1F170, 0x1F1E6)
 
 
 #: symbols standing for letters; 1, !, | stand for i or l and stay "1" (the lexicon side expands them)
@@ -578,7 +586,7 @@ def _eligible(chars: str | list[str], word: str, start: int, end: int, latin: di
     or more (ѕех), or one next to a Latin word (buy α gun)."""
     if _latin_class().search(word) is not None:
         return True
-    letters = [c for c in word if unicodedata.category(c)[0] == "L"]
+    letters = [c for c in word if unicodedata.category(c)[0] == "L" or c in latin]  # 🅲 is a symbol to Unicode
     if not letters or not all(c in latin for c in letters):
         return False
     if any(0x0370 <= ord(c) <= 0x058F and c not in latin and unicodedata.category(c)[0] == "L" for c in chars):

@@ -46,6 +46,9 @@ FOLDINGS = [
     ("confusable", "porn", "ρorn"),  # Greek rho
     ("confusable", "cocaine", "ϲοϲаіnе"),  # every letter a look-alike
     ("confusable", "老虎机", "老⻁机"),  # a CJK radical for the ideograph it looks like
+    ("confusable", "casino", "🅲🅰🆂🅸🅽🅾"),  # boxed letters NFKC leaves alone (symbols to Unicode)
+    ("confusable", "porn", "🅟🅞🅡🅝"),  # negative circled
+    ("confusable", "buy weed", "buy 🇼🇪🇪🇩"),  # regional indicator letters
     ("leet", "fake passport", "f@ke p4ssp0rt"),
     ("leet", "cocaine", "c0ca1ne"),  # 1 for i
     ("leet", "phishing", "ph1sh!ng"),  # 1 and ! for i
