@@ -12,12 +12,11 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime
 from typing import Any, TypeVar
 
 import asyncpg
 import grpc
-from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf import duration_pb2
 from google.rpc import status_pb2
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -29,7 +28,7 @@ from intake_svc.ownership import Owner
 from intake_svc.reports import ReportConflict, report_message, validate_report
 from intake_svc.stats import get_stats
 from intake_svc.submission import Submitter
-from intake_svc.task_view import new_task_message, task_message
+from intake_svc.task_view import NewTaskTemplates, fill_new_task, new_task_message, task_message
 from intake_svc.tracing import step_timer
 from intake_svc.validation import parse_device, parse_task_id, validate_batch, validate_spec
 from intake_svc.watch import (
@@ -152,42 +151,31 @@ class IntakeServicer(intake_pb2_grpc.IntakeServiceServicer):
             decisions = await self.submitter.submit(
                 batch, current_principal.get(), [f"tasks[{i}]" for i in range(len(batch))]
             )
-            items = []
-            stamps: dict[datetime, timestamp_pb2.Timestamp] = {}
+            reply = intake_pb2.SubmitBatchResponse()
+            templates: NewTaskTemplates = {}
             for task, decision in zip(batch, decisions, strict=True):
+                item = reply.items.add()
                 if isinstance(decision, Accepted) and not decision.deduplicated:
-                    items.append(intake_pb2.SubmitBatchItem(task=new_task_message(task, stamps)))
+                    fill_new_task(item.task, task, templates)
                 elif isinstance(decision, Accepted):  # the earlier task: GetTask tells its state
-                    items.append(
-                        intake_pb2.SubmitBatchItem(
-                            task=types_pb2.Task(
-                                task_id=str(decision.task_id),
-                                device_id=task.device,
-                                type=enum_value(types_pb2.TaskType, task.task_type),
-                                priority=enum_value(types_pb2.Priority, task.priority),
-                            ),
-                            deduplicated=True,
-                        )
-                    )
+                    item.task.task_id = str(decision.task_id)
+                    item.task.device_id = task.device
+                    item.task.type = enum_value(types_pb2.TaskType, task.task_type)
+                    item.task.priority = enum_value(types_pb2.Priority, task.priority)
+                    item.deduplicated = True
                 elif isinstance(decision, Conflict):
-                    items.append(
-                        intake_pb2.SubmitBatchItem(
-                            code=grpc.StatusCode.ALREADY_EXISTS.value[0], message=decision.message
-                        )
-                    )
+                    item.code = grpc.StatusCode.ALREADY_EXISTS.value[0]
+                    item.message = decision.message
                 elif decision.code == grpc.StatusCode.PERMISSION_DENIED:
-                    items.append(intake_pb2.SubmitBatchItem(code=decision.code.value[0], message=decision.message))
+                    item.code = decision.code.value[0]
+                    item.message = decision.message
                 else:
+                    item.code = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+                    item.message = decision.message
                     retry = duration_pb2.Duration()
                     retry.FromMilliseconds(math.ceil(decision.retry_after_s * 1000))
-                    items.append(
-                        intake_pb2.SubmitBatchItem(
-                            code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
-                            message=decision.message,
-                            retry_after=retry,
-                        )
-                    )
-            return intake_pb2.SubmitBatchResponse(items=items)
+                    item.retry_after.CopyFrom(retry)  # present even when 0
+            return reply
 
         return await self._guard(context, run)
 

@@ -21,7 +21,7 @@ from intake_svc.idempotency import fingerprint
 from sieve.db.tasks import NewTask
 from sieve.errors import InvalidInput
 from sieve.fields import parse_uuid, shown, text_problem
-from sieve.ids import uuid7_at
+from sieve.ids import uuid7_at, uuid7_many
 from sieve.images import ImageError, check_pixels, inspect_image
 from sieve.mac import normalize_mac
 from sieve.outbound.policy import DestinationRefused, OutboundPolicy
@@ -59,6 +59,7 @@ def validate_spec(
     settings: Settings,
     now: datetime | None = None,
     trace_context: str | None = None,
+    task_id: uuid.UUID | None = None,
 ) -> NewTask:
     """Turns one TaskSpec into a NewTask, or raises InvalidInput naming `field`.<name>.
 
@@ -94,7 +95,7 @@ def validate_spec(
         )
 
     return NewTask(
-        task_id=uuid7_at(now),
+        task_id=task_id or uuid7_at(now),
         device=device,
         task_type=spec.type,
         priority=priority,
@@ -330,8 +331,10 @@ def validate_batch(
     if len(request.tasks) > MAX_BATCH:
         raise InvalidInput("tasks", f"has more than {MAX_BATCH} items")
     now = datetime.now(UTC)
+    ids = uuid7_many(now, len(request.tasks))
     return [
-        validate_spec(spec, f"tasks[{i}]", caller, settings, now, trace_context) for i, spec in enumerate(request.tasks)
+        validate_spec(spec, f"tasks[{i}]", caller, settings, now, trace_context, ids[i])
+        for i, spec in enumerate(request.tasks)
     ]
 
 
