@@ -322,6 +322,18 @@ _PLANES_0_1 = range(0x20000)
 
 
 @cache
+def _ascii_forms() -> dict[str, str]:
+    """Every character of planes 0 and 1 that NFKC turns into one ASCII character (or one leet symbol: € ¡) -> that
+    character (one pass over the planes, shared by the leet and Latin-letter tables)."""
+    forms: dict[str, str] = {}
+    for ch in map(chr, _PLANES_0_1):
+        plain = unicodedata.normalize("NFKC", ch)
+        if len(plain) == 1 and (plain.isascii() or plain in LEET_SYMBOLS):
+            forms[ch] = plain
+    return forms
+
+
+@cache
 def _leet_forms() -> frozenset[str]:
     """The digits and symbols that make a word next to a Latin letter a leet candidate: every form NFKC turns into
     one of ``LEET_SYMBOLS`` or ``LEET_DIGITS`` (full-width ０ ＠, mathematical 𝟎, circled ⓪), but not superscripts
@@ -329,9 +341,7 @@ def _leet_forms() -> frozenset[str]:
     (they would send most Chinese chat down the slow path for nothing)."""
     leet = LEET_SYMBOLS.keys() | LEET_DIGITS.keys()
     forms: set[str] = set()
-    for cp in _PLANES_0_1:
-        ch = chr(cp)
-        plain = unicodedata.normalize("NFKC", ch)
+    for ch, plain in _ascii_forms().items():
         if plain not in leet:
             continue
         if unicodedata.decomposition(ch).startswith(("<super>", "<sub>")):
@@ -346,7 +356,10 @@ def _leet_forms() -> frozenset[str]:
 def _latin_forms() -> frozenset[str]:
     """Every character that is a Latin letter once NFKC-folded (``_latin_letter``): ASCII, full-width,
     mathematical, circled, small capitals with a decomposition ..."""
-    return frozenset(ch for ch in map(chr, _PLANES_0_1) if _is_latin_letter(ch))
+    found = {ch for ch, plain in _ascii_forms().items() if "a" <= plain.casefold() <= "z"}
+    # and the few whose NFKC is a letter outside ASCII that casefolds into it (ß -> ss, as _latin_letter has it)
+    found.update(ch for ch in map(chr, range(0x80, 0x2000)) if ch not in found and _is_latin_letter(ch))
+    return frozenset(found)
 
 
 def _exact_class(chars: Iterable[str]) -> str:
@@ -504,7 +517,7 @@ def _word_fold() -> tuple[dict[int, str], dict[str, int]]:
     latin, _ = _confusables()
     table: dict[int, str] = {}
     bits: dict[str, int] = {}
-    for ch in map(chr, _PLANES_0_1):
+    for ch in _ascii_forms():
         leet = _leet(ch)
         if leet is not None:
             table[ord(ch)] = leet
