@@ -21,24 +21,19 @@ _MAX_MS = (1 << 48) - 1
 
 def uuid7(ms: int | None = None) -> uuid.UUID:
     """A new UUIDv7 for the Unix time `ms` (milliseconds; default: now)."""
-    if ms is None:
-        ms = time.time_ns() // 1_000_000
-    if not 0 <= ms <= _MAX_MS:
-        raise ValueError(f"{ms} ms is outside the 48-bit UUIDv7 clock")
-    rand = int.from_bytes(os.urandom(10), "big")  # 80 bits, of which 74 are used
-    rand_a = rand >> 68  # 12 bits
-    rand_b = rand & ((1 << 62) - 1)  # 62 bits
-    value = (ms << 80) | (0x7 << 76) | (rand_a << 64) | (0b10 << 62) | rand_b
-    return uuid.UUID(int=value)
+    return _uuid7s(time.time_ns() // 1_000_000 if ms is None else ms, 1)[0]
 
 
 def uuid7_many(moment: datetime, n: int) -> list[uuid.UUID]:
     """`n` new UUIDv7s for one aware datetime (a batch's tasks, created together): one read of the random source."""
-    ms = datetime_ms(moment)
+    return _uuid7s(datetime_ms(moment), n)
+
+
+def _uuid7s(ms: int, n: int) -> list[uuid.UUID]:
     if not 0 <= ms <= _MAX_MS:
         raise ValueError(f"{ms} ms is outside the 48-bit UUIDv7 clock")
     head = (ms << 80) | (0x7 << 76) | (0b10 << 62)
-    randomness = os.urandom(10 * n)
+    randomness = os.urandom(10 * n)  # 80 bits each, of which 74 are used: 12 after the version, 62 after the variant
     out = []
     for i in range(0, 10 * n, 10):
         rand = int.from_bytes(randomness[i : i + 10], "big")

@@ -377,6 +377,11 @@ def _exact_class(chars: Iterable[str]) -> str:
     return f"[{''.join(ranges)}]"
 
 
+def _with_beyond_bmp(bmp_class: str) -> str:
+    """A class of ``_exact_class`` widened by every character beyond the BMP (one range after its bitmap)."""
+    return bmp_class[:-1] + "\\U00010000-\\U0010ffff]"
+
+
 @cache
 def _leet_near_letter() -> re.Pattern[str]:
     """A leet digit or symbol (``_leet_forms``) next to a Latin letter (``_latin_forms``: p0rn, ｐ０ｒｎ, 𝐩0𝐫𝐧);
@@ -385,7 +390,7 @@ def _leet_near_letter() -> re.Pattern[str]:
     few digits and symbols of a text); a lookbehind then keeps the leet ones beyond the BMP (𝟎)."""
     leet_bmp, leet_beyond = _exact_classes(_leet_forms())
     letter = "(?:{}|{})".format(*_exact_classes(_latin_forms()))
-    lead = leet_bmp[:-1] + "\\U00010000-\\U0010ffff]"
+    lead = _with_beyond_bmp(leet_bmp)
     beside = f"(?<={letter}.)(?<![!¡])|(?={letter})"
     # or one character of a word spelled out (p.0.r.n, h e r 0): two single letters after it, or before it, each
     # behind one separator
@@ -692,17 +697,7 @@ def _char_class(chars: frozenset[str]) -> re.Pattern[str]:
     """One regular-expression character class of the `chars` of the Basic Multilingual Plane, and every character
     outside it: a class of the BMP only is a bitmap searched at C speed (thousands of ranges beyond it are tried
     one by one)."""
-    points = sorted({ord(c) for c in chars if ord(c) <= 0xFFFF})
-    ranges: list[str] = []
-    i = 0
-    while i < len(points):
-        j = i
-        while j + 1 < len(points) and points[j + 1] == points[j] + 1:
-            j += 1
-        low, high = (f"\\U{points[k]:08x}" for k in (i, j))
-        ranges.append(low if i == j else f"{low}-{high}")
-        i = j + 1
-    return re.compile(f"[{''.join(ranges)}\\U00010000-\\U0010ffff]")
+    return re.compile(_with_beyond_bmp(_exact_class(c for c in chars if ord(c) <= 0xFFFF)))
 
 
 @cache
