@@ -47,6 +47,7 @@ async def test_a_watcher_resumed_after_intake_kills_sees_every_change_once_in_or
     seen: dict[str, list[tuple[int, int]]] = defaultdict(list)
     cursor = ""
     resumes = 0
+    last_response = [time.monotonic()]
 
     async def watch(until: int) -> None:
         """Reads changes (from `cursor`) until `until` have been seen in all, or every task is final."""
@@ -54,6 +55,7 @@ async def test_a_watcher_resumed_after_intake_kills_sees_every_change_once_in_or
         async with rpc.channel(c.settings.intake_addr, c.settings) as channel:
             stream = intake_pb2_grpc.IntakeServiceStub(channel).WatchTask(intake_pb2.WatchTaskRequest(cursor=cursor))
             async for response in stream:
+                last_response[0] = time.monotonic()
                 for change in response.changes:
                     seen[change.task_id].append((change.sequence, change.status))
                     cursor = change.cursor
@@ -100,18 +102,47 @@ async def test_a_watcher_resumed_after_intake_kills_sees_every_change_once_in_or
         name = f"intake-{kill + 1}"
         c.start(name, "intake_svc")
         await c.wait_healthy(c.settings.intake_addr, name)
-    await asyncio.wait_for(watcher, 120)
+    try:
+        await asyncio.wait_for(watcher, 120)
+    except TimeoutError:
+        quiet = time.monotonic() - last_response[0]
+        raise AssertionError(await stalled_watch_report(c, seen, resumes, quiet)) from None
     assert resumes >= 2
 
+    await check_every_change_seen_once(c, first.task_id, seen)
+    print(f"{TASKS} tasks, {sum(map(len, seen.values()))} changes watched, intake killed twice, {resumes} resumes")
+
+
+async def check_every_change_seen_once(c: Cluster, first: str, seen: dict[str, list[tuple[int, int]]]) -> None:
+    """Every task is final and was watched changing exactly as its stored history has it."""
     async with rpc.channel(c.settings.intake_addr, c.settings) as channel:
         stub = intake_pb2_grpc.IntakeServiceStub(channel)
-        ids = [first.task_id, *seen.keys() - {first.task_id}]
+        ids = [first, *seen.keys() - {first}]
         assert len(seen) == TASKS
         for task_id in ids:
             task = (await stub.GetTask(intake_pb2.GetTaskRequest(task_id=task_id))).task
             assert task.status in FINAL
             expected = status_changes(task)
             # the first task's PENDING came as its initial state, before the cursor
-            got = seen[task_id] if task_id != first.task_id else [expected[0], *seen[task_id]]
+            got = seen[task_id] if task_id != first else [expected[0], *seen[task_id]]
             assert got == expected, task_id
-    print(f"{TASKS} tasks, {sum(map(len, seen.values()))} changes watched, intake killed twice, {resumes} resumes")
+
+
+async def stalled_watch_report(c: Cluster, seen: dict[str, list[tuple[int, int]]], resumes: int, quiet: float) -> str:
+    """Why the watcher never saw every task final: the tasks it has not seen end, against their stored history."""
+    changes = sum(map(len, seen.values()))
+    lines = [
+        f"the watcher did not finish: {len(seen)} tasks, {changes} changes, {resumes} resumes, "
+        f"the last response {quiet:.1f} s ago; exited: {sorted(n for n, p in c.procs.items() if p.poll() is not None)}"
+    ]
+    async with rpc.channel(c.settings.intake_addr, c.settings) as channel:
+        stub = intake_pb2_grpc.IntakeServiceStub(channel)
+        listed = await stub.ListTasks(intake_pb2.ListTasksRequest(page_size=TASKS))
+        for task in listed.tasks:
+            got = seen.get(task.task_id, [])
+            if not got or got[-1][1] not in FINAL:
+                full = (await stub.GetTask(intake_pb2.GetTaskRequest(task_id=task.task_id))).task
+                lines.append(f"{task.task_id}: stored {status_changes(full)}, watched {got}")
+                if len(lines) > 20:
+                    break
+    return "\n".join(lines)
