@@ -16,26 +16,51 @@
   unscheduleDevice(device[, class])   the device leaves its schedule set (every one without `class`) and its
                                       group's ready set
 ]]
+-- V and each group's S as this script call last read or wrote them: only these functions touch those keys, so
+-- a script serving a thousand devices of one caller reads each once (written through at every change)
+local vtimes, starts = {}, {}
+
+local function virtualTime(device)
+  local v = vtimes[device.vtime]
+  if v == nil then
+    v = tonumber(redis.call("GET", device.vtime) or "0")
+    vtimes[device.vtime] = v
+  end
+  return v
+end
+
+local function virtualStart(device)
+  local key = device.callerServed .. "\0" .. device.group
+  local start = starts[key]
+  if start == nil then
+    start = tonumber(redis.call("HGET", device.callerServed, device.group) or "0")
+    starts[key] = start
+  end
+  return start, key
+end
+
 local function callerReady(device)
   if redis.call("ZSCORE", device.callers, device.group) then return end
   redis.call("SADD", device.groups, device.group) -- for the reconciler's look at every group's sets
-  local start = tonumber(redis.call("HGET", device.callerServed, device.group) or "0")
-  local v = tonumber(redis.call("GET", device.vtime) or "0")
+  local start = virtualStart(device)
+  local v = virtualTime(device)
   if v > start then start = v end
   redis.call("ZADD", device.callers, start, device.group)
 end
 
 local function callerServed(device, charge)
-  local v = tonumber(redis.call("GET", device.vtime) or "0")
+  local v = virtualTime(device)
   local score = tonumber(redis.call("ZSCORE", device.callers, device.group) or "0")
   if score > v then
     v = score
     redis.call("SET", device.vtime, v)
+    vtimes[device.vtime] = v
   end
-  local start = tonumber(redis.call("HGET", device.callerServed, device.group) or "0")
+  local start, key = virtualStart(device)
   if v > start then start = v end
   start = start + charge
   redis.call("HSET", device.callerServed, device.group, start)
+  starts[key] = start
   if redis.call("ZCARD", device.groupReady) == 0 then
     redis.call("ZREM", device.callers, device.group)
   else

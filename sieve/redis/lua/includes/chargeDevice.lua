@@ -9,7 +9,7 @@
   charged now: their cost goes into meta "debt_ms", added at its next serve — a device whose first batch of dear
   tasks went out by count pays for it, instead of keeping the head start.
 
-  chargeServe(meta_key, taken, at, previous, wall_ms, has_lead, debt_ms) -> ms
+  chargeServe(fields, gone, taken, at, previous, wall_ms, has_lead, debt_ms, uncharged) -> ms
   The device is served at `at` and takes `taken` tasks. Without a known cost its next wait starts at `at` (by
   count: every serve restarts the wait) and the tasks count as uncharged. With one it starts at
   max(previous, at - LAG_MS) + taken x wall_ms + its debt, where `previous` is where its last serve put it: each
@@ -17,9 +17,10 @@
   tasks cost, and one that fell behind keeps at most LAG_MS of credit; at most MAX_LEAD_MS after `at`. Its wait
   never starts before its oldest task's enqueue either (scheduleDevice), so a device back from a quiet time gets
   no credit for it. Sets last_served_ms and keeps the lead over `at` in meta "lead_ms" for a release that comes
-  later (releaseDevice); returns the new last_served_ms. `wall_ms`, `has_lead` and `debt_ms` are the meta's
-  wall_ms, whether it holds a lead_ms, and its debt_ms, as the caller read them in the same step (popDevice reads
-  the meta once).
+  later (releaseDevice); returns the new last_served_ms. What it changes goes into `fields` (meta field -> new
+  value) and `gone` (meta fields to delete), which popDevice writes with the rest of the serve; `wall_ms`,
+  `has_lead`, `debt_ms` and `uncharged` are the meta's wall_ms, whether it holds a lead_ms, its debt_ms and its
+  uncharged, as popDevice read them in the same step (it reads the meta once).
 
   costQuantum(wall, want) -> want (below): how many tasks such a device takes in one serve.
 ]]
@@ -54,12 +55,12 @@ local function noteCost(metaKey, wall, acked)
   end
 end
 
-local function chargeServe(metaKey, taken, at, previous, wall, hasLead, debt)
+local function chargeServe(fields, gone, taken, at, previous, wall, hasLead, debt, uncharged)
   if taken == 0 then return at end
   wall = tonumber(wall or "0") or 0
   if wall <= 0 then
-    if hasLead then redis.call("HDEL", metaKey, "lead_ms") end
-    redis.call("HINCRBY", metaKey, "uncharged", taken)
+    if hasLead then gone[#gone + 1] = "lead_ms" end
+    fields.uncharged = tonumber(uncharged or "0") + taken
     return at
   end
   debt = tonumber(debt or "0") or 0
@@ -67,7 +68,7 @@ local function chargeServe(metaKey, taken, at, previous, wall, hasLead, debt)
   if start < at - LAG_MS then start = at - LAG_MS end
   local served = start + taken * wall + debt
   if served > at + MAX_LEAD_MS then served = at + MAX_LEAD_MS end
-  redis.call("HSET", metaKey, "last_served_ms", served, "lead_ms", served - at)
-  if debt > 0 then redis.call("HDEL", metaKey, "debt_ms") end
+  fields.last_served_ms, fields.lead_ms = served, served - at
+  if debt > 0 then gone[#gone + 1] = "debt_ms" end
   return served
 end

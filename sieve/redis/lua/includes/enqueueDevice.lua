@@ -6,7 +6,8 @@
   move, and a device that was not being served or backing off is scheduled (woke: it became schedulable; the
   caller publishes a wake-up).
 
-  g: the global keys: pending, overloaded, devices, caller (caller open counts).
+  g: the global keys: pending, overloaded, devices, caller (caller open counts); g.counts is kept here (the
+  counts as the call left them: the caller of several enqueueDevice in one step passes the same g).
   a: now, maxPending, maxPerDevice, maxPerCaller, weight (the device's).
   raws: the entries (sieve/redis/entry.py). Codes: OK, GLOBAL_LIMIT, CALLER_LIMIT, DEVICE_LIMIT (codes.lua);
   open: the first caller's open tasks now (that caller's, when its limit refused them; 0 without one).
@@ -16,8 +17,16 @@
 local function enqueueDevice(device, g, a, raws)
   local mac, now = device.mac, a.now
   local n = #raws
-  local pending = tonumber(redis.call("GET", g.pending) or "0")
-  local backlog = tonumber(redis.call("HGET", device.meta, "backlog") or "0")
+  -- the global and caller counts as this script call last left them (g.counts: read once per call, kept up to
+  -- date by every device it enqueues), the device's meta fields in one read
+  local counts = g.counts
+  if not counts then
+    counts = {pending = tonumber(redis.call("GET", g.pending) or "0"), opened = {}}
+    g.counts = counts
+  end
+  local pending = counts.pending
+  local facts = redis.call("HMGET", device.meta, "backlog", "state", "class", "last_served_ms")
+  local backlog = tonumber(facts[1] or "0")
 
   -- the entries' callers, in order of first appearance, with their counts
   local entries, callers, incoming = {}, {}, {}
@@ -34,7 +43,12 @@ local function enqueueDevice(device, g, a, raws)
   end
   local opened = {}
   for i, caller in ipairs(callers) do
-    opened[i] = tonumber(redis.call("HGET", g.caller, caller) or "0")
+    local known = counts.opened[caller]
+    if known == nil then
+      known = tonumber(redis.call("HGET", g.caller, caller) or "0")
+      counts.opened[caller] = known
+    end
+    opened[i] = known
   end
   local first = opened[1] or 0
 
@@ -61,15 +75,19 @@ local function enqueueDevice(device, g, a, raws)
   device.sizes = sizes
   for i, caller in ipairs(callers) do
     opened[i] = redis.call("HINCRBY", g.caller, caller, incoming[caller])
+    counts.opened[caller] = opened[i]
   end
   backlog = redis.call("HINCRBY", device.meta, "backlog", n)
   pending = redis.call("INCRBY", g.pending, n)
+  counts.pending = pending
   redis.call("HSET", device.meta, "weight", a.weight, "device", mac)
   redis.call("SADD", g.devices, mac)
 
-  local state = redis.call("HGET", device.meta, "state")
+  local state = facts[2]
   local woke = false
   if state == false or state == "idle" or state == "ready" then
+    -- (nothing above changed the meta's class or last serve)
+    device.known = {class = facts[3], lastServed = facts[4]}
     -- a ready device may have gained a higher priority: scheduleDevice moves it to the right set
     local became = scheduleDevice(device, now)
     woke = state ~= "ready" and became == "ready"

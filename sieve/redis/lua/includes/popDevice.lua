@@ -22,7 +22,7 @@
   replica, idle, backing off); taken: leased entries (attempt raised); expired: entries dropped as expired;
   tasted: true when a.firstWant cut this first serve short.
 ]]
---@requires codes, parseEntry, countCaller, countOutstanding, reschedule, callerGroup, chargeDevice
+--@requires codes, parseEntry, countCaller, reschedule, callerGroup, chargeDevice
 
 local function popDevice(device, lockKey, g, a)
   local mac, now = device.mac, a.now
@@ -34,7 +34,7 @@ local function popDevice(device, lockKey, g, a)
     return CODE.LOCK_HELD, {}, {}, 0
   end
   local m = redis.call("HMGET", device.meta, "state", "class", "last_served_ms", "win_start_ms", "win_count",
-    "wall_ms", "backlog", "lead_ms", "debt_ms")
+    "wall_ms", "backlog", "lead_ms", "debt_ms", "served", "outstanding", "uncharged")
   if m[1] ~= "ready" then
     if not a.release then redis.call("DEL", lockKey) end
     if redis.call("EXISTS", device.meta) == 0 then
@@ -48,12 +48,12 @@ local function popDevice(device, lockKey, g, a)
   local previous = tonumber(m[3] or "0")
   unscheduleDevice(device, class)
   device.unscheduled = true -- out of its schedule set and its group's ready set (scheduleDevice need not)
-  if a.release then
-    redis.call("HSET", device.meta, "class", 0, "last_served_ms", now - a.carriedWait)
-  else
+  -- the meta's new fields, written in one HSET (and one HDEL) once the serve is decided: every field below is
+  -- read from `m` above, so the result is what writing each as it changes would leave
+  local fields, gone = {class = 0, last_served_ms = now - a.carriedWait}, {}
+  if not a.release then
     redis.call("ZADD", g.serving, now + tonumber(a.lockTtl), mac)
-    redis.call("HSET", device.meta, "state", "serving", "class", 0, "token", a.token,
-      "last_served_ms", now - a.carriedWait)
+    fields.state, fields.token = "serving", a.token
   end
 
   -- the device's non-empty queues, highest priority first
@@ -123,35 +123,46 @@ local function popDevice(device, lockKey, g, a)
   if #taken > 0 then
     redis.call("ZADD", g.leases, unpack(leaseArgs))
     redis.call("HSET", g.leaseData, unpack(dataArgs))
-    device.outstanding = countOutstanding(device.meta, #taken) > 0
+    -- (countOutstanding, with the count read above)
+    fields.outstanding = tonumber(m[11] or "0") + #taken
+    device.outstanding = fields.outstanding > 0
     -- fair by cost: by what its tasks cost
-    chargeServe(device.meta, #taken, now - a.carriedWait, previous, m[6], m[8] ~= false and m[8] ~= nil, m[9])
+    chargeServe(fields, gone, #taken, now - a.carriedWait, previous, m[6], m[8] ~= false and m[8] ~= nil, m[9],
+      m[12])
   end
 
   local removed = #taken + #expired
   if removed > 0 then
-    local backlog = redis.call("HINCRBY", device.meta, "backlog", -removed)
+    fields.backlog = tonumber(m[7] or "0") - removed
     redis.call("DECRBY", g.pending, removed)
-    if backlog < a.maxPerDevice then redis.call("SREM", g.overloaded, mac) end
-    redis.call("HINCRBY", device.meta, "served", #taken)
+    if fields.backlog < a.maxPerDevice then redis.call("SREM", g.overloaded, mac) end
+    fields.served = tonumber(m[10] or "0") + #taken
   end
   -- service rate, for the retry delay intake gives a refused device: tasks taken per 10 s window
   local winStart = tonumber(m[4] or "0")
   if now - winStart >= 10000 then
     if winStart > 0 then
       local count = tonumber(m[5] or "0")
-      redis.call("HSET", device.meta, "rate_per_s", string.format("%.3f", count * 1000 / (now - winStart)),
-        "win_start_ms", now, "win_count", #taken)
-    else
-      redis.call("HSET", device.meta, "win_start_ms", now, "win_count", #taken)
+      fields.rate_per_s = string.format("%.3f", count * 1000 / (now - winStart))
     end
+    fields.win_start_ms, fields.win_count = now, #taken
   elseif #taken > 0 then
-    redis.call("HINCRBY", device.meta, "win_count", #taken)
+    fields.win_count = tonumber(m[5] or "0") + #taken
   end
+  if a.release and #taken > 0 then fields.defer_count = 0 end
+
+  local args = {}
+  for field, value in pairs(fields) do
+    args[#args + 1] = field
+    args[#args + 1] = value
+  end
+  redis.call("HSET", device.meta, unpack(args))
+  if #gone > 0 then redis.call("HDEL", device.meta, unpack(gone)) end
 
   if a.release then
-    if #taken > 0 then redis.call("HSET", device.meta, "defer_count", 0) end
     device.sizes = sizes -- what is left in its queues: deviceHeads reads only those that hold something
+    -- what scheduleDevice would read back from the meta, as just written
+    device.known = {class = fields.class, lastServed = fields.last_served_ms}
     reschedule(device, now, g.devices)
   end
   callerServed(device, #taken * a.msPerTask / tonumber(device.cweight))

@@ -3,6 +3,8 @@
   Puts a device that is not being served into the schedule set of its best priority, scored by the time its
   wait started: max(oldest task's enqueue time, last time it was served); the same score in its caller group's
   ready set, and its caller group is ready (callerReady).
+  device.known, when the caller has it: {class, lastServed}, the meta's class and last_served_ms as they are
+  now (read or written in the same step), which spares reading them back.
   A device with no queued work becomes idle; with nothing outstanding either (no lease, no delayed task:
   countOutstanding) its meta is deleted instead (it would say nothing a missing one does not).
 ]]
@@ -10,7 +12,11 @@
 local function scheduleDevice(device, now)
   local mac = device.mac
   local oldest, best = deviceHeads(device)
-  local m = redis.call("HMGET", device.meta, "class", "last_served_ms")
+  -- (device.known: the caller just wrote or read these fields in the same step, and says what they hold)
+  local known = device.known
+  device.known = nil
+  local m = known and {known.class or false, known.lastServed or false}
+    or redis.call("HMGET", device.meta, "class", "last_served_ms")
   local previous = tonumber(m[1] or "0")
   if previous > 0 then redis.call("ZREM", device.schedules[previous], mac) end
   if best == 0 then
