@@ -11,9 +11,10 @@ from intake_svc.lexicon import LEXICON_SERVICE_NAME, LexiconServicer
 from intake_svc.rejections import RejectionCounter
 from intake_svc.servicer import IntakeServicer
 from sieve import rpc
+from sieve.db import Warm
 from sieve.db.audit import AuditLog
 from sieve.db.lexicon import LexiconStore
-from sieve.db.tasks import TaskStore
+from sieve.db.tasks import INSERT_PARTS, TaskStore
 from sieve.observe.logs import setup_logging
 from sieve.observe.metrics import start_metrics_server
 from sieve.observe.telemetry import setup_telemetry
@@ -71,7 +72,9 @@ async def main() -> None:
         return Built(app.service)
 
     # listens at once (health NOT_SERVING) and serves once Redis and PostgreSQL answer (sieve/rpc/readiness.py)
-    readiness = Readiness(settings, "sieve-intake", SERVICE_NAMES, build_step, redis=True, postgres=True)
+    # the connections a large batch's record uses at once, its statement prepared on each (sieve/db/tasks.py)
+    warm = Warm(INSERT_PARTS + 1, TaskStore.warm_connection)
+    readiness = Readiness(settings, "sieve-intake", SERVICE_NAMES, build_step, redis=True, postgres=True, warm=warm)
     await readiness.run(settings.intake_addr)
 
 

@@ -60,7 +60,8 @@ class Settings:
     database_url: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     #: PostgreSQL schema of Sieve's tables (tests use one schema each).
     database_schema: str = "sieve"
-    #: Connections each process keeps open to PostgreSQL at least, and at most.
+    #: Connections each process keeps open to PostgreSQL at least, and at most. The intake keeps at least 5 open
+    #: (a large batch's record uses 4 at once), idle or not, each with its record statement prepared.
     db_pool_min: int = 1
     db_pool_max: int = 8
     #: Apply the schema migrations when a service opens its pool (local runs, tests). False where a separate step
@@ -264,6 +265,10 @@ class Settings:
     worker_task_types: str = "TEXT"
     #: Tasks a worker holds at once (credits); 0 picks a default from its mode.
     worker_concurrency: int = 0
+    #: The nice value a worker process runs at, 0-19 (0: as it was started). Detection yields the CPU to the
+    #: platform's own processes where they share a host, so that a submit is not kept waiting behind a busy engine
+    #: (worker_svc/cpu_priority.py).
+    worker_nice: int = 10
     #: The most slots any worker may register; the scheduler never lets a worker hold more than it registered.
     max_worker_concurrency: int = 256
     #: Status and result writes are grouped (group commit): at most this many rows per statement.
@@ -448,6 +453,8 @@ class Settings:
             raise SettingsError("SIEVE_SHARD_LEASE_TTL_S must be more than 0")
         if not 0 <= self.execution_timeout_grace_s < float("inf"):
             raise SettingsError("SIEVE_EXECUTION_TIMEOUT_GRACE_S must be 0 or more")
+        if not 0 <= self.worker_nice <= 19:
+            raise SettingsError("SIEVE_WORKER_NICE must be from 0 to 19")
 
     def timeout_of(self, task_type: str) -> float:
         """The execution timeout of a task type ("TEXT", "OCR_IMAGE", "EXTERNAL"), seconds: an EXTERNAL task's is the

@@ -15,6 +15,7 @@ from sieve.rpc.auth import AuthError, client_token
 from sieve.rpc.readiness import Built, Readiness, Stores
 from sieve.settings import Settings
 from worker_svc.app import WorkerApp
+from worker_svc.cpu_priority import lower_cpu_priority
 from worker_svc.external.app import ExternalApp
 from worker_svc.metrics import WorkerCollector
 
@@ -38,6 +39,8 @@ async def build(settings: Settings, stores: Stores) -> WorkerApp | ExternalApp:
 
 async def main() -> None:
     settings = Settings.from_env()
+    # every thread there is now, and those started later (they inherit it), runs at the worker's nice value
+    lower_cpu_priority(settings.worker_nice)
     setup_logging("sieve-worker", settings.log_level)
     # a worker's credential is the token it calls the scheduler and registry with: none, no start
     if not settings.allow_anonymous and not client_token(settings.auth_token, settings.auth_token_file):

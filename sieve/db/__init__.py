@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
@@ -56,10 +58,27 @@ class SchemaNotReady(ConnectionError):
 
 
 async def create_pool(
-    settings: Settings, *, attempts: int = 30, delay_s: float = 0.5, migrate_first: bool | None = None
+    settings: Settings,
+    *,
+    attempts: int = 30,
+    delay_s: float = 0.5,
+    migrate_first: bool | None = None,
+    warm: Warm | None = None,
 ) -> asyncpg.Pool:
     """Connects (retrying while PostgreSQL starts), applies migrations or checks they are applied, returns the
-    pool. `migrate_first` None follows `settings.db_migrate_on_start`; False neither migrates nor checks."""
+    pool. `migrate_first` None follows `settings.db_migrate_on_start`; False neither migrates nor checks.
+
+    `warm` prepares a service's hot statements on each new connection; such a pool opens `warm.connections` at
+    once (or db_pool_min, when more) and keeps its connections while idle, so that a burst after a quiet spell
+    does not pay for new connections and plans on a busy machine."""
+    min_size = max(settings.db_pool_min, warm.connections if warm else 0)
+    min_size = min(min_size, settings.db_pool_max)
+
+    async def init(conn: asyncpg.Connection) -> None:
+        await _init_connection(conn)
+        if warm is not None:
+            await warm.prepare(conn)
+
     migrate_now = settings.db_migrate_on_start if migrate_first is None else migrate_first
     check = migrate_first is None and not settings.db_migrate_on_start
     for left in range(attempts - 1, -1, -1):
@@ -68,13 +87,14 @@ async def create_pool(
                 await apply_migrations(settings)
             pool = await asyncpg.create_pool(
                 settings.database_url,
-                min_size=settings.db_pool_min,
+                min_size=min_size,
                 max_size=settings.db_pool_max,
+                max_inactive_connection_lifetime=0.0 if warm else 300.0,
                 server_settings={
                     "search_path": settings.database_schema,
                     "application_name": f"sieve:{settings.database_schema}"[:63],
                 },
-                init=_init_connection,
+                init=init,
                 reset=_keep_session,
             )
             assert pool is not None
@@ -91,6 +111,14 @@ async def create_pool(
             log.warning("PostgreSQL not reachable (%s); %d retries left", exc, left)
             await asyncio.sleep(delay_s)
     raise RuntimeError("unreachable")
+
+
+@dataclass(frozen=True)
+class Warm:
+    """How a service warms its pool: `connections` opened at once, each prepared by `prepare`."""
+
+    connections: int
+    prepare: Callable[[asyncpg.Connection], Awaitable[None]]
 
 
 def migration_files() -> list[Path]:

@@ -70,6 +70,38 @@ def ms_to_dt(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, UTC)
 
 
+#: the record of new tasks (TaskStore.insert_part): $1..$16 are arrays of equal length, one element per task
+RECORD_SQL = """
+    WITH u AS (
+        SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::text[], $6::text[],
+                             $7::text[], $8::bytea[], $9::text[], $10::timestamptz[], $11::timestamptz[],
+                             $12::text[], $13::bytea[], $14::smallint[], $15::text[], $16::text[])
+             WITH ORDINALITY
+             AS u(id, device, type, priority, caller, key, text, image, url, created, expires, trace,
+                  fingerprint, max_attempts, labels, callback_url, n)
+    ), claimed AS (
+        INSERT INTO idempotency_keys (caller, device, key, task_id, created_at)
+        SELECT caller, device, key, id, created FROM u WHERE key IS NOT NULL ORDER BY n
+        ON CONFLICT (caller, device, key) DO NOTHING
+        RETURNING task_id
+    )
+    INSERT INTO tasks (id, device, type, priority, status, caller, idempotency_key, payload_text,
+                       payload_bytes, payload_url, created_at, updated_at, expires_at, enqueued_at,
+                       trace_context, fingerprint, max_attempts, labels, callback_url, history)
+    SELECT u.id, u.device, u.type, u.priority, 'PENDING', u.caller, u.key, u.text, u.image, u.url,
+           u.created, u.created, u.expires, u.created, u.trace, u.fingerprint, u.max_attempts,
+           u.labels::jsonb, u.callback_url,
+           jsonb_build_array(jsonb_build_object('status', 'PENDING', 'at', u.created,
+                                                'attempt', 0, 'detail', 'accepted from ' || u.caller))
+    FROM u
+    WHERE u.key IS NULL OR u.id IN (SELECT task_id FROM claimed)
+    ORDER BY u.n
+    RETURNING id
+"""
+#: the arrays of a record of no task (warm_connection)
+_NO_TASKS: tuple[list[object], ...] = tuple([] for _ in range(16))
+
+
 @dataclass(frozen=True, slots=True)
 class NewTask:
     """A validated task about to be recorded."""
@@ -200,6 +232,16 @@ class TaskStore:
         self.pool = pool
 
     # --- intake ---------------------------------------------------------------------------------
+    @staticmethod
+    async def warm_connection(conn: asyncpg.Connection) -> None:
+        """Prepares the record statement on a new connection (a record of no task: nothing is written), so that
+        the first batch a connection records does not also pay for parsing and planning it while the machine is
+        busy. Skipped, and tried again on first use, while the schema is not migrated yet."""
+        try:
+            await conn.fetch(RECORD_SQL, *_NO_TASKS)
+        except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError, asyncpg.InvalidSchemaNameError):
+            log.debug("record statement not prepared: the schema is not migrated yet")
+
     async def insert(self, tasks: Sequence[NewTask]) -> list[Recorded]:
         """Records new tasks (status PENDING), as `insert_part` says; a large batch is split by device into at
         most INSERT_PARTS parts written at once on their own connections, since one statement's index and trigger
@@ -235,33 +277,7 @@ class TaskStore:
         it cannot hold a unique index on them): the same statement claims each key and inserts only the tasks
         whose key it claimed, or that have none."""
         rows = await self.pool.fetch(
-            """
-            WITH u AS (
-                SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::text[], $6::text[],
-                                     $7::text[], $8::bytea[], $9::text[], $10::timestamptz[], $11::timestamptz[],
-                                     $12::text[], $13::bytea[], $14::smallint[], $15::text[], $16::text[])
-                     WITH ORDINALITY
-                     AS u(id, device, type, priority, caller, key, text, image, url, created, expires, trace,
-                          fingerprint, max_attempts, labels, callback_url, n)
-            ), claimed AS (
-                INSERT INTO idempotency_keys (caller, device, key, task_id, created_at)
-                SELECT caller, device, key, id, created FROM u WHERE key IS NOT NULL ORDER BY n
-                ON CONFLICT (caller, device, key) DO NOTHING
-                RETURNING task_id
-            )
-            INSERT INTO tasks (id, device, type, priority, status, caller, idempotency_key, payload_text,
-                               payload_bytes, payload_url, created_at, updated_at, expires_at, enqueued_at,
-                               trace_context, fingerprint, max_attempts, labels, callback_url, history)
-            SELECT u.id, u.device, u.type, u.priority, 'PENDING', u.caller, u.key, u.text, u.image, u.url,
-                   u.created, u.created, u.expires, u.created, u.trace, u.fingerprint, u.max_attempts,
-                   u.labels::jsonb, u.callback_url,
-                   jsonb_build_array(jsonb_build_object('status', 'PENDING', 'at', u.created,
-                                                        'attempt', 0, 'detail', 'accepted from ' || u.caller))
-            FROM u
-            WHERE u.key IS NULL OR u.id IN (SELECT task_id FROM claimed)
-            ORDER BY u.n
-            RETURNING id
-            """,
+            RECORD_SQL,
             [t.task_id for t in tasks],
             [t.device for t in tasks],
             [enum_name(TaskType, t.task_type) for t in tasks],

@@ -44,7 +44,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sieve import rpc
 from sieve.backoff import Backoff
-from sieve.db import create_pool
+from sieve.db import Warm, create_pool
 from sieve.redis.connection import EvictionCheck, EvictionPolicyError, ping, probe_client, redis_client, redis_location
 from sieve.rpc.audit import AuditSink, LogSink
 from sieve.rpc.auth import refusing_handler
@@ -241,9 +241,19 @@ class Readiness:
     guard in front of its handlers, and the loop that connects, builds, probes and recovers."""
 
     def __init__(
-        self, settings: Settings, name: str, service_names: Sequence[str], build: Build, *, redis: bool, postgres: bool
+        self,
+        settings: Settings,
+        name: str,
+        service_names: Sequence[str],
+        build: Build,
+        *,
+        redis: bool,
+        postgres: bool,
+        warm: Warm | None = None,
     ) -> None:
         self.settings = settings
+        #: how the service's PostgreSQL pool is warmed (sieve.db.create_pool)
+        self.warm = warm
         self.name = name
         self.service_names = list(service_names)
         self.build = build
@@ -432,7 +442,9 @@ class Readiness:
             try:
                 if self.stores._pool is None:
                     # asyncpg.connect's own timeout (60 s) is longer than a try should take
-                    self.stores._pool = await asyncio.wait_for(create_pool(self.settings, attempts=1), 60.0)
+                    self.stores._pool = await asyncio.wait_for(
+                        create_pool(self.settings, attempts=1, warm=self.warm), 60.0
+                    )
                 else:
                     await self._select_one(self.stores._pool)
             except STORE_ERRORS as exc:

@@ -4,8 +4,11 @@ the right hits, GetTask returns them, and SIGTERM stops every service cleanly wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import random
 import time
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -78,6 +81,13 @@ async def test_two_thousand_texts_over_a_hundred_devices_all_succeed_with_the_ri
             assert task.status == types_pb2.TASK_STATUS_SUCCEEDED
             assert task.result.text
 
+    # And the workers ran below the platform's own processes (SIEVE_WORKER_NICE, default 10), every thread of them
+    nice = {name: _nice_of_threads(p.pid) for name, p in cluster.procs.items()}
+    own = os.getpriority(os.PRIO_PROCESS, 0)  # what every service inherits from this test
+    workers = {n: v for n, v in nice.items() if n.startswith("worker")}
+    assert workers == {"worker-1": {max(own, 10)}, "worker-2": {max(own, 10)}}, nice
+    assert all(v == {own} for n, v in nice.items() if n not in workers), nice
+
     # When every service gets SIGTERM
     codes = cluster.terminate_all()
     # Then each exits 0, with nothing queued or leased
@@ -86,3 +96,13 @@ async def test_two_thousand_texts_over_a_hundred_devices_all_succeed_with_the_ri
     assert await queues.pending() == 0
     assert await redis.zcard(queues.keys.leases) == 0
     assert await pg.fetchval("SELECT count(*) FROM results") == 2000
+
+
+def _nice_of_threads(pid: int) -> set[int]:
+    """The nice values of every thread of a process (field 19 of /proc/<pid>/task/<tid>/stat)."""
+    values = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError):  # the thread ended meanwhile
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            values.add(int(stat.rsplit(")", 1)[1].split()[16]))
+    return values

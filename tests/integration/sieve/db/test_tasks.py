@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from sieve.db import create_pool
+from sieve.db import Warm, create_pool
 from sieve.db.tasks import HandOut, NewTask, Outcome, PutBack, TaskStore
 from sieve.settings import Settings
 from sieve.v1 import types_pb2
@@ -205,3 +205,51 @@ async def test_when_one_part_of_a_batch_fails_no_row_of_the_batch_is_left(pg: as
     ids = [t.task_id for t in batch]
     assert await pg.fetchval("SELECT count(*) FROM tasks WHERE id = ANY($1::uuid[])", ids) == 0
     assert await pg.fetchval("SELECT count(*) FROM idempotency_keys WHERE task_id = ANY($1::uuid[])", ids) == 0
+
+
+async def test_a_warmed_pool_opens_its_connections_at_once_each_with_the_record_prepared_and_nothing_written(
+    settings: Settings, pg: asyncpg.Pool
+) -> None:
+    # Given a pool warmed for the record, of three connections
+    pool = await create_pool(
+        settings.replace(db_pool_min=1, db_pool_max=4),
+        attempts=1,
+        migrate_first=False,
+        warm=Warm(3, TaskStore.warm_connection),
+    )
+    try:
+        # Then three connections are open before any is asked for
+        assert pool.get_size() == 3
+        # And each holds the record statement prepared, so that its first batch does not parse and plan it
+        held = [await pool.acquire() for _ in range(3)]
+        try:
+            for conn in held:
+                prepared = await conn.fetchval(
+                    "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%INSERT INTO tasks%' "
+                    "AND statement NOT LIKE '%pg_prepared_statements%'"
+                )
+                assert prepared == 1
+        finally:
+            for conn in held:
+                await pool.release(conn)
+        # And warming wrote nothing: no task, no change-feed row
+        assert await pg.fetchval("SELECT count(*) FROM tasks") == 0
+        assert await pg.fetchval("SELECT count(*) FROM task_changes") == 0
+        # And a record on a warmed connection works as on any other
+        task = _task()
+        assert [r.created for r in await TaskStore(pool).insert([task])] == [True]
+    finally:
+        await pool.close()
+
+
+async def test_warming_before_the_schema_is_migrated_leaves_the_statement_for_its_first_use(settings: Settings) -> None:
+    # Given a schema that does not exist yet
+    empty = settings.replace(database_schema=f"not_yet_{uuid.uuid4().hex[:8]}", db_pool_min=1, db_pool_max=2)
+    # When a warmed pool opens on it
+    pool = await create_pool(empty, attempts=1, migrate_first=False, warm=Warm(2, TaskStore.warm_connection))
+    try:
+        # Then it opens all the same, its connections usable
+        assert pool.get_size() == 2
+        assert await pool.fetchval("SELECT 1") == 1
+    finally:
+        await pool.close()
