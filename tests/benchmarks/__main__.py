@@ -11,7 +11,7 @@ Redis keys and schema afterwards):
     celery      the same workload through Celery 5 + Redis (prefork x2, own virtualenv, worker started and
                 stopped by the benchmark): Sieve / Celery >= 5 x (implies throughput: both in the same run)
     scale       50 000 devices x 1 task vs 100 devices x 500 tasks, end to end, same work: ratio >= 0.8
-    noisy       small devices' submit->start p99 behind one device's 20 000 tasks, real workers: <= 0.1 s
+    noisy       small devices' queued->first hand-out p99 behind one device's 20 000 tasks, real workers: <= 0.1 s
     equal       Jain's index per 1 s window, 50 backlogged devices: >= 0.99
     weights     shares of devices of weights 3:2:1: each within +-5 % of its own target
     callers     a caller with 1 000 devices vs a caller with 1, both backlogged: 50 % +- 5 points each
