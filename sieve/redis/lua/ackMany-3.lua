@@ -19,7 +19,7 @@
     {r1, r2, ...}  per pair, in order: 1 acked, 0 refused (stale attempt or no such lease)
     (a lease of another device than the one it is given under is acked all the same, but counted for neither)
 ]]
---@requires slice, parseEntry, countCaller, countOutstanding, forgetIdle, chargeDevice
+--@requires slice, parseEntry, countCaller, settleAcked, chargeDevice
 
 local leasesKey = KEYS[1]
 local leaseDataKey = KEYS[2]
@@ -51,10 +51,7 @@ while i <= #groups do
     end
     out[#out + 1] = ok
   end
-  if mine > 0 then
-    countOutstanding(metaKey, -mine)
-    if not forgetIdle(metaKey) then noteCost(metaKey, wall, mine) end
-  end
+  if mine > 0 and not settleAcked(metaKey, mine) then noteCost(metaKey, wall, mine) end
   i = i + 3 + 2 * n
 end
 return out

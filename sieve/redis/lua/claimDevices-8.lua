@@ -127,7 +127,7 @@ while choice.mac ~= "" and not claimedOnce[choice.mac] and total < want and clai
     if carry < 0 then carry = 0 end
     if carry > carryMax then carry = carryMax end
   end
-  local device = deviceBlock(deviceKeys(base, mac, choice.weight), mac)
+  local device = deviceBlock(deviceKeys(base, mac, choice.weight), mac, nil, nil, POP_FIELDS)
   local a = {now = at, token = token .. ":" .. claimed, lockTtl = lockTtl, want = size, maxWait = maxWait,
              leaseTtl = leaseTtl, maxPerDevice = maxPerDevice, budget = budget, release = true,
              carriedWait = carry, msPerTask = msPerTask, firstWant = minBatch}
@@ -154,6 +154,8 @@ while choice.mac ~= "" and not claimedOnce[choice.mac] and total < want and clai
   ctx.now = at
   choice = rankNext(ctx, skip)
 end
+
+flushCallerGroups()
 
 -- the next choice is reported as the fair order has it, caps aside (what the round left is not what comes next)
 if groupLeft then

@@ -57,12 +57,13 @@ while i <= #devices do
   local raws = {}
   for j = 1, n do raws[j] = devices[i + 4 + j] end
   i = i + 5 + n
-  local device = deviceBlock(deviceKeys(base, mac, weight), mac, group, cweight)
+  local device = deviceBlock(deviceKeys(base, mac, weight), mac, group, cweight, ENQUEUE_FIELDS)
   local a = {now = now, maxPending = maxPending, maxPerDevice = maxPerDevice, maxPerCaller = maxPerCaller,
              weight = weight}
   local result, became = enqueueDevice(device, g, a, raws)
   for _, v in ipairs(result) do out[#out + 1] = v end
   if became and not woke then woke = mac end
 end
+flushCounts(g)
 if woke then redis.call("PUBLISH", wakeChannel, woke) end
 return out

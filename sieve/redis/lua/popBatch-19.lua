@@ -69,6 +69,7 @@ local a = {now = now, token = token, lockTtl = lockTtl, want = want, maxWait = m
            maxPerDevice = maxPerDevice, budget = parseBudget(allowedTypes), release = release,
            carriedWait = carriedWait, msPerTask = msPerTask}
 local code, taken, expired, blocked = popDevice(device, lockKey, g, a)
+flushCallerGroups()
 if code ~= CODE.OK then return {code} end
 
 local out = {CODE.OK, #taken, blocked}

@@ -15,10 +15,15 @@
                                       ready
   unscheduleDevice(device[, class])   the device leaves its schedule set (every one without `class`) and its
                                       group's ready set
+  flushCallerGroups()                 writes what callerServed changed (a script that serves calls it last)
 ]]
--- V and each group's S as this script call last read or wrote them: only these functions touch those keys, so
--- a script serving a thousand devices of one caller reads each once (written through at every change)
-local vtimes, starts = {}, {}
+-- V, each group's S and each group's score in its callers set as this script call last read or wrote them: only
+-- these functions (and rankNext, which tells callerLeft) touch those keys, so a script serving a thousand devices
+-- of one caller reads each once. The callers sets are written through (rankNext reads them); V and S are read
+-- by these functions alone, so a call writes each once, at its end (flushCallerGroups: every script that serves
+-- a device calls it last).
+local vtimes, starts, scores = {}, {}, {}
+local dirtyV, dirtyS = {}, {}
 
 local function virtualTime(device)
   local v = vtimes[device.vtime]
@@ -39,33 +44,72 @@ local function virtualStart(device)
   return start, key
 end
 
+-- the group's score in its callers set, false when it is not in it
+local function callerScore(device)
+  local key = device.callers .. "\0" .. device.group
+  local score = scores[key]
+  if score == nil then
+    score = redis.call("ZSCORE", device.callers, device.group)
+    score = score and tonumber(score) or false
+    scores[key] = score
+  end
+  return score, key
+end
+
+-- rankNext dropped a group with no ready device from a callers set
+local function callerLeft(callersKey, group)
+  scores[callersKey .. "\0" .. group] = false
+end
+
 local function callerReady(device)
-  if redis.call("ZSCORE", device.callers, device.group) then return end
+  local score, scoreKey = callerScore(device)
+  if score then return end
   redis.call("SADD", device.groups, device.group) -- for the reconciler's look at every group's sets
   local start = virtualStart(device)
   local v = virtualTime(device)
   if v > start then start = v end
   redis.call("ZADD", device.callers, start, device.group)
+  scores[scoreKey] = start
 end
 
 local function callerServed(device, charge)
   local v = virtualTime(device)
-  local score = tonumber(redis.call("ZSCORE", device.callers, device.group) or "0")
+  local score, scoreKey = callerScore(device)
+  score = score or 0
   if score > v then
     v = score
-    redis.call("SET", device.vtime, v)
     vtimes[device.vtime] = v
+    dirtyV[device.vtime] = true
   end
   local start, key = virtualStart(device)
   if v > start then start = v end
   start = start + charge
-  redis.call("HSET", device.callerServed, device.group, start)
   starts[key] = start
+  dirtyS[key] = {device.callerServed, device.group}
   if redis.call("ZCARD", device.groupReady) == 0 then
     redis.call("ZREM", device.callers, device.group)
+    scores[scoreKey] = false
   else
     redis.call("ZADD", device.callers, start, device.group)
+    scores[scoreKey] = start
   end
+end
+
+-- writes the V and S that callerServed changed in this call
+local function flushCallerGroups()
+  for key in pairs(dirtyV) do redis.call("SET", key, vtimes[key]) end
+  local byHash = {}
+  for key, where in pairs(dirtyS) do
+    local args = byHash[where[1]]
+    if not args then
+      args = {}
+      byHash[where[1]] = args
+    end
+    args[#args + 1] = where[2]
+    args[#args + 1] = starts[key]
+  end
+  for hash, args in pairs(byHash) do redis.call("HSET", hash, unpack(args)) end
+  dirtyV, dirtyS = {}, {}
 end
 
 local function unscheduleDevice(device, class)

@@ -1,5 +1,5 @@
 --[[
-  deviceBlock(keys, mac[, group, cweight]) -> device
+  deviceBlock(keys, mac[, group, cweight, fields]) -> device
   The device block that every device script takes as its KEYS[1..11] (sieve/redis/keys.py, DeviceKeys.block),
   as a table: device.mac; device.meta, its meta hash; device.queues[p], its queue of priority p (1..5);
   device.schedules[p], the schedule set of priority p for the device's weight, within its caller group.
@@ -11,6 +11,8 @@
   group's ready devices by wait start, device.callers the ready callers of the group's weight, device.callerServed
   each caller's virtual start, device.vtime the virtual time and device.groups every group that had a ready
   device (callerGroup; Keys.group_ready / callers / caller_served / caller_vtime / groups).
+  `fields`: more meta fields read in the same HMGET, for the step that follows (device.read, in that order,
+  device.readOf the list itself: popDevice and enqueueDevice read POP_FIELDS and ENQUEUE_FIELDS so).
 ]]
 -- names[p] built when first read (prefix .. p .. suffix): a script touches one or two of a device's five queues
 -- and schedule sets, and building every name of every device it serves is most of a claim's Lua time
@@ -40,9 +42,14 @@ local function sharedName(base, kind, what)
   return name
 end
 
-local function deviceBlock(keys, mac, group, cweight)
+local function deviceBlock(keys, mac, group, cweight, fields)
   local meta = keys[1]
-  local known = redis.call("HMGET", meta, "group", "cweight")
+  local known
+  if fields then
+    known = redis.call("HMGET", meta, "group", "cweight", unpack(fields))
+  else
+    known = redis.call("HMGET", meta, "group", "cweight")
+  end
   group = known[1] or group or "-"
   if group == "" then group = "-" end
   cweight = known[2] or cweight or "1"
@@ -56,9 +63,18 @@ local function deviceBlock(keys, mac, group, cweight)
     schedules = {keys[7] .. ":" .. group, keys[8] .. ":" .. group, keys[9] .. ":" .. group,
                  keys[10] .. ":" .. group, keys[11] .. ":" .. group}
   end
+  local read = nil
+  if fields then
+    read = {}
+    for i = 1, #fields do read[i] = known[i + 2] end
+  end
   return {
     mac = mac,
     meta = meta,
+    -- the meta's `fields` as read with its group (read: fields the caller asked for, in their order; readOf: the
+    -- list asked for, by which a script's step knows the values are the ones it wants)
+    read = read,
+    readOf = fields,
     queues = queues,
     schedules = schedules,
     group = group,

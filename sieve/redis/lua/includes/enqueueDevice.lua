@@ -14,18 +14,37 @@
 ]]
 --@requires codes, parseEntry, scheduleDevice
 
+-- the meta fields an enqueue reads (enqueueMany reads them with the device's group: deviceBlock's `fields`)
+local ENQUEUE_FIELDS = {"backlog", "state", "class", "last_served_ms"}
+
+--[[
+  flushCounts(g) -> nothing
+  Writes the global pending count and the callers' open counts that enqueueDevice moved in this call (g.counts):
+  one INCRBY and one HINCRBY per caller for the whole call. The script that enqueues calls it last.
+]]
+local function flushCounts(g)
+  local counts = g.counts
+  if not counts then return end
+  if counts.added > 0 then redis.call("INCRBY", g.pending, counts.added) end
+  for caller, n in pairs(counts.addedFor) do redis.call("HINCRBY", g.caller, caller, n) end
+  counts.added, counts.addedFor = 0, {}
+end
+
 local function enqueueDevice(device, g, a, raws)
   local mac, now = device.mac, a.now
   local n = #raws
   -- the global and caller counts as this script call last left them (g.counts: read once per call, kept up to
   -- date by every device it enqueues), the device's meta fields in one read
+  -- (written once, at the end of the call: flushCounts; added, addedFor: what is not written yet)
   local counts = g.counts
   if not counts then
-    counts = {pending = tonumber(redis.call("GET", g.pending) or "0"), opened = {}}
+    counts = {pending = tonumber(redis.call("GET", g.pending) or "0"), opened = {}, added = 0, addedFor = {}}
     g.counts = counts
   end
   local pending = counts.pending
-  local facts = redis.call("HMGET", device.meta, "backlog", "state", "class", "last_served_ms")
+  local facts = device.readOf == ENQUEUE_FIELDS and device.read
+    or redis.call("HMGET", device.meta, unpack(ENQUEUE_FIELDS))
+  device.read, device.readOf = nil, nil
   local backlog = tonumber(facts[1] or "0")
 
   -- the entries' callers, in order of first appearance, with their counts
@@ -65,32 +84,41 @@ local function enqueueDevice(device, g, a, raws)
     return {CODE.DEVICE_LIMIT, backlog, pending, first}, false
   end
 
-  -- a device that had nothing queued holds just these now: scheduleDevice reads only the queues they went to
+  -- a device that had nothing queued holds just these now: scheduleDevice reads only the queues they went to,
+  -- and their heads are the first entries pushed to each (deviceHeads need not read them back)
   local sizes = backlog == 0 and {0, 0, 0, 0, 0} or nil
+  local heads = backlog == 0 and {} or nil
   for i, raw in ipairs(raws) do
     local prio = entries[i].prio
     redis.call("RPUSH", device.queues[prio], raw)
-    if sizes then sizes[prio] = sizes[prio] + 1 end
+    if sizes then
+      if sizes[prio] == 0 then heads[prio] = raw end
+      sizes[prio] = sizes[prio] + 1
+    end
   end
-  device.sizes = sizes
+  device.sizes, device.heads = sizes, heads
   for i, caller in ipairs(callers) do
-    opened[i] = redis.call("HINCRBY", g.caller, caller, incoming[caller])
+    opened[i] = opened[i] + incoming[caller]
     counts.opened[caller] = opened[i]
+    counts.addedFor[caller] = (counts.addedFor[caller] or 0) + incoming[caller]
   end
-  backlog = redis.call("HINCRBY", device.meta, "backlog", n)
-  pending = redis.call("INCRBY", g.pending, n)
-  counts.pending = pending
-  redis.call("HSET", device.meta, "weight", a.weight, "device", mac)
+  backlog = backlog + n
+  pending = pending + n
+  counts.pending, counts.added = pending, counts.added + n
+  local fields = {"backlog", backlog, "weight", a.weight, "device", mac}
   redis.call("SADD", g.devices, mac)
 
   local state = facts[2]
   local woke = false
   if state == false or state == "idle" or state == "ready" then
-    -- (nothing above changed the meta's class or last serve)
+    -- (nothing above changed the meta's class or last serve); the fields above are written with its own
     device.known = {class = facts[3], lastServed = facts[4]}
+    device.write = fields
     -- a ready device may have gained a higher priority: scheduleDevice moves it to the right set
     local became = scheduleDevice(device, now)
     woke = state ~= "ready" and became == "ready"
+  else
+    redis.call("HSET", device.meta, unpack(fields))
   end
   -- "serving" and "backoff" devices are rescheduled by releaseDevice / resumeDevice
   return {CODE.OK, backlog, pending, opened[1] or 0}, woke

@@ -24,6 +24,10 @@
 ]]
 --@requires codes, parseEntry, countCaller, reschedule, callerGroup, chargeDevice
 
+-- the meta fields a serve reads (claimDevices reads them with the device's group: deviceBlock's `fields`)
+local POP_FIELDS = {"state", "class", "last_served_ms", "win_start_ms", "win_count", "wall_ms", "backlog",
+  "lead_ms", "debt_ms", "served", "outstanding", "uncharged"}
+
 local function popDevice(device, lockKey, g, a)
   local mac, now = device.mac, a.now
   -- released in the same step, the dispatch needs no lock of its own (nobody sees it held) but must respect
@@ -33,8 +37,8 @@ local function popDevice(device, lockKey, g, a)
   elseif not redis.call("SET", lockKey, a.token, "NX", "PX", a.lockTtl) then
     return CODE.LOCK_HELD, {}, {}, 0
   end
-  local m = redis.call("HMGET", device.meta, "state", "class", "last_served_ms", "win_start_ms", "win_count",
-    "wall_ms", "backlog", "lead_ms", "debt_ms", "served", "outstanding", "uncharged")
+  local m = device.readOf == POP_FIELDS and device.read or redis.call("HMGET", device.meta, unpack(POP_FIELDS))
+  device.read, device.readOf = nil, nil
   if m[1] ~= "ready" then
     if not a.release then redis.call("DEL", lockKey) end
     if redis.call("EXISTS", device.meta) == 0 then
@@ -98,13 +102,14 @@ local function popDevice(device, lockKey, g, a)
   while #taken < want do
     local p = nextQueue()
     if p == 0 then break end
-    local raw = redis.call("LINDEX", device.queues[p], 0)
+    -- (popped at once: a head whose type has no budget left goes back, which is rare)
+    local raw = redis.call("LPOP", device.queues[p])
     local e = parseEntry(raw)
     if e.exp > now and budget and (budget[e.type] or 0) <= 0 then
+      redis.call("LPUSH", device.queues[p], raw)
       blocked = tonumber(e.type)
       break
     end
-    redis.call("LPOP", device.queues[p])
     sizes[p] = sizes[p] - 1
     if e.exp <= now then
       expired[#expired + 1] = raw
@@ -156,14 +161,15 @@ local function popDevice(device, lockKey, g, a)
     args[#args + 1] = field
     args[#args + 1] = value
   end
-  redis.call("HSET", device.meta, unpack(args))
-  if #gone > 0 then redis.call("HDEL", device.meta, unpack(gone)) end
-
   if a.release then
     device.sizes = sizes -- what is left in its queues: deviceHeads reads only those that hold something
-    -- what scheduleDevice would read back from the meta, as just written
+    -- what scheduleDevice would read back from the meta, as if written; it writes these fields with its own
     device.known = {class = fields.class, lastServed = fields.last_served_ms}
+    device.write, device.drop = args, gone
     reschedule(device, now, g.devices)
+  else
+    redis.call("HSET", device.meta, unpack(args))
+    if #gone > 0 then redis.call("HDEL", device.meta, unpack(gone)) end
   end
   callerServed(device, #taken * a.msPerTask / tonumber(device.cweight))
   return CODE.OK, taken, expired, blocked, tasted and #taken > 0

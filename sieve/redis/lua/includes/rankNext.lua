@@ -23,6 +23,7 @@
   runner (the best score of another device of its tier and caller, or -1), starving (another device of its
   caller waited the hint or longer), longest (the longest wait seen among the caller's devices, or -1).
 ]]
+--@requires callerGroup
 local function rankDevicesOf(ctx, group, skip)
   local now, maxWait = ctx.now, ctx.maxWait
   local best, bestTier, bestScore, bestSince, bestWait, bestWeight = "", -1, -1, 0, 0, 0
@@ -107,6 +108,7 @@ local function rankNext(ctx, skip)
       end
       if redis.call("ZCARD", ctx.base .. ":gready:" .. g.name) == 0 then
         redis.call("ZREM", g.key, g.name) -- its devices left without the group noticing (backoff, repair)
+        callerLeft(g.key, g.name)
       end
     end
   end
