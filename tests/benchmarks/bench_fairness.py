@@ -185,23 +185,18 @@ async def noisy_neighbour(
     by_device: dict[str, list[TaskTiming]] = {}
     for t in small_t:
         by_device.setdefault(t.device, []).append(t)
-    device_waits = [
-        max(0.0, min(t.started_s for t in mine) - min(t.submitted_s for t in mine)) for mine in by_device.values()
-    ]
+    # each small device's first task's record stamp and its first hand-out
+    firsts = [(min(t.submitted_s for t in mine), min(t.started_s for t in mine)) for mine in by_device.values()]
+    device_waits = [max(0.0, started - created) for created, started in firsts]
     if latencies:
         out.p50_s, out.p99_s = statistics.median(device_waits), pct(device_waits, 0.99)
         out.max_s = max(device_waits)
         # the intake's steps end with the enqueue: the tasks are claimable from then (without the metrics, from
         # the SubmitBatch reply, which comes after the enqueue)
         intake_s = sum(out.submit_steps_s.values())
-        queued = [
-            max(0.0, min(t.started_s for t in mine) - (min(t.submitted_s for t in mine) + intake_s))
-            if intake_s
-            else max(0.0, min(t.started_s for t in mine) - replied)
-            for mine in by_device.values()
-        ]
+        queued = [max(0.0, started - (created + intake_s if intake_s else replied)) for created, started in firsts]
         out.queued_p50_s, out.queued_p99_s, out.queued_max_s = statistics.median(queued), pct(queued, 0.99), max(queued)
-        out.after_reply_p99_s = pct([max(0.0, min(t.started_s for t in m) - replied) for m in by_device.values()], 0.99)
+        out.after_reply_p99_s = pct([max(0.0, started - replied) for _, started in firsts], 0.99)
         out.task_p50_s, out.task_p99_s = statistics.median(latencies), pct(latencies, 0.99)
         first, last = min(t.submitted_s for t in small_t), max(t.started_s for t in small_t)
         out.window_s = max(last - first, 1e-3)

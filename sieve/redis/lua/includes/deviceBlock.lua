@@ -44,12 +44,7 @@ end
 
 local function deviceBlock(keys, mac, group, cweight, fields)
   local meta = keys[1]
-  local known
-  if fields then
-    known = redis.call("HMGET", meta, "group", "cweight", unpack(fields))
-  else
-    known = redis.call("HMGET", meta, "group", "cweight")
-  end
+  local known = redis.call("HMGET", meta, "group", "cweight", unpack(fields or {}))
   group = known[1] or group or "-"
   if group == "" then group = "-" end
   cweight = known[2] or cweight or "1"

@@ -4,11 +4,7 @@
   outstanding (no lease, no delayed task): such a meta says nothing a missing one does not. A device being
   served or backing off keeps its meta.
 ]]
+--@requires settleAcked
 local function forgetIdle(metaKey)
-  local m = redis.call("HMGET", metaKey, "state", "backlog", "outstanding")
-  if (m[1] == false or m[1] == "idle") and tonumber(m[2] or "0") <= 0 and tonumber(m[3] or "0") <= 0 then
-    redis.call("DEL", metaKey)
-    return true
-  end
-  return false
+  return settleAcked(metaKey, 0)
 end

@@ -1,7 +1,8 @@
 --[[
   settleAcked(meta_key, acked) -> true when forgotten
   A device's `acked` tasks are settled: countOutstanding(meta_key, -acked) then forgetIdle(meta_key), with one
-  read of the meta (a device left idle with nothing queued and nothing outstanding is deleted at once).
+  read of the meta (a device left idle with nothing queued and nothing outstanding is deleted at once). With
+  acked 0 it is forgetIdle alone.
 ]]
 local function settleAcked(metaKey, acked)
   local m = redis.call("HMGET", metaKey, "state", "backlog", "outstanding")
@@ -10,6 +11,7 @@ local function settleAcked(metaKey, acked)
     redis.call("DEL", metaKey)
     return true
   end
+  if acked == 0 then return false end
   if left > 0 then
     redis.call("HSET", metaKey, "outstanding", left)
   elseif m[3] then
