@@ -14,7 +14,10 @@ from tests.support.cluster import Cluster, on_free_ports, service_env
 
 
 @pytest.fixture
-def cluster_env(settings: Settings, tmp_path: Path) -> Iterator[Cluster]:
+def cluster_env(settings: Settings, pg: object, redis: object, tmp_path: Path) -> Iterator[Cluster]:
+    """The cluster, services not started yet. It needs `pg` and `redis`, so its processes are killed before
+    their teardown drops the schema and the prefix (a service still querying while DROP SCHEMA takes its locks
+    can deadlock with it)."""
     settings = on_free_ports(settings)
     # the test's "client" may use every priority (HIGH and CRITICAL are entitlements)
     env = service_env(

@@ -3,6 +3,8 @@ servers, else embedded ones: `tests/support/embedded_stores.py`), and dropping t
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 
 from tests.support.embedded_stores import store_urls
@@ -10,10 +12,18 @@ from tests.support.embedded_stores import store_urls
 REDIS_URL, DATABASE_URL = store_urls()
 
 
-async def drop_schema(database_url: str, schema: str) -> None:
-    """Drops `schema` and everything in it (nothing when it is not there)."""
+async def drop_schema(database_url: str, schema: str, attempts: int = 5) -> None:
+    """Drops `schema` and everything in it (nothing when it is not there); tried again when it deadlocks with a
+    backend whose client has just been killed and which is still finishing its query."""
     conn = await asyncpg.connect(database_url)
     try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        for attempt in range(attempts):
+            try:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                return
+            except asyncpg.DeadlockDetectedError:
+                if attempt == attempts - 1:
+                    raise
+                await asyncio.sleep(0.2 * (attempt + 1))
     finally:
         await conn.close()
