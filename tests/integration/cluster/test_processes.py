@@ -23,7 +23,8 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def services(cluster_settings: Settings, tmp_path: Path) -> Iterator[Cluster]:
+def services(cluster_settings: Settings, pg: asyncpg.Pool, tmp_path: Path) -> Iterator[Cluster]:
+    """The services on the Redis Cluster (not started yet), killed before `pg` drops the test's schema."""
     settings = on_free_ports(cluster_settings)
     env = service_env(settings, SIEVE_REDIS_CLUSTER="true", SIEVE_HOUSEKEEPING_INTERVAL_S="0.5")
     services = Cluster.create(settings, env, tmp_path)
