@@ -110,11 +110,11 @@ class CallbackStore:
 
     async def next_due_in_s(self) -> float | None:
         """Seconds until the next pending delivery is due (0 when one is due now); None when none is pending."""
+        # (not greatest(0, ...) in SQL: greatest skips a NULL, and an empty outbox would read as one due now)
         value = await self.pool.fetchval(
-            "SELECT greatest(0, extract(epoch FROM min(next_at) - now()))::float8 "
-            "FROM callback_deliveries WHERE state = 'PENDING'"
+            "SELECT extract(epoch FROM min(next_at) - now())::float8 FROM callback_deliveries WHERE state = 'PENDING'"
         )
-        return None if value is None else float(value)
+        return None if value is None else max(0.0, float(value))
 
     async def fix_bodies(self, bodies: Sequence[tuple[uuid.UUID, int, bytes]]) -> dict[tuple[uuid.UUID, int], bytes]:
         """Stores each delivery's body unless one is stored already; returns the body each now has (every

@@ -222,3 +222,57 @@ async def test_a_scheduler_stopping_mid_post_makes_the_delivery_due_again_at_onc
         row = await pg.fetchrow("SELECT state, attempts, last_error, next_at - now() AS due FROM callback_deliveries")
         assert row["state"] == "PENDING" and row["attempts"] == 1
         assert row["due"].total_seconds() <= 0 and "interrupted" in row["last_error"]
+
+
+async def test_an_idle_notifier_with_an_empty_outbox_looks_once_per_poll_interval(
+    settings: Settings, pg: asyncpg.Pool
+) -> None:
+    # Given an outbox with nothing in it
+    store = CallbackStore(pg)
+    assert await store.next_due_in_s() is None
+    # When a notifier runs idle for a second with a poll interval of 0.5 s
+    looks = 0
+    claim = store.claim
+
+    async def counted(limit: int, lease_s: float) -> list[object]:
+        nonlocal looks
+        looks += 1
+        return await claim(limit, lease_s)
+
+    store.claim = counted  # type: ignore[method-assign,assignment]
+    notifier = CallbackNotifier(store, settings.replace(callback_poll_interval_s=0.5))
+    running = asyncio.create_task(notifier.run())
+    await asyncio.sleep(1.0)
+    running.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await running
+    # Then it looked about twice (once at start, once when the listener connected, once per interval), not
+    # hundreds of times: an empty outbox is not a delivery due now
+    assert 1 <= looks <= 5, looks
+
+
+async def test_the_next_delivery_due_is_told_in_seconds_and_never_below_zero(
+    settings: Settings, pg: asyncpg.Pool
+) -> None:
+    store = TaskStore(pg)
+    now = datetime.now(UTC)
+    task = NewTask(
+        uuid7(),
+        "AA:BB:CC:38:00:01",
+        types_pb2.TASK_TYPE_TEXT,
+        3,
+        "anonymous",
+        now,
+        now + timedelta(hours=1),
+        text="x",
+        callback_url="http://127.0.0.1:9/hook",
+    )
+    await store.insert([task])
+    await store.transition([task.task_id], "CANCELLED", "cancelled")
+    callbacks = CallbackStore(pg)
+    assert await callbacks.next_due_in_s() == 0.0  # due now
+    await pg.execute("UPDATE callback_deliveries SET next_at = now() + interval '1 hour'")
+    due_in = await callbacks.next_due_in_s()
+    assert due_in is not None and 3590 < due_in <= 3600
+    await pg.execute("UPDATE callback_deliveries SET next_at = now() - interval '1 hour'")
+    assert await callbacks.next_due_in_s() == 0.0  # overdue is due now, not an hour ago
