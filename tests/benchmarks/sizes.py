@@ -29,6 +29,10 @@ class Sizes:
     #: default tick, shorter tick, jobs, devices, cap, (shortest, longest) job duration
     external: tuple[float, float, int, int, int, tuple[float, float]]
     detection_repeats: int
+    #: alternating few/many pairs of the scale benchmark (its ratio: the median of the pairs' ratios)
+    scale_pairs: int = 1
+    #: alternating Sieve/Celery rounds of the side by side (its ratio: the median of the rounds' ratios)
+    celery_rounds: int = 1
 
 
 FULL = Sizes(
@@ -49,6 +53,10 @@ FULL = Sizes(
     3000,
     (10.0, 1.0, 20, 5, 5, (15.0, 35.0)),
     15,
+    # on a shared two-core machine one pair swings from 0.66 to 0.93 and one Celery round from 850 to 1 280
+    # tasks/s: three of each, alternating, and the median of their ratios
+    scale_pairs=3,
+    celery_rounds=3,
 )
 SMOKE = Sizes(
     2000,
