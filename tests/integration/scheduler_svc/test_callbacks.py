@@ -44,6 +44,25 @@ async def wait_deliveries(p: Platform, task_id: str, state: int, timeout_s: floa
         await asyncio.sleep(0.05)
 
 
+async def cancelled_with_callback(pg: asyncpg.Pool, device: str, url: str) -> None:
+    """A text task with a callback to `url`, recorded and then CANCELLED: one delivery due now."""
+    store = TaskStore(pg)
+    now = datetime.now(UTC)
+    task = NewTask(
+        uuid7(),
+        device,
+        types_pb2.TASK_TYPE_TEXT,
+        3,
+        "anonymous",
+        now,
+        now + timedelta(hours=1),
+        text="x",
+        callback_url=url,
+    )
+    await store.insert([task])
+    await store.transition([task.task_id], "CANCELLED", "cancelled")
+
+
 async def test_each_final_task_is_posted_once_accepted_signed_and_retried_after_failures(
     settings: Settings, redis: Redis, pg: asyncpg.Pool
 ) -> None:
@@ -194,21 +213,7 @@ async def test_a_scheduler_stopping_mid_post_makes_the_delivery_due_again_at_onc
     app.router.add_post("/hook", hook)
     async with serving(app) as base:
         url = f"{base}/hook"
-        store = TaskStore(pg)
-        now = datetime.now(UTC)
-        task = NewTask(
-            uuid7(),
-            "AA:BB:CC:37:00:01",
-            types_pb2.TASK_TYPE_TEXT,
-            3,
-            "anonymous",
-            now,
-            now + timedelta(hours=1),
-            text="x",
-            callback_url=url,
-        )
-        await store.insert([task])
-        await store.transition([task.task_id], "CANCELLED", "cancelled")
+        await cancelled_with_callback(pg, "AA:BB:CC:37:00:01", url)
         notifier = CallbackNotifier(CallbackStore(pg), settings.replace(**LOOPBACK, callback_timeout_s=30))
         running = asyncio.create_task(notifier.run())
         await asyncio.wait_for(hanging.wait(), 10)
@@ -254,21 +259,7 @@ async def test_an_idle_notifier_with_an_empty_outbox_looks_once_per_poll_interva
 async def test_the_next_delivery_due_is_told_in_seconds_and_never_below_zero(
     settings: Settings, pg: asyncpg.Pool
 ) -> None:
-    store = TaskStore(pg)
-    now = datetime.now(UTC)
-    task = NewTask(
-        uuid7(),
-        "AA:BB:CC:38:00:01",
-        types_pb2.TASK_TYPE_TEXT,
-        3,
-        "anonymous",
-        now,
-        now + timedelta(hours=1),
-        text="x",
-        callback_url="http://127.0.0.1:9/hook",
-    )
-    await store.insert([task])
-    await store.transition([task.task_id], "CANCELLED", "cancelled")
+    await cancelled_with_callback(pg, "AA:BB:CC:38:00:01", "http://127.0.0.1:9/hook")
     callbacks = CallbackStore(pg)
     assert await callbacks.next_due_in_s() == 0.0  # due now
     await pg.execute("UPDATE callback_deliveries SET next_at = now() + interval '1 hour'")
